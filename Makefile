@@ -1,0 +1,35 @@
+# hydroagent-hpc: every target installs what it needs into .venv by itself.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# Numba compiles the simulator kernels once and caches them here.
+export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
+DEMO_DIR ?= results/demo
+
+.PHONY: help venv demo test bench clean
+
+help:
+	@echo "make demo   build the four synthetic demo basins and simulate each (no network, no GPU)"
+	@echo "make test   run the test suite"
+	@echo "make bench  run the simulator benchmarks"
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/hydroagent demo --out $(DEMO_DIR)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) -m hydroagent_hpc.bench
+
+clean:
+	rm -rf $(VENV) .cache results/demo

@@ -1,0 +1,325 @@
+"""The embedded engine: an in-process, EF5-compatible CREST + kinematic-wave simulator.
+
+``EmbeddedSimulator(control)`` loads everything that does not depend on the parameters once
+(grids, river network, forcing, observations; forcing through an on-disk cache keyed by the
+files' content) and then ``run(params)`` costs only the compiled time loop. ``run_batch`` runs
+many parameter sets in one call, in parallel threads over shared forcing.
+
+Where EF5 misbehaves, this engine stops with a clear error instead (documented in
+``ef5/README.md``): parameter grids that EF5 would silently fail to load (``.asc``), IWU or ISU
+grids (which EF5 ignores for the initial state), a FAM that undercounts the basin (EF5 writes
+past its node array), WM = 0, and non-finite discharge (EF5 prints a shifted row).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from hydroagent_hpc.params import PARAM_NAMES, check_values
+from hydroagent_hpc.sim import cache as fcache
+from hydroagent_hpc.sim.controlfile import CREST_PARAMS, KW_PARAMS, ControlFile, parse_control
+from hydroagent_hpc.sim.errors import InputError, SimulationError
+from hydroagent_hpc.sim.forcing import load_forcing, read_observations, step_times
+from hydroagent_hpc.sim.grids import Grid, read_grid, read_tif
+from hydroagent_hpc.sim.kernel import interflow_targets, run_batch_kernel, run_kernel
+from hydroagent_hpc.sim.network import Network, build_network
+from hydroagent_hpc.types import GaugeSeries, SimulationResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EmbeddedSimulator", "NodeParams"]
+
+
+@dataclass
+class NodeParams:
+    """Effective per-node parameters after grids, percent rules and EF5's clamps."""
+
+    wm: np.ndarray
+    b: np.ndarray
+    im: np.ndarray
+    ke: np.ndarray
+    fc: np.ndarray
+    w0: np.ndarray
+    under: np.ndarray
+    leaki: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+    alpha0: np.ndarray
+    channel: np.ndarray
+    ir0: np.ndarray
+
+
+class EmbeddedSimulator:
+    """One basin and task, loaded once; ``run(params)`` many times.
+
+    ``params`` (in :meth:`run`) are multiplier overrides by name: each replaces that scalar for
+    every gauge of the task's parameter sets; unnamed ones keep the control file's values.
+    """
+
+    backend = "embedded"
+
+    def __init__(self, control: str | Path | ControlFile, task: str | None = None,
+                 cache_dir: str | Path | None | bool = None) -> None:
+        t_load = time.perf_counter()
+        self.control = control if isinstance(control, ControlFile) else parse_control(control)
+        cf = self.control
+        self.task = cf.task(task)
+        tk = self.task
+        if tk.style != "simu":
+            raise InputError(f"task {tk.name!r}: STYLE={tk.style.upper()} is not supported by the embedded engine",
+                             fix="use STYLE=SIMU (calibration is done by hydroagent's own agents and optimizers)")
+        if tk.model != "crest":
+            raise InputError(f"task {tk.name!r}: MODEL={tk.model.upper()} is not supported", fix="use MODEL=CREST")
+        if (tk.routing or "").lower() != "kw" or not tk.routing_param_set:
+            raise InputError(f"task {tk.name!r}: the embedded engine needs ROUTING=KW with ROUTING_PARAM_SET",
+                             fix="add ROUTING=KW and ROUTING_PARAM_SET=NAME to the task")
+        self.crest_set = cf.param_sets[tk.param_set]
+        self.kw_set = cf.param_sets[tk.routing_param_set]
+        if self.crest_set.kind != "crest" or self.kw_set.kind != "kw":
+            raise InputError(f"task {tk.name!r}: PARAM_SET must name a [CrestParamSet] and ROUTING_PARAM_SET a [KWParamSet]",
+                             fix="swap or correct the two names")
+        for ps, name in ((self.crest_set, "iwu"), (self.kw_set, "isu")):
+            if name in ps.grids:
+                raise InputError(f"[{ps.kind}paramset {ps.name}] has {name}_grid: EF5 ignores it for the initial state",
+                                 fix=f"remove {name}_grid and give {name.upper()} as a scalar")
+        basic = cf.basic
+        self.dem = read_grid(basic.dem)
+        ddm, fam = read_grid(basic.ddm), read_grid(basic.fam)
+        gauges = [cf.gauges[g] for g in cf.basins[tk.basin]]
+        self.net: Network = build_network(self.dem, ddm, fam, gauges, basic.esriddm, basic.selffam)
+        self.weights = self.net.gauge_weights()
+        self.steps = step_times(tk.time_begin, tk.time_end, tk.timestep)
+        if not self.steps:
+            raise InputError(f"task {tk.name!r}: no step fits between TIME_BEGIN and TIME_END", fix="widen the window")
+        self.dt_hours = (self.steps[1] - self.steps[0]).total_seconds() / 3600.0 if len(self.steps) > 1 else \
+            (self.steps[0] - tk.time_begin).total_seconds() / 3600.0
+        self.times = np.array(self.steps, dtype="datetime64[m]")
+        warm = tk.time_warmend or tk.time_begin
+        self.warmup = np.array([t < warm for t in self.steps])
+        rows, cols = self.net.rows, self.net.cols
+        self.precip, self.missing_precip = self._forcing(cf.precip[tk.precip], rows, cols, cache_dir)
+        self.pet, self.missing_pet = self._forcing(cf.pet[tk.pet], rows, cols, cache_dir)
+        self.precip_mean = self.precip @ self.weights.T  # [T, G]
+        self.pet_mean = self.pet @ self.weights.T
+        self.observed = {}
+        for gname in self.net.gauge_names:
+            g = cf.gauges[gname]
+            series = np.full(len(self.steps), np.nan)
+            if g.obs is not None:
+                obs = read_observations(g.obs)
+                for i, t in enumerate(self.steps):
+                    v = obs.get(t)
+                    if v is not None:
+                        series[i] = v
+            self.observed[gname] = series
+        self.primary = next((g for g in self.net.gauge_names if cf.gauges[g].obs is not None), self.net.gauge_names[0])
+        self._grid_values = {**self._param_grids(self.crest_set), **self._param_grids(self.kw_set)}
+        self._scalars = self._gauge_scalars()
+        self._states = self._load_states()
+        self.load_time_s = time.perf_counter() - t_load
+
+    # ----------------------------------------------------------------- loading
+    def _forcing(self, f, rows, cols, cache_dir):
+        tk = self.task
+        key_parts = (rows.tobytes(), cols.tobytes(), str(self.dem.data.shape), str(self.dem.xll), str(self.dem.yll),
+                     str(self.dem.cellsize))
+        if cache_dir is not False:
+            key = fcache.make_key(f, self.steps, tk.time_begin, key_parts)
+            hit = fcache.load(key, (len(self.steps), rows.size), cache_dir)
+            if hit is not None:
+                return hit
+        series = load_forcing(f, self.steps, tk.time_begin, self.dem, rows, cols)
+        if cache_dir is not False:
+            fcache.store(key, series.values, len(series.missing), cache_dir)
+        return series.values, len(series.missing)
+
+    def _param_grids(self, ps) -> dict[str, np.ndarray]:
+        out = {}
+        for name, path in ps.grids.items():
+            if Path(path).suffix.lower() == ".asc":
+                raise InputError(f"[{ps.kind}paramset {ps.name}] {name}_grid={path}: EF5 reads parameter grids only as "
+                                 "GeoTIFF and silently skips the run for an .asc grid",
+                                 fix="convert the grid to a float32 GeoTIFF (hydroagent_hpc.sim.grids.write_tif)")
+            grid = read_tif(path)
+            out[name] = self._sample_param(grid)
+        return out
+
+    def _sample_param(self, grid: Grid) -> np.ndarray:
+        rows, cols = self.net.rows, self.net.cols
+        if grid.same_shape(self.dem):
+            v = grid.data[rows, cols].copy()
+            hit = np.ones(rows.size, dtype=bool)
+        else:
+            x, y = self.dem.cell_corners(cols, rows)
+            c, r, hit = grid.locate(x, y)
+            v = grid.data[r, c].copy()
+        v[v == 0] = 0.01  # EF5 replaces exact zeros before multiplying
+        return np.where(hit, v, np.nan)  # NaN = outside the grid: the scalar is used unmultiplied
+
+    def _gauge_scalars(self) -> list[dict[str, float]]:
+        """Scalars for each gauge, inherited from the nearest downstream gauge that has them."""
+        net, cf = self.net, self.control
+        out: list[dict[str, float]] = []
+        for gi, gname in enumerate(net.gauge_names):
+            vals: dict[str, float] = {}
+            down_node = net.down[net.gauge_nodes[gi]]
+            for ps in (self.crest_set, self.kw_set):
+                if gname in ps.values:
+                    vals.update(ps.values[gname])
+                elif down_node >= 0:
+                    vals.update({k: out[net.owner[down_node]][k] for k in (CREST_PARAMS if ps.kind == "crest" else KW_PARAMS)})
+                else:
+                    raise InputError(f"independent gauge {gname!r} has no entry in [{ps.kind}paramset {ps.name}]",
+                                     str(cf.path), fix=f"add GAUGE={gname} with its parameter values to that section")
+            out.append(vals)
+        return out
+
+    def _load_states(self) -> dict[str, np.ndarray]:
+        tk = self.task
+        if tk.states is None:
+            return {}
+        stamp = tk.time_begin.strftime("%Y%m%d_%H%M")
+        found = {}
+        for key, fname in (("w", f"crest_SM_{stamp}.tif"), ("pq", f"kwr_pCQ_{stamp}.tif"),
+                           ("po", f"kwr_pOQ_{stamp}.tif"), ("ir", f"kwr_IR_{stamp}.tif")):
+            p = tk.states / fname
+            if p.exists():
+                g = read_tif(p)
+                v = self._sample_param_raw(g)
+                found[key] = v
+                log.info("initial state %s from %s", key, p)
+        return found
+
+    def _sample_param_raw(self, grid: Grid) -> np.ndarray:
+        rows, cols = self.net.rows, self.net.cols
+        if grid.same_shape(self.dem):
+            return grid.data[rows, cols].astype(np.float64)
+        x, y = self.dem.cell_corners(cols, rows)
+        c, r, hit = grid.locate(x, y)
+        return np.where(hit, grid.data[r, c], np.nan)
+
+    # ----------------------------------------------------------------- parameters
+    @property
+    def base_params(self) -> dict[str, float]:
+        """The control file's scalars at the primary gauge, in EF5 order."""
+        gi = self.net.gauge_names.index(self.primary)
+        return {k: self._scalars[gi][k] for k in PARAM_NAMES}
+
+    def node_params(self, overrides: Mapping[str, float] | None = None) -> NodeParams:
+        """Per-node effective parameters for a set of multiplier overrides."""
+        over = check_values(overrides or {}, "run parameters")
+        owner = self.net.owner
+        scal = {k: np.array([{**s, **over}[k] for s in self._scalars])[owner] for k in PARAM_NAMES}
+        eff = {}
+        for k in PARAM_NAMES:
+            v = scal[k].astype(np.float64)
+            g = self._grid_values.get(k)
+            if g is not None:
+                v = np.where(np.isnan(g), v, v * np.nan_to_num(g, nan=1.0))
+            eff[k] = v
+        if "im" not in self._grid_values:
+            eff["im"] = eff["im"] / 100.0
+        w0 = eff["iwu"] * eff["wm"] / 100.0
+        wm = np.where(eff["wm"] < 0.0, 100.0, eff["wm"])
+        if np.any(wm == 0.0):
+            raise SimulationError("WM is 0 at some cells: CREST divides by WM", fix="give WM a positive multiplier")
+        w0 = np.maximum(w0, 0.0)
+        b = np.where(eff["b"] < 0.0, 1.0, np.where(np.isnan(eff["b"]), 0.0, eff["b"]))
+        fc = np.where(eff["fc"] < 0.0, 1.0, eff["fc"])
+        ir0 = scal["isu"].astype(np.float64).copy()
+        if "w" in self._states:
+            w0 = np.where(np.isnan(self._states["w"]), w0, self._states["w"])
+        if "ir" in self._states:
+            ir0 = np.where(np.isnan(self._states["ir"]), ir0, self._states["ir"])
+        return NodeParams(
+            wm=wm, b=b, im=np.clip(eff["im"], 0.0, 1.0), ke=eff["ke"], fc=fc, w0=w0, under=eff["under"],
+            leaki=np.clip(eff["leaki"], 0.0, 1.0), alpha=np.where(eff["alpha"] < 0.0, 1.0, eff["alpha"]),
+            beta=np.where(eff["beta"] < 0.0, 0.6, eff["beta"]), alpha0=np.where(eff["alpha0"] < 0.0, 1.0, eff["alpha0"]),
+            channel=self.net.fac > eff["th"], ir0=ir0)
+
+    def _flow_states(self):
+        n = self.net.n
+        pq = self._states.get("pq", np.zeros(n))
+        po = self._states.get("po", np.zeros(n))
+        return np.nan_to_num(pq), np.nan_to_num(po)
+
+    # ----------------------------------------------------------------- running
+    def _state_step(self) -> int:
+        tk = self.task
+        if tk.states is not None and tk.time_state is not None and tk.time_state in self.steps:
+            return self.steps.index(tk.time_state)
+        return -1
+
+    def run(self, params: Mapping[str, float] | None = None, keep_states: bool = False) -> SimulationResult:
+        """Simulate once. ``params``: multiplier overrides by name (see class docstring)."""
+        t0 = time.perf_counter()
+        npar = self.node_params(params)
+        step_s = self.dt_hours * 3600.0
+        tg = interflow_targets(self.net.down, self.net.dx, self.net.slope, npar.under, npar.channel, step_s)
+        pq0, po0 = self._flow_states()
+        state_step = self._state_step() if keep_states else -1
+        q, sm, ff, sf, *states = run_kernel(
+            self.precip, self.pet, self.dt_hours, npar.wm, npar.b, npar.im, npar.ke, npar.fc, npar.w0, npar.leaki,
+            npar.alpha, npar.beta, npar.alpha0, npar.channel, npar.ir0, pq0, po0, self.net.down, self.net.dx,
+            self.net.area, *tg, self.net.gauge_nodes, self.weights, state_step)
+        info = {"states": dict(zip(("w", "ir", "pq", "po"), states)), "state_step": state_step} if keep_states else {}
+        return self._result(q, sm, ff, sf, params, time.perf_counter() - t0, info)
+
+    def run_batch(self, param_sets: Sequence[Mapping[str, float] | None]) -> list[SimulationResult]:
+        """Simulate many parameter sets in one compiled call (threads over the sets)."""
+        if not param_sets:
+            return []
+        t0 = time.perf_counter()
+        nps = [self.node_params(p) for p in param_sets]
+        step_s = self.dt_hours * 3600.0
+        tgs = [interflow_targets(self.net.down, self.net.dx, self.net.slope, p.under, p.channel, step_s) for p in nps]
+        stack = lambda name: np.ascontiguousarray(np.stack([getattr(p, name) for p in nps]))  # noqa: E731
+        pq0, po0 = self._flow_states()
+        q, sm, ff, sf = run_batch_kernel(
+            self.precip, self.pet, self.dt_hours, stack("wm"), stack("b"), stack("im"), stack("ke"), stack("fc"),
+            stack("w0"), stack("leaki"), stack("alpha"), stack("beta"), stack("alpha0"), stack("channel"),
+            stack("ir0"), pq0, po0, self.net.down, self.net.dx, self.net.area,
+            np.stack([t[0] for t in tgs]), np.stack([t[1] for t in tgs]), np.stack([t[2] for t in tgs]),
+            np.stack([t[3] for t in tgs]), self.net.gauge_nodes, self.weights)
+        wall = (time.perf_counter() - t0) / len(param_sets)
+        return [self._result(q[k], sm[k], ff[k], sf[k], p, wall, {"batch_size": len(param_sets)})
+                for k, p in enumerate(param_sets)]
+
+    def _result(self, q, sm, ff, sf, params, wall, info) -> SimulationResult:
+        if not np.all(np.isfinite(q)):
+            bad = int(np.argmax(~np.isfinite(q).all(axis=1)))
+            raise SimulationError(f"non-finite discharge at step {self.steps[bad]:%Y-%m-%d %H:%M} with parameters {dict(params or {})}",
+                                  fix="check the parameter values (EF5 would print a shifted row here)")
+        gauges = {}
+        for gi, gname in enumerate(self.net.gauge_names):
+            gauges[gname] = GaugeSeries(q[:, gi], self.observed[gname], self.precip_mean[:, gi], self.pet_mean[:, gi],
+                                        sm[:, gi], ff[:, gi], sf[:, gi])
+        used = {**self.base_params, **check_values(params or {})}
+        return SimulationResult(self.times, self.primary, gauges, self.warmup, used, wall,
+                                self.missing_precip, self.missing_pet, self.backend, info)
+
+    def output_gauges(self) -> list[str]:
+        """Gauges with OUTPUTTS on, in the order the basin lists them."""
+        cf = self.control
+        return [g for g in cf.basins[self.task.basin] if cf.gauges[g].outputts]
+
+    def expected_fam(self) -> dict[str, float]:
+        return {g: float(self.net.fac[self.net.gauge_nodes[i]]) for i, g in enumerate(self.net.gauge_names)}
+
+    def describe(self) -> dict[str, object]:
+        """Sizes and timings for logs and benchmarks."""
+        return {"nodes": self.net.n, "steps": len(self.steps), "gauges": list(self.net.gauge_names),
+                "dt_hours": self.dt_hours, "load_time_s": self.load_time_s,
+                "missing_precip": self.missing_precip, "primary": self.primary,
+                "begin": f"{self.task.time_begin:%Y-%m-%d %H:%M}", "end": f"{self.task.time_end:%Y-%m-%d %H:%M}"}
+
+
+def _fmt_time(t: datetime) -> str:
+    return f"{t:%Y-%m-%d %H:%M}"

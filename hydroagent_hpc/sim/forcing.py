@@ -1,0 +1,188 @@
+"""Forcing as EF5 reads it: time-stamped grid files, units, frequencies, and the observation CSV.
+
+EF5 facts (``ef5-crest-spec.md`` section 5):
+
+* Forcing times are ``TIME_BEGIN + k*FREQ``; the step ending at ``t`` reads the file of the first
+  forcing time ``>= t`` (time stamps mark the end of the interval a file covers). With a monthly
+  climatology this is why a run starting on 1 June reads ``PET_07``.
+* File names come from the NAME pattern with ``YYYY MM DD HH UU SS`` replaced.
+* A missing file is all zeros; missing precipitation files are counted (``missingQPE``).
+* Negative, nodata or non-finite values become 0.
+* Units: only the time part of UNIT counts; rate in mm/h = value * 3600 / seconds(unit span),
+  a month being 30 days and a year 365 days. ``mm/100d`` is 0.01 mm/day.
+* A grid with the DEM's rows and columns is co-registered; otherwise each DEM cell samples the
+  forcing at the DEM cell's upper-left corner (nearest cell), and outside the grid reads 0.
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+from hydroagent_hpc.sim.controlfile import Forcing, parse_duration
+from hydroagent_hpc.sim.errors import InputError
+from hydroagent_hpc.sim.grids import Grid, read_grid
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ForcingSeries", "step_times", "load_forcing", "unit_factor", "read_observations",
+           "add_duration", "forcing_file_names"]
+
+_UNIT_SECONDS = {"s": 1, "u": 60, "h": 3600, "d": 86400, "m": 30 * 86400, "y": 365 * 86400}
+
+
+@dataclass
+class ForcingSeries:
+    """Per-step, per-node rates in mm/h and what was missing."""
+
+    values: np.ndarray  # [T, N]
+    missing: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+
+def add_duration(t: datetime, count: int, unit: str) -> datetime:
+    """``t`` plus ``count`` units; months and years are calendar steps (day clamped)."""
+    if unit in ("m", "y"):
+        months = count * (12 if unit == "y" else 1)
+        y, m = divmod(t.month - 1 + months, 12)
+        year, month = t.year + y, m + 1
+        day = min(t.day, calendar.monthrange(year, month)[1])
+        return t.replace(year=year, month=month, day=day)
+    return t + timedelta(seconds=count * _UNIT_SECONDS[unit])
+
+
+def step_times(begin: datetime, end: datetime, timestep: str) -> list[datetime]:
+    """End times of every step: ``begin + dt, begin + 2dt, ... <= end``."""
+    count, unit = parse_duration(timestep)
+    if unit in ("m", "y"):
+        raise InputError(f"TIMESTEP={timestep} (months or years) is not supported by the embedded engine",
+                         fix="use a fixed step such as 1h or 1d")
+    out = []
+    t = add_duration(begin, count, unit)
+    while t <= end:
+        out.append(t)
+        t = add_duration(t, count, unit)
+    return out
+
+
+def unit_factor(unit: str) -> float:
+    """Multiplier from the file's unit to mm/h, using only the time part (EF5's rule)."""
+    u = unit.strip().lower()
+    if u == "c":
+        raise InputError("UNIT=C (temperature, Hamon PET) is not supported by the embedded engine",
+                         fix="give PET in a rate unit such as mm/d, or use --backend ef5")
+    m = re.match(r"^([a-z]+)/(\d*)([a-z]+)$", u)
+    if not m or m.group(3)[0] not in _UNIT_SECONDS or m.group(3) not in ("s", "u", "h", "d", "m", "y", "min", "hr"):
+        raise InputError(f"UNIT={unit!r} is not a rate EF5 understands", fix="write e.g. mm/h, mm/3h, mm/d or mm/100d")
+    if m.group(1) != "mm":
+        log.warning("UNIT=%s: EF5 ignores the length part; values are taken as mm", unit)
+    span = int(m.group(2) or 1) * _UNIT_SECONDS["u" if m.group(3) == "min" else m.group(3)[0]]
+    return 3600.0 / span
+
+
+def forcing_file_names(f: Forcing, steps: list[datetime], begin: datetime) -> list[str]:
+    """The file each step reads: the first forcing time >= the step's end time."""
+    count, unit = parse_duration(f.freq)
+    names = []
+    ft = begin
+    for t in steps:
+        while ft < t:
+            ft = add_duration(ft, count, unit)
+        names.append(_render_name(f.pattern, ft))
+    return names
+
+
+def _render_name(pattern: str, t: datetime) -> str:
+    s = pattern.replace("YYYY", f"{t.year:04d}")
+    for token, value in (("MM", t.month), ("DD", t.day), ("HH", t.hour), ("UU", t.minute), ("SS", t.second)):
+        s = s.replace(token, f"{value:02d}")
+    return s
+
+
+def _sample(grid: Grid, dem: Grid, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    if grid.same_shape(dem):
+        v = grid.data[rows, cols]
+    else:
+        x, y = dem.cell_corners(cols, rows)
+        c, r, inside = grid.locate(x, y)
+        v = np.where(inside, grid.data[r, c], 0.0)
+    v = np.where(np.isfinite(v) & (v != grid.nodata) & (v > 0.0), v, 0.0)
+    return v
+
+
+def load_forcing(f: Forcing, steps: list[datetime], begin: datetime, dem: Grid, rows: np.ndarray,
+                 cols: np.ndarray) -> ForcingSeries:
+    """Read every file the steps need once, sample it at the nodes, convert to mm/h."""
+    factor = unit_factor(f.unit)
+    names = forcing_file_names(f, steps, begin)
+    cache: dict[str, np.ndarray] = {}
+    missing: list[str] = []
+    out = np.zeros((len(steps), rows.size))
+    zeros = np.zeros(rows.size)
+    for t, name in enumerate(names):
+        if name not in cache:
+            path = f.loc / name
+            if path.exists():
+                cache[name] = _sample(read_grid(path), dem, rows, cols) * factor
+            else:
+                cache[name] = zeros
+                missing.append(str(path))
+        out[t] = cache[name]
+    if missing:
+        log.warning("%d %s forcing file(s) missing, read as zero (first: %s)", len(missing), f.name, missing[0])
+    return ForcingSeries(out, missing, sorted(set(names)))
+
+
+def forcing_checksum(f: Forcing, steps: list[datetime], begin: datetime) -> str:
+    """A content checksum of every file a forcing section needs for these steps (for caching)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{f.unit}|{f.freq}|{f.pattern}".encode())
+    for name in sorted(set(forcing_file_names(f, steps, begin))):
+        p = f.loc / name
+        h.update(name.encode())
+        if p.exists():
+            h.update(p.read_bytes())
+        else:
+            h.update(b"<missing>")
+    return h.hexdigest()
+
+
+_OBS_ISO = re.compile(r"^\s*(\d{4}).(\d{1,2}).(\d{1,2}).(\d{1,2}).(\d{1,2})(?:.(\d{1,2}))?\s*$")
+_OBS_US = re.compile(r"^\s*(\d{1,2})/(\d{1,2})/(\d{4}).(\d{1,2}).(\d{1,2})\s*$")
+
+
+def read_observations(path: Path) -> dict[datetime, float]:
+    """Observed discharge (m3/s) by UTC time; lines that do not parse (headers) are skipped.
+
+    Values are kept as written: EF5 copies -999 through, and so does the output CSV; metrics
+    mask values <= -998.
+    """
+    if not path.exists():
+        raise InputError(f"observation file not found: {path}", fix="check OBS= in the [Gauge] section")
+    obs: dict[datetime, float] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        if "," not in line:
+            continue
+        ts, _, val = line.partition(",")
+        m = _OBS_ISO.match(ts)
+        try:
+            if m:
+                parts = [int(x) if x else 0 for x in m.groups()]
+                t = datetime(*parts)
+            else:
+                m = _OBS_US.match(ts)
+                if not m:
+                    continue
+                mo, d, y, hh, mi = (int(x) for x in m.groups())
+                t = datetime(y, mo, d, hh, mi)
+            obs[t] = float(val.split(",")[0])
+        except ValueError:
+            continue
+    return obs

@@ -1,0 +1,211 @@
+"""Raster grids as EF5 reads and writes them: ESRI ASCII and single-band float32 GeoTIFF.
+
+EF5 facts this module follows (see ``ef5-crest-spec.md`` section 5):
+
+* ESRI ASCII: six header lines in a fixed order (ncols, nrows, xllcorner, yllcorner, cellsize,
+  NODATA_value); the keyword text is not checked by EF5, only the order. Only corner-referenced
+  headers exist in EF5; we also accept ``xllcenter``/``yllcenter`` and convert them, but say so.
+* GeoTIFF: one band, float32, striped; georeferencing from ModelPixelScale + ModelTiepoint;
+  nodata from the ``GDAL_NODATA`` tag.
+* Row 0 is the northern edge. A point (lon, lat) falls in column ``int((lon - left) / cellsize)``
+  and row ``int((top - lat) / cellsize)``, computed in float32 and clamped to the grid.
+* Two grids are "co-registered" for EF5 when nrows and ncols agree, whatever their extents.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hydroagent_hpc.sim.errors import InputError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Grid", "read_grid", "read_asc", "read_tif", "write_asc", "write_tif"]
+
+_ASC_KEYS = ("ncols", "nrows", "xllcorner", "yllcorner", "cellsize", "nodata_value")
+
+# GeoTIFF tag codes.
+_TAG_PIXEL_SCALE = 33550
+_TAG_TIEPOINT = 33922
+_TAG_GEOKEYS = 34735
+_TAG_GDAL_NODATA = 42113
+
+
+@dataclass
+class Grid:
+    """A north-up raster. ``data[0]`` is the northern row; nodata cells hold ``nodata``."""
+
+    data: np.ndarray
+    xll: float
+    yll: float
+    cellsize: float
+    nodata: float = -9999.0
+    path: str = ""
+
+    @property
+    def nrows(self) -> int:
+        return int(self.data.shape[0])
+
+    @property
+    def ncols(self) -> int:
+        return int(self.data.shape[1])
+
+    @property
+    def top(self) -> float:
+        return self.yll + self.nrows * self.cellsize
+
+    @property
+    def right(self) -> float:
+        return self.xll + self.ncols * self.cellsize
+
+    def valid(self) -> np.ndarray:
+        """Boolean mask of cells that are not nodata and are finite."""
+        return np.isfinite(self.data) & (self.data != self.nodata)
+
+    def same_shape(self, other: "Grid") -> bool:
+        """EF5's ``IsSpatialMatch``: only nrows and ncols are compared."""
+        return self.data.shape == other.data.shape
+
+    def locate(self, lon, lat):
+        """Column, row and an in-extent flag of points, as EF5's ``GetGridLoc`` computes them.
+
+        The arithmetic is done in float32 like EF5, so points on a cell boundary fall in the
+        same cell as they do there.
+        """
+        lon32 = np.asarray(lon, dtype=np.float32)
+        lat32 = np.asarray(lat, dtype=np.float32)
+        cs = np.float32(self.cellsize)
+        col = ((lon32 - np.float32(self.xll)) / cs).astype(np.int64)
+        row = ((np.float32(self.top) - lat32) / cs).astype(np.int64)
+        inside = (lon32 >= self.xll) & (lon32 <= self.right) & (lat32 >= self.yll) & (lat32 <= self.top)
+        return np.clip(col, 0, self.ncols - 1), np.clip(row, 0, self.nrows - 1), inside
+
+    def cell_corners(self, cols: np.ndarray, rows: np.ndarray):
+        """Upper-left corners (EF5's ``GetRefLoc``) of the given cells, in float32."""
+        cs = np.float32(self.cellsize)
+        x = np.asarray(cols).astype(np.float32) * cs + np.float32(self.xll)
+        y = np.float32(self.top) - np.asarray(rows).astype(np.float32) * cs
+        return x, y
+
+
+def read_grid(path: str | Path) -> Grid:
+    """Read a grid the way EF5 chooses the reader: ``.asc`` is ESRI ASCII, anything else GeoTIFF."""
+    p = Path(path)
+    if p.suffix.lower() == ".asc":
+        return read_asc(p)
+    return read_tif(p)
+
+
+def read_asc(path: str | Path) -> Grid:
+    """Read an ESRI ASCII grid (six header lines, then nrows x ncols values)."""
+    p = Path(path)
+    try:
+        text = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"grid file not found: {p}", fix="check the path in the control file") from None
+    lines = text.split(b"\n", 6)
+    if len(lines) < 7:
+        raise InputError(f"{p}: an ESRI ASCII grid needs six header lines and data", fix="rewrite the grid")
+    header: dict[str, float] = {}
+    centre = False
+    for lineno, (line, key) in enumerate(zip(lines[:6], _ASC_KEYS), start=1):
+        parts = line.split()
+        if len(parts) != 2:
+            raise InputError(f"{p}:{lineno}: expected '{key} VALUE', got {line[:60]!r}",
+                             fix="ESRI ASCII headers are ncols, nrows, xllcorner, yllcorner, cellsize, NODATA_value in that order")
+        word = parts[0].decode(errors="replace").lower()
+        if word in ("xllcenter", "yllcenter"):
+            centre = True
+        try:
+            header[key] = float(parts[1])
+        except ValueError:
+            raise InputError(f"{p}:{lineno}: {word} is not a number: {parts[1][:30]!r}", fix="write a number") from None
+    ncols, nrows = int(header["ncols"]), int(header["nrows"])
+    values = np.array(lines[6].split(), dtype=np.float64)
+    if values.size != ncols * nrows:
+        raise InputError(f"{p}: header says {nrows} rows x {ncols} cols = {ncols * nrows} values, found {values.size}",
+                         fix="make the data agree with ncols and nrows")
+    cs = header["cellsize"]
+    xll, yll = header["xllcorner"], header["yllcorner"]
+    if centre:
+        log.warning("%s: cell-centre header converted to corners (EF5 itself reads only corners)", p)
+        xll -= cs / 2.0
+        yll -= cs / 2.0
+    return Grid(values.reshape(nrows, ncols), xll, yll, cs, header["nodata_value"], str(p))
+
+
+def read_tif(path: str | Path) -> Grid:
+    """Read a single-band GeoTIFF with ModelPixelScale/ModelTiepoint georeferencing."""
+    import tifffile
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"grid file not found: {p}", fix="check the path in the control file")
+    try:
+        with tifffile.TiffFile(p) as tf:
+            page = tf.pages[0]
+            data = page.asarray()
+            tags = page.tags
+            scale = tags.get(_TAG_PIXEL_SCALE)
+            tie = tags.get(_TAG_TIEPOINT)
+            nd = tags.get(_TAG_GDAL_NODATA)
+            scale = scale.value if scale is not None else None
+            tie = tie.value if tie is not None else None
+            nd = nd.value if nd is not None else None
+    except (tifffile.TiffFileError, ValueError) as exc:
+        raise InputError(f"{p}: not a readable GeoTIFF ({exc})",
+                         fix="EF5 reads every non-.asc grid as float32 GeoTIFF; convert it, or name an ASCII grid *.asc") from None
+    if data.ndim != 2:
+        raise InputError(f"{p}: expected one band, got an array of shape {data.shape}", fix="write a single-band grid")
+    if scale is None or tie is None:
+        raise InputError(f"{p}: GeoTIFF has no ModelPixelScale/ModelTiepoint tags", fix="write a georeferenced GeoTIFF")
+    sx, sy = float(scale[0]), float(scale[1])
+    if abs(sx - sy) > 1e-9 * max(abs(sx), 1.0):
+        raise InputError(f"{p}: cells are not square ({sx} x {sy})", fix="resample to square cells")
+    left, top = float(tie[3]), float(tie[4])
+    nodata = -9999.0
+    if nd is not None:
+        try:
+            nodata = float(str(nd).strip().strip("\x00"))
+        except ValueError:
+            log.warning("%s: GDAL_NODATA tag %r is not a number; using -9999", p, nd)
+    nrows = data.shape[0]
+    return Grid(data.astype(np.float64), left, top - nrows * sx, sx, nodata, str(p))
+
+
+def write_asc(path: str | Path, grid: Grid, fmt: str = "%.6g") -> None:
+    """Write an ESRI ASCII grid with a corner-referenced header (what EF5 reads)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    data = np.where(np.isfinite(grid.data), grid.data, grid.nodata)
+    header = (f"ncols {grid.ncols}\nnrows {grid.nrows}\nxllcorner {grid.xll!r}\nyllcorner {grid.yll!r}\n"
+              f"cellsize {grid.cellsize!r}\nNODATA_value {grid.nodata:g}\n")
+    tmp = p.with_name(p.name + ".part")
+    with open(tmp, "w") as fh:
+        fh.write(header)
+        np.savetxt(fh, data, fmt=fmt, delimiter=" ")
+    tmp.replace(p)
+
+
+def write_tif(path: str | Path, grid: Grid, compress: bool = False) -> None:
+    """Write a striped single-band float32 GeoTIFF in geographic WGS84 coordinates."""
+    import tifffile
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    data = np.where(np.isfinite(grid.data), grid.data, grid.nodata).astype(np.float32)
+    geokeys = (1, 1, 0, 3, 1024, 0, 1, 2, 1025, 0, 1, 1, 2048, 0, 1, 4326)
+    extratags = [
+        (_TAG_PIXEL_SCALE, "d", 3, (grid.cellsize, grid.cellsize, 0.0), True),
+        (_TAG_TIEPOINT, "d", 6, (0.0, 0.0, 0.0, grid.xll, grid.top, 0.0), True),
+        (_TAG_GEOKEYS, "H", len(geokeys), geokeys, True),
+        (_TAG_GDAL_NODATA, "s", 0, f"{grid.nodata:g}", True),
+    ]
+    tmp = p.with_name(p.name + ".part")
+    tifffile.imwrite(tmp, data, photometric="minisblack", extratags=extratags,
+                     compression="deflate" if compress else None, metadata=None)
+    tmp.replace(p)
