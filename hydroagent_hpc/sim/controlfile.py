@@ -385,3 +385,79 @@ def _check_references(cf: ControlFile) -> None:
             if val not in table:
                 raise ControlFileError(f"task {t.name!r}: {key.upper()}={val!r} names no such section", sp, t.line, key,
                                        fix=f"use one of: {', '.join(table) or '(none defined)'}")
+
+
+def _num(v: float) -> str:
+    """A number as EF5 reads it (``repr`` round-trips a float exactly)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"only finite numbers reach a control file, got {v!r}")
+    return repr(float(v))
+
+
+def _p(path) -> str:
+    text = str(path)
+    if any(ch.isspace() for ch in text):
+        raise ValueError(f"EF5 cannot read paths with spaces: {text!r}; move the data to a path without spaces")
+    return text
+
+
+def render_control(cf: ControlFile, task: str | None = None, overrides: dict[str, float] | None = None,
+                   output: Path | None = None) -> str:
+    """Write a control file for one task with absolute paths and multiplier overrides.
+
+    Only numbers reach the parameter lines (``overrides`` values are checked to be finite
+    floats); names come from the parsed model, never from the caller, so nothing but numbers
+    can be injected. ``output`` replaces the task's OUTPUT (and STATES) folder.
+    """
+    tk = cf.task(task)
+    over = {k.lower(): _num(v) for k, v in (overrides or {}).items()}
+    for k in over:
+        if k not in CREST_PARAMS + KW_PARAMS:
+            raise ValueError(f"unknown parameter {k!r}; valid: {', '.join(CREST_PARAMS + KW_PARAMS)}")
+    b = cf.basic
+    lines = ["[Basic]", f"DEM={_p(b.dem)}", f"DDM={_p(b.ddm)}", f"FAM={_p(b.fam)}", f"PROJ={b.proj}",
+             f"ESRIDDM={'true' if b.esriddm else 'false'}", f"SELFFAM={'true' if b.selffam else 'false'}", ""]
+    for sect, f in (("PrecipForcing", cf.precip[tk.precip]), ("PETForcing", cf.pet[tk.pet])):
+        lines += [f"[{sect} {f.name}]", f"TYPE={f.type.upper()}", f"UNIT={f.unit}", f"FREQ={f.freq}", f"LOC={_p(f.loc)}",
+                  f"NAME={f.pattern}", ""]
+    gauges = cf.basins[tk.basin]
+    for gname in gauges:
+        g = cf.gauges[gname]
+        lines.append(f"[Gauge {g.name}]")
+        if g.cellx is not None and g.celly is not None:
+            lines += [f"CELLX={g.cellx}", f"CELLY={g.celly}"]
+        else:
+            lines += [f"LAT={_num(g.lat)}", f"LON={_num(g.lon)}"]
+            if g.basinarea is not None:
+                lines.append(f"BASINAREA={_num(g.basinarea)}")
+        if g.obs is not None:
+            lines.append(f"OBS={_p(g.obs)}")
+        lines += [f"OUTPUTTS={'TRUE' if g.outputts else 'FALSE'}", ""]
+    lines += [f"[Basin {tk.basin}]", *(f"GAUGE={g}" for g in gauges), ""]
+    for ps_name, header in ((tk.param_set, "CrestParamSet"), (tk.routing_param_set, "KWParamSet")):
+        if not ps_name:
+            continue
+        ps = cf.param_sets[ps_name]
+        names = CREST_PARAMS if ps.kind == "crest" else KW_PARAMS
+        lines.append(f"[{header} {ps.name}]")
+        lines += [f"{p}_grid={_p(path)}" for p, path in ps.grids.items()]
+        for gname, vals in ps.values.items():
+            lines.append(f"GAUGE={gname}")
+            lines += [f"{p.upper()}={over.get(p, _num(vals[p]))}" for p in names]
+        lines.append("")
+    out = output if output is not None else tk.output
+    lines += [f"[Task {tk.name}]", f"STYLE={tk.style.upper()}", f"MODEL={tk.model.upper()}"]
+    if tk.routing:
+        lines.append(f"ROUTING={tk.routing.upper()}")
+    lines += [f"BASIN={tk.basin}", f"PRECIP={tk.precip}", f"PET={tk.pet}", f"OUTPUT={_p(out)}", f"PARAM_SET={tk.param_set}"]
+    if tk.routing_param_set:
+        lines.append(f"ROUTING_PARAM_SET={tk.routing_param_set}")
+    lines += [f"TIMESTEP={tk.timestep}", f"TIME_BEGIN={tk.time_begin:%Y%m%d%H%M}", f"TIME_END={tk.time_end:%Y%m%d%H%M}"]
+    if tk.time_warmend:
+        lines.append(f"TIME_WARMEND={tk.time_warmend:%Y%m%d%H%M}")
+    if tk.states is not None:
+        lines.append(f"STATES={_p(out if output is not None else tk.states)}")
+        if tk.time_state:
+            lines.append(f"TIME_STATE={tk.time_state:%Y%m%d%H%M}")
+    lines += ["", "[Execute]", f"TASK={tk.name}", ""]
+    return "\n".join(lines)

@@ -135,6 +135,9 @@ def load_forcing(f: Forcing, steps: list[datetime], begin: datetime, dem: Grid, 
                 cache[name] = zeros
                 missing.append(str(path))
         out[t] = cache[name]
+    if missing and len(missing) == len(cache):
+        raise InputError(f"forcing [{f.name}]: none of the {len(cache)} files the run needs exists "
+                         f"(first: {missing[0]})", fix="check LOC and NAME of that forcing section")
     if missing:
         log.warning("%d %s forcing file(s) missing, read as zero (first: %s)", len(missing), f.name, missing[0])
     return ForcingSeries(out, missing, sorted(set(names)))

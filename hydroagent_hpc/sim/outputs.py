@@ -108,8 +108,12 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_run(sim, result: SimulationResult, output_dir: str | Path, runtime_s: float) -> list[Path]:
-    """Everything EF5 writes for a SIMU task: per-gauge CSVs, results.json, state grids."""
+def write_run(sim, result: SimulationResult, output_dir: str | Path, runtime_s: float,
+              states_dir: str | Path | None = None) -> list[Path]:
+    """Everything EF5 writes for a SIMU task: per-gauge CSVs, results.json, state grids.
+
+    State grids go to the task's STATES folder, or to ``states_dir`` when given.
+    """
     out = Path(output_dir)
     written = [write_ts_csv(out / ts_filename(g), result, g) for g in sim.output_gauges()]
     written.append(write_results_json(out / "results.json", result.missing_precip, runtime_s))
@@ -117,5 +121,5 @@ def write_run(sim, result: SimulationResult, output_dir: str | Path, runtime_s: 
     step = result.info.get("state_step", -1) if isinstance(result.info, dict) else -1
     if states and step >= 0 and sim.task.states is not None:
         stamp = f"{sim.steps[step]:%Y%m%d_%H%M}"
-        written += write_states(sim.task.states, stamp, sim.dem, sim.net.rows, sim.net.cols, states)
+        written += write_states(states_dir or sim.task.states, stamp, sim.dem, sim.net.rows, sim.net.cols, states)
     return written
