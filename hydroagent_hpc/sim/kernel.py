@@ -39,20 +39,32 @@ _JIT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
 
 @nb.njit(**_JIT)
-def _kw_solve(q_in, q_old, lateral, alpha, beta, dt, dx):
-    """One implicit kinematic-wave solve with EF5's start value, tolerance and iteration cap."""
+def _kw_solve(q_in, q_old, q_old_pow, lateral, alpha, beta, dt, dx):
+    """One implicit kinematic-wave solve with EF5's start value, tolerance and iteration cap.
+
+    ``q_old_pow`` is ``q_old**beta`` carried from the previous step's solve. Returns the new
+    flow and its ``**beta`` (reused next step: the same number, not recomputed). With
+    ``alpha == 0`` storage vanishes and the solve is the exact pass-through
+    ``Q_in + dx*lateral``, which the full scheme also returns (bit for bit) at its first check.
+    """
+    d = dt / dx
+    a = d * q_in
+    if alpha == 0.0:
+        est = (a + dt * lateral) / d
+        if est < 0.0:
+            est = 0.0
+        return est, 0.0  # the power is never used while alpha is 0
     back = 0.0
     if q_in + q_old > 0.0:
         back = ((q_in + q_old) / 2.0) ** (beta - 1.0)
         if not math.isfinite(back):
             back = 0.0
-    d = dt / dx
-    a = d * q_in
     e = alpha * beta * back
     est = (a + alpha * beta * q_old * back + dt * lateral) / (d + e)
-    rhs = a + alpha * q_old ** beta + dt * lateral
+    rhs = a + alpha * q_old_pow + dt * lateral
+    est_pow = est ** beta
     for _ in range(10):
-        res = d * est + alpha * est ** beta - rhs
+        res = d * est + alpha * est_pow - rhs
         if not math.isfinite(res):
             res = 0.0
         if abs(res) < 0.01:
@@ -63,9 +75,11 @@ def _kw_solve(q_in, q_old, lateral, alpha, beta, dt, dx):
         est = est - res / d1
         if est < 0.0:
             est = 0.0
+        est_pow = est ** beta
     if est < 0.0:
         est = 0.0
-    return est
+        est_pow = 0.0 ** beta
+    return est, est_pow
 
 
 @nb.njit(**_JIT)
@@ -127,6 +141,12 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
     ir = ir0.copy()
     pq = pq0.copy()
     po = po0.copy()
+    # q**beta of the previous flows, carried between steps (beta 0.6 for overland flow)
+    pq_pow = np.empty(n)
+    po_pow = np.empty(n)
+    for i in range(n):
+        pq_pow[i] = pq[i] ** (beta[i] if channel[i] else 0.6)
+        po_pow[i] = po[i] ** 0.6
     fast = np.zeros(n)
     slow = np.zeros(n)
     sm = np.zeros(n)
@@ -214,7 +234,7 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
         for i in range(n - 1, -1, -1):
             dn = down[i]
             if not channel[i]:
-                q = _kw_solve(in_over[i], pq[i], fast[i] / 1000.0, alpha0[i], 0.6, step_s, dx[i])
+                q, pq_pow[i] = _kw_solve(in_over[i], pq[i], pq_pow[i], fast[i] / 1000.0, alpha0[i], 0.6, step_s, dx[i])
                 pq[i] = q
                 if dn >= 0:
                     in_over[dn] += q
@@ -232,9 +252,9 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
                     in_inter[k] += leak * s1[i] * area[i] / area[k]
             else:
                 lateral = (fast[i] + slow[i] + in_inter[i]) / 1000.0
-                q = _kw_solve(in_over[i], po[i], lateral, alpha0[i], 0.6, step_s, dx[i])
+                q, po_pow[i] = _kw_solve(in_over[i], po[i], po_pow[i], lateral, alpha0[i], 0.6, step_s, dx[i])
                 po[i] = q
-                qc = _kw_solve(in_chan[i], pq[i], q, alpha[i], beta[i], step_s, dx[i])
+                qc, pq_pow[i] = _kw_solve(in_chan[i], pq[i], pq_pow[i], q, alpha[i], beta[i], step_s, dx[i])
                 pq[i] = qc
                 if dn >= 0:
                     in_chan[dn] += qc
