@@ -69,7 +69,8 @@ def _kw_solve(q_in, q_old, q_old_pow, lateral, alpha, beta, dt, dx):
             res = 0.0
         if abs(res) < 0.01:
             break
-        d1 = d + alpha * beta * est ** (beta - 1.0)
+        # est**(beta-1) from the power already at hand (one pow less per iteration)
+        d1 = d + alpha * beta * (est_pow / est if est > 0.0 else 0.0 ** (beta - 1.0))
         if not math.isfinite(d1):
             d1 = 1.0
         est = est - res / d1
@@ -180,14 +181,16 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
                 if wi < wmi:
                     bi = b[i]
                     wmm = wmi * (1.0 + bi)
-                    a = wmm * (1.0 - (1.0 - wi / wmi) ** (1.0 / (1.0 + bi)))
+                    rel = (1.0 - wi / wmi) ** (1.0 / (1.0 + bi))  # = 1 - A/Wmm
+                    a = wmm * (1.0 - rel)
                     if ps + a >= wmm:
                         r = ps - (wmi - wi)
                         if r < 0.0:
                             r = 0.0
                         wo = wmi
                     else:
-                        infil = wmi * ((1.0 - a / wmm) ** (1.0 + bi) - (1.0 - (a + ps) / wmm) ** (1.0 + bi))
+                        # (1 - A/Wmm)^(1+B) is 1 - W/WM exactly; EF5 re-evaluates it with pow
+                        infil = wmi * ((1.0 - wi / wmi) - (1.0 - (a + ps) / wmm) ** (1.0 + bi))
                         if infil > ps:
                             infil = ps
                         r = ps - infil
