@@ -43,7 +43,6 @@ def _parse_set(items: list[str] | None) -> dict[str, float]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.metrics import evaluate
     from hydroagent_hpc.sim import open_simulator
     from hydroagent_hpc.sim.outputs import write_run
 
@@ -64,9 +63,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     summary = {"backend": result.backend, "output": str(out_dir), "gauge": result.gauge,
                "wall_time_s": round(time.perf_counter() - t0, 4), "missingQPE": result.missing_precip}
     mask = result.evaluation_mask()
-    if mask.sum() >= 2:
+    if args.metrics and mask.sum() >= 2:
+        from hydroagent_hpc.metrics import evaluate
+
         m = evaluate(result.observed, result.discharge, result.times, mask=mask)
-        summary.update({"NSE": round(float(m["NSE"]), 4), "KGE": round(float(m["KGE"]), 4)})
+        summary.update({k: (round(float(m[k]), 4) if isinstance(m[k], float) else m[k])
+                        for k in ("NSE", "KGE", "PBIAS", "peak_error_pct", "peak_lag_h", "n_points", "nse_band")})
     summary["peak_q"] = round(float(result.discharge[~result.warmup].max()), 3)
     print(json.dumps(summary))
     return 0
@@ -109,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ef5", help="EF5 binary for --backend ef5 (default: $HYDROAGENT_EF5)")
     s.add_argument("--timeout", type=float, default=600.0, help="seconds before an EF5 run is killed (default 600)")
     s.add_argument("--no-cache", action="store_true", help="do not read or write the forcing cache")
+    s.add_argument("--metrics", action="store_true", help="add NSE, KGE and peak errors against OBS to the summary line")
     s.set_defaults(func=cmd_simulate)
 
     b = sub.add_parser("basin", help="basin tools").add_subparsers(dest="basin_command", required=True)
