@@ -1,0 +1,72 @@
+"""``python -m hydroagent_hpc.bench`` (``make bench``): simulator and metrics benchmarks.
+
+Prints Markdown tables; every speed is a ratio against a baseline measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from hydroagent_hpc.bench.simulator import PUBLISHED_EF5_S, bench_case, peak_rss_mb
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--basins", default=str(ROOT / "results" / "demo" / "basins"), help="where the demo basins are (built if missing)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--skip-demo", action="store_true", help="only the reference case")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    out = sys.stdout.write
+
+    cases: list[tuple[str, Path]] = []
+    shared = Path(os.environ.get("HYDROAGENT_SHARED", ROOT.parent / "shared"))
+    ref = shared / "ef5-reference" / "dendritic" / "control_a.txt"
+    if ref.exists():
+        cases.append(("ref dendritic/control_a", ref))
+    if not args.skip_demo:
+        from hydroagent_hpc.sim.synthetic import build_demo_basins
+
+        for control in build_demo_basins(args.basins):
+            cases.append((f"demo {control.parent.name}", control))
+
+    out("## Simulator (embedded engine)\n\n")
+    out("| case | cells | steps | load cold s | load warm s | run s | Mcell-steps/s | batch8 s | batch8/run "
+        "| process s | EF5 run s | EF5 run / run | process / EF5 process | forcing MB |\n")
+    out("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    for label, control in cases:
+        t = bench_case(control, label, args.repeats)
+        ef5_ratio = t.ef5_run_s / t.run_s if t.ef5_run_s else None
+        proc_ratio = t.process_s / t.ef5_process_s if t.ef5_process_s else None
+        out(f"| {label} | {t.cells} | {t.steps} | {t.load_cold_s:.3f} | {t.load_warm_s:.3f} | {t.run_s:.4f} | "
+            f"{t.cell_steps_per_s / 1e6:.1f} | {t.batch8_s:.4f} | {t.batch_ratio:.2f} | {t.process_s:.3f} | "
+            f"{_fmt(t.ef5_run_s)} | {_fmt(ef5_ratio, '.1f')} | {_fmt(proc_ratio, '.2f')} | {t.forcing_mb:.1f} |\n")
+        sys.stdout.flush()
+    if not os.environ.get("HYDROAGENT_EF5"):
+        out("\nEF5 columns: no binary configured (set HYDROAGENT_EF5 to measure EF5 in the same run). "
+            "Published EF5 1.2.3 wall time for dendritic/control_a (whole process, ef5-reference README): "
+            f"{PUBLISHED_EF5_S['dendritic/control_a.txt']} s -- published, not measured here.\n")
+    out(f"\nPeak resident memory of this benchmark process: {peak_rss_mb():.0f} MB\n")
+
+    try:
+        from hydroagent_hpc.bench import metrics as mbench
+    except ImportError:
+        return 0
+    out("\n## Metrics\n\n| benchmark | baseline | s per call | ratio vs baseline |\n|---|---|---|---|\n")
+    for row in mbench.run():
+        out(f"| {row['name']} | {row['baseline']} | {row['seconds_per_call']:.6f} | {row['ratio_vs_baseline']:.1f} |\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

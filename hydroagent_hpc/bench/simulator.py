@@ -1,0 +1,110 @@
+"""Simulator benchmarks: cold/warm load, one run, a batch of 8, the whole process, and EF5.
+
+Every figure is reported with the baseline it is compared to, measured in the same run:
+``batch8 / run`` (goal <= 2.5), ``EF5 run / warm run`` (goal >= 5) and
+``hydroagent process / EF5 process`` (goal <= 1) when ``$HYDROAGENT_EF5`` names a binary;
+without one, the EF5 columns say so and the published EF5 wall time of the reference case is
+shown, labelled as published.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+
+__all__ = ["CaseTiming", "bench_case"]
+
+# EF5 1.2.3 wall time (median of 5) from ef5-reference/dendritic/README.md, for context only.
+PUBLISHED_EF5_S = {"dendritic/control_a.txt": 0.031}
+
+
+@dataclass
+class CaseTiming:
+    label: str
+    cells: int
+    steps: int
+    load_cold_s: float
+    load_warm_s: float
+    run_s: float
+    batch8_s: float
+    process_s: float
+    forcing_mb: float
+    ef5_run_s: float | None = None
+    ef5_process_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cell_steps_per_s(self) -> float:
+        return self.cells * self.steps / self.run_s
+
+    @property
+    def batch_ratio(self) -> float:
+        return self.batch8_s / self.run_s
+
+
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _process_time(cmd: list[str], env: dict[str, str], repeats: int, cwd: str | None = None) -> float:
+    def once():
+        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cmd[0]} failed: {proc.stderr[-500:]}")
+    return _median_time(once, repeats)
+
+
+def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
+    """Benchmark one control file with the embedded engine (and EF5 if configured)."""
+    cache = tempfile.mkdtemp(prefix="hydroagent-bench-cache-")
+    t0 = time.perf_counter()
+    sim = EmbeddedSimulator(control, cache_dir=cache)
+    cold = time.perf_counter() - t0
+    warm = _median_time(lambda: EmbeddedSimulator(control, cache_dir=cache), 3)
+    sim.run()  # compile or load the compiled kernel
+    run = _median_time(sim.run, repeats)
+    rng = np.random.default_rng(0)
+    sets = [{"wm": float(rng.uniform(0.5, 2.0)), "alpha": float(rng.uniform(0.5, 2.0))} for _ in range(8)]
+    sim.run_batch(sets)
+    batch = _median_time(lambda: sim.run_batch(sets), max(3, repeats // 2))
+    out = tempfile.mkdtemp(prefix="hydroagent-bench-out-")
+    env = {**os.environ, "HYDROAGENT_CACHE": cache}
+    proc = _process_time([sys.executable, "-m", "hydroagent_hpc.cli", "-q", "simulate", str(control), "--output", out],
+                         env, 3)
+    timing = CaseTiming(label, sim.net.n, len(sim.steps), cold, warm, run, batch, proc,
+                        (sim.precip.nbytes + sim.pet.nbytes) / 2**20)
+    ef5 = os.environ.get("HYDROAGENT_EF5")
+    if ef5:
+        from hydroagent_hpc.sim.ef5 import EF5Simulator
+
+        esim = EF5Simulator(control)
+        esim.run()
+        timing.ef5_run_s = _median_time(esim.run, 3)
+        run_dir = Path(tempfile.mkdtemp(prefix="hydroagent-bench-ef5-"))
+        (run_dir / "output").mkdir()
+        from hydroagent_hpc.sim.controlfile import render_control
+
+        (run_dir / "control.txt").write_text(render_control(esim.control, output=run_dir / "output"))
+        timing.ef5_process_s = _process_time([str(esim.binary), "control.txt"], dict(os.environ), 3, cwd=str(run_dir))
+    return timing
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
