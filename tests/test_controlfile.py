@@ -115,3 +115,24 @@ def test_cli_reports_error_without_traceback(tmp_path, reference_dir, tiny_text)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert f"{p}:" in proc.stderr and "unknown section [Gage]" in proc.stderr and "fix:" in proc.stderr
+
+
+def test_model_must_precede_param_set(tmp_path, reference_dir, tiny_text):
+    text = tiny_text.replace("MODEL=CREST\n", "").replace("PARAM_SET=SynCrest\n", "PARAM_SET=SynCrest\nMODEL=CREST\n")
+    p = _tiny_copy(tmp_path, reference_dir, text)
+    with pytest.raises(ControlFileError, match="PARAM_SET comes before MODEL"):
+        parse_control(p)
+    text = tiny_text.replace("ROUTING=KW\n", "").replace("ROUTING_PARAM_SET=SynKW\n", "ROUTING_PARAM_SET=SynKW\nROUTING=KW\n")
+    with pytest.raises(ControlFileError, match="ROUTING_PARAM_SET comes before ROUTING"):
+        parse_control(_tiny_copy(tmp_path, reference_dir, text))
+
+
+def test_write_asc_accepts_numpy_scalars(tmp_path):
+    import numpy as np
+
+    from hydroagent_hpc.sim.grids import Grid, read_asc, write_asc
+
+    g = Grid(np.ones((2, 3)), np.float64(-97.5), np.float32(35.0), np.float64(0.01))
+    write_asc(tmp_path / "g.asc", g)
+    back = read_asc(tmp_path / "g.asc")
+    assert back.xll == -97.5 and back.yll == 35.0 and back.data.shape == (2, 3)

@@ -333,6 +333,14 @@ def parse_control(path: str | Path) -> ControlFile:
                                            missing[0], fix=f"give all of {', '.join(n.upper() for n in names)} for every gauge")
             psets[sname] = ps
         elif stype == "task":
+            for first, second in (("model", "param_set"), ("routing", "routing_param_set")):
+                if second in kv and (first not in kv or kv[first][1] > kv[second][1] or
+                                     (kv[first][1] == kv[second][1] and
+                                      [k for k, _, _ in entries].index(first) > [k for k, _, _ in entries].index(second))):
+                    raise ControlFileError(f"{second.upper()} comes before {first.upper()} in [Task {sname}]", sp,
+                                           kv[second][1], second,
+                                           fix=f"EF5 reads {second.upper()} in the context of {first.upper()}: "
+                                               f"put {first.upper()}= above it")
             times = {}
             for k in ("time_begin", "time_end", "time_warmend", "time_state"):
                 if k in kv:

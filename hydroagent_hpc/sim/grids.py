@@ -182,8 +182,8 @@ def write_asc(path: str | Path, grid: Grid, fmt: str = "%.6g") -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     data = np.where(np.isfinite(grid.data), grid.data, grid.nodata)
-    header = (f"ncols {grid.ncols}\nnrows {grid.nrows}\nxllcorner {grid.xll!r}\nyllcorner {grid.yll!r}\n"
-              f"cellsize {grid.cellsize!r}\nNODATA_value {grid.nodata:g}\n")
+    header = (f"ncols {grid.ncols}\nnrows {grid.nrows}\nxllcorner {float(grid.xll)!r}\nyllcorner {float(grid.yll)!r}\n"
+              f"cellsize {float(grid.cellsize)!r}\nNODATA_value {float(grid.nodata):g}\n")
     tmp = p.with_name(p.name + ".part")
     with open(tmp, "w") as fh:
         fh.write(header)
@@ -200,8 +200,8 @@ def write_tif(path: str | Path, grid: Grid, compress: bool = False) -> None:
     data = np.where(np.isfinite(grid.data), grid.data, grid.nodata).astype(np.float32)
     geokeys = (1, 1, 0, 3, 1024, 0, 1, 2, 1025, 0, 1, 1, 2048, 0, 1, 4326)
     extratags = [
-        (_TAG_PIXEL_SCALE, "d", 3, (grid.cellsize, grid.cellsize, 0.0), True),
-        (_TAG_TIEPOINT, "d", 6, (0.0, 0.0, 0.0, grid.xll, grid.top, 0.0), True),
+        (_TAG_PIXEL_SCALE, "d", 3, (float(grid.cellsize), float(grid.cellsize), 0.0), True),
+        (_TAG_TIEPOINT, "d", 6, (0.0, 0.0, 0.0, float(grid.xll), float(grid.top), 0.0), True),
         (_TAG_GEOKEYS, "H", len(geokeys), geokeys, True),
         (_TAG_GDAL_NODATA, "s", 0, f"{grid.nodata:g}", True),
     ]

@@ -10,7 +10,6 @@ and write every file through a temporary name so a killed run leaves no half fil
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 

@@ -1,0 +1,443 @@
+"""Synthetic twin basins: a complete EF5 case with hidden "true" multipliers and noisy observations.
+
+``synthesize_basin`` writes one basin folder that real EF5 can run (``cd DIR && ef5 control.txt``;
+all paths are relative):
+
+* ``basic/dem.asc ddm.asc fam.asc``: generated terrain, pit-filled, D8 and accumulation by
+  pyflwdir (:mod:`hydroagent_hpc.sim.terrain`); ESRI codes, FAM excluding self, -9999 outside;
+* ``params/*.tif``: a-priori grids for wm, b, im, fc (ksat), leaki, alpha, beta, alpha0
+  (:mod:`hydroagent_hpc.sim.landscape`);
+* ``precip/rain.YYYYMMDDHH.tif``: hourly rain (mm/h) for every step, dry hours included
+  (:mod:`hydroagent_hpc.sim.storms`); ``pet/PET.YYYYMMDD.tif``: daily PET (mm/d), seasonal;
+* ``control.txt``: one SIMU task, CREST + KW, TIMESTEP=1h, warm-up to TIME_WARMEND, every
+  multiplier at HydroAgent's defaults (``params.DEFAULTS``);
+* ``obs/obs.csv``: the outlet discharge simulated with hidden true multipliers, plus a smooth
+  timing warp (clock error up to 0.5-1.5 h) and heteroscedastic error (AR(1) log-normal, sigma
+  0.05-0.09, plus a small additive floor);
+* ``truth.json``: the true multipliers (13, EF5 order), the error model and its parameters, the
+  seed, and what the defaults and the truth score against the observations;
+* ``basin.json``: metadata (actual traced area, cells, window, storms, generator settings),
+  written last; ``output/``: an empty folder for EF5's output.
+
+Everything comes from ``numpy.random.default_rng(seed)`` (spawned per component): the same seed
+gives byte-identical files. ``DEMO_BASINS`` are four twins of the paper's held-out gauges;
+``build_demo_basins`` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+from hydroagent_hpc.params import DEFAULTS
+from hydroagent_hpc.sim.controlfile import Forcing
+from hydroagent_hpc.sim.evaporation import make_pet
+from hydroagent_hpc.sim.forcing import forcing_file_names, step_times
+from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
+from hydroagent_hpc.sim.landscape import GRID_FILES, make_parameter_grids
+from hydroagent_hpc.sim.storms import CLIMATES, make_rainfall
+from hydroagent_hpc.sim.terrain import NODATA, TERRAIN_STYLES, cell_km, make_terrain
+from hydroagent_hpc.sim.truth import TRUTH_RANGES, draw_truth, implausibility, nse, observe
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GENERATOR_VERSION", "DemoBasin", "DEMO_BASINS", "synthesize_basin", "build_demo_basins", "read_truth",
+           "auto_cellsize", "estimate_cells", "draw_truth", "TRUTH_RANGES"]
+
+GENERATOR_VERSION = "1"
+CONTROL_NAME = "control.txt"
+MAX_AUTO_CELLS = 3500  # ~0.6 s for a 90-day hourly run of the embedded engine here
+MIN_AUTO_CELLS = 150
+MIN_CELLS = 40  # below this TH=10 leaves hardly any channel
+MAX_CELLS = 50_000
+MAX_DAYS = 400
+_LADDER = (0.0025, 0.005, 0.01, 0.02, 0.025, 0.03, 0.04, 0.05, 0.0625, 0.08, 0.1, 0.125, 0.2, 0.25, 0.5)
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+
+@dataclass(frozen=True)
+class DemoBasin:
+    """A synthetic twin of one of the paper's held-out gauges (not the real river)."""
+
+    name: str
+    gauge_id: str  # the USGS gauge it is modelled on
+    gauge_name: str
+    area_km2: float
+    cellsize_deg: float
+    seed: int
+    lat: float
+    lon: float
+    start: str  # the paper's evaluation window start
+    terrain: str
+    climate: str
+    resolution: str  # the cell size in words and why
+
+    @property
+    def description(self) -> str:
+        return (f"synthetic twin modelled on USGS {self.gauge_id} ({self.gauge_name}, {self.area_km2:,.0f} km2); "
+                "generated terrain, rain and discharge, NOT the real river")
+
+
+DEMO_BASINS = (
+    DemoBasin("syn_02338660", "02338660", "New River at GA 100, near Corinth, GA", 328.93, 0.01, 2338660,
+              33.2357, -84.9876, "2018-07-01", "piedmont", "humid",
+              "0.01 deg (1.1 x 0.93 km, ~1.0 km2), ~330 cells: the MRMS/CONUS-grid resolution"),
+    DemoBasin("syn_01403060", "01403060", "Raritan River below Calco Dam at Bound Brook, NJ", 2033.14, 0.01, 1403060,
+              40.55111111, -74.54833333, "2018-11-11", "hills", "humid",
+              "0.01 deg (1.1 x 0.84 km, ~0.93 km2), ~2,200 cells"),
+    DemoBasin("syn_06279500", "06279500", "Bighorn River at Kane, WY", 40792.33, 0.04, 6279500,
+              44.75852989, -108.1815559, "2018-06-13", "mountains", "semiarid",
+              "0.04 deg (4.4 x 3.1 km, ~13.9 km2), ~2,900 cells: 0.01 deg would be ~47,000 cells, 16x the run time"),
+    DemoBasin("syn_07144100", "07144100", "Little Arkansas River near Sedgwick, KS", 3209.0, 0.01, 7144100,
+              37.88306739, -97.4244864, "2019-03-30", "plains", "subhumid",
+              "0.01 deg (1.1 x 0.87 km, ~0.96 km2), ~3,300 cells"),
+)
+
+
+# --------------------------------------------------------------------------- sizes
+def estimate_cells(area_km2: float, cellsize_deg: float, lat: float) -> float:
+    """Cells a basin of ``area_km2`` covers at this cell size and latitude."""
+    dy, dx = cell_km(cellsize_deg, lat)
+    return area_km2 / (dy * dx)
+
+
+def auto_cellsize(area_km2: float, lat: float) -> float:
+    """0.01 deg unless that gives more than 3,500 cells (coarser) or fewer than 150 (finer)."""
+    if estimate_cells(area_km2, 0.01, lat) > MAX_AUTO_CELLS:
+        coarser = [c for c in _LADDER if c > 0.01 and estimate_cells(area_km2, c, lat) <= MAX_AUTO_CELLS]
+        return coarser[0] if coarser else _LADDER[-1]
+    if estimate_cells(area_km2, 0.01, lat) < MIN_AUTO_CELLS:
+        finer = [c for c in reversed(_LADDER) if c < 0.01 and estimate_cells(area_km2, c, lat) >= MIN_AUTO_CELLS]
+        return finer[0] if finer else _LADDER[0]
+    return 0.01
+
+
+# --------------------------------------------------------------------------- arguments
+def _parse_start(start) -> datetime:
+    if isinstance(start, datetime):
+        t = start
+    else:
+        try:
+            t = datetime.fromisoformat(str(start).strip().replace(" ", "T"))
+        except ValueError:
+            raise ValueError(f"start={start!r} is not a date; write YYYY-MM-DD or 'YYYY-MM-DD HH:00'") from None
+    if t.tzinfo is not None or t.minute or t.second or t.microsecond:
+        raise ValueError(f"start={start!r} must be a whole UTC hour without a time zone; write e.g. 2021-06-01")
+    return t
+
+
+def _int(value, name: str, lowest: int, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
+        raise ValueError(f"{name}={value!r} must be an integer >= {lowest}; {fix}")
+    return int(value)
+
+
+def _real(value, name: str, fix: str) -> float:
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number; {fix}")
+    return float(value)
+
+
+def _settings(name, area_km2, window_days, warmup_days, seed, cellsize_deg, start, lat, lon, terrain, climate,
+              paper_gauge_id, description) -> dict:
+    """Check every argument; return the generator settings stored in basin.json."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"name={name!r}: use a letter then letters, digits or underscores (it names the EF5 gauge), "
+                         "e.g. syn_basin1")
+    area = _real(area_km2, "area_km2", "give the drainage area in km2, e.g. 329")
+    if area <= 0:
+        raise ValueError(f"area_km2={area_km2!r} must be > 0; give the drainage area in km2, e.g. 329")
+    window = _int(window_days, "window_days", 1, "give the evaluation window in whole days, e.g. 60")
+    warmup = _int(warmup_days, "warmup_days", 0, "give the warm-up in whole days (0 for none), e.g. 30")
+    if window + warmup > MAX_DAYS:
+        raise ValueError(f"window_days + warmup_days = {window + warmup} is more than {MAX_DAYS} days of hourly files; "
+                         "shorten the window or the warm-up")
+    seed = _int(seed, "seed", 0, "give a non-negative integer")
+    lat = _real(lat, "lat", "give the gauge latitude in degrees")
+    lon = _real(lon, "lon", "give the gauge longitude in degrees")
+    if abs(lat) > 70:
+        raise ValueError(f"lat={lat} is outside -70..70 (geographic cells get too narrow); pick a lower latitude")
+    if not -180 <= lon <= 180:
+        raise ValueError(f"lon={lon} is outside -180..180; give a longitude in degrees east (west is negative)")
+    if cellsize_deg is None:
+        cs = auto_cellsize(area, lat)
+    else:
+        cs = _real(cellsize_deg, "cellsize_deg", "give the cell size in degrees, e.g. 0.01, or None to choose")
+        if not 0 < cs <= 1:
+            raise ValueError(f"cellsize_deg={cellsize_deg!r} must be in (0, 1] degrees, e.g. 0.01, or None to choose")
+    cells = estimate_cells(area, cs, lat)
+    if cells < MIN_CELLS:
+        raise ValueError(f"area_km2={area:g} at cellsize_deg={cs:g} is only {cells:.0f} cells "
+                         f"(TH=10 needs >= {MIN_CELLS}); "
+                         "give a smaller cellsize_deg (or None) or a larger area")
+    if cells > MAX_CELLS:
+        raise ValueError(f"area_km2={area:g} at cellsize_deg={cs:g} is {cells:,.0f} cells (at most {MAX_CELLS:,}); "
+                         "give a larger cellsize_deg, or None to choose one that runs in about a second")
+    if terrain not in TERRAIN_STYLES:
+        raise ValueError(f"terrain={terrain!r} is unknown; use one of {', '.join(TERRAIN_STYLES)}")
+    if climate not in CLIMATES:
+        raise ValueError(f"climate={climate!r} is unknown; use one of {', '.join(CLIMATES)}")
+    t0 = _parse_start(start)
+    return {"module": __name__, "version": GENERATOR_VERSION, "name": name,
+            "area_km2": area, "window_days": window, "warmup_days": warmup, "seed": seed, "cellsize_deg": cs,
+            "start": f"{t0:%Y-%m-%d %H:%M}", "lat": lat, "lon": lon, "terrain": terrain, "climate": climate,
+            "paper_gauge_id": paper_gauge_id, "description": description}
+
+
+# --------------------------------------------------------------------------- writers
+def _tif(path: Path, terrain, data, compress=False) -> None:
+    write_tif(path, Grid(np.asarray(data, dtype=np.float64), terrain.xll, terrain.yll, terrain.cellsize, NODATA),
+              compress=compress)
+
+
+def _num(v: float) -> str:
+    return repr(float(v))
+
+
+def _control_text(s: dict, gauge: str, cell: tuple[int, int], begin, warm, end) -> str:
+    d = DEFAULTS
+    crest_grids = [f"{k}_grid=params/{GRID_FILES[k]}" for k in ("wm", "b", "im", "fc")]
+    kw_grids = [f"{k}_grid=params/{GRID_FILES[k]}" for k in ("leaki", "alpha", "beta", "alpha0")]
+    lines = [
+        f"# {s['name']}: {s['description'] or 'synthetic basin'}",
+        f"# written by hydroagent_hpc.sim.synthetic v{GENERATOR_VERSION}, seed {s['seed']}; the true multipliers are",
+        "# in truth.json. Every path is relative: cd <this folder> && ef5 control.txt (output/ exists).",
+        "", "[Basic]", "DEM=basic/dem.asc", "DDM=basic/ddm.asc", "FAM=basic/fam.asc", "PROJ=geographic",
+        "ESRIDDM=true", "SELFFAM=false",
+        "", "[PrecipForcing RAIN]", "TYPE=TIF", "UNIT=mm/h", "FREQ=1h", "LOC=precip", "NAME=rain.YYYYMMDDHH.tif",
+        "", "[PETForcing PET]", "TYPE=TIF", "UNIT=mm/d", "FREQ=1d", "LOC=pet", "NAME=PET.YYYYMMDD.tif",
+        "", f"[Gauge {gauge}]", f"CELLX={cell[1]}", f"CELLY={cell[0]}", "OBS=obs/obs.csv", "OUTPUTTS=TRUE",
+        "", "[Basin BASIN]", f"GAUGE={gauge}",
+        "", "[CrestParamSet CRESTPARAMS]", *crest_grids, f"GAUGE={gauge}",
+        *(f"{k.upper()}={_num(d[k])}" for k in ("wm", "b", "im", "ke", "fc", "iwu")),
+        "", "[KWParamSet KWPARAMS]", *kw_grids, f"GAUGE={gauge}",
+        *(f"{k.upper()}={_num(d[k])}" for k in ("under", "leaki", "th", "isu", "alpha", "beta", "alpha0")),
+        "", "[Task RUN]", "STYLE=SIMU", "MODEL=CREST", "ROUTING=KW", "BASIN=BASIN", "PRECIP=RAIN", "PET=PET",
+        "OUTPUT=output", "PARAM_SET=CRESTPARAMS", "ROUTING_PARAM_SET=KWPARAMS", "TIMESTEP=1h",
+        f"TIME_BEGIN={begin:%Y%m%d%H%M}", f"TIME_WARMEND={warm:%Y%m%d%H%M}", f"TIME_END={end:%Y%m%d%H%M}",
+        "", "[Execute]", "TASK=RUN", "",
+    ]
+    return "\n".join(lines)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _write_obs(path: Path, times, values) -> None:
+    rows = ["Date,Discharge(m3/s)"] + [f"{t:%Y-%m-%d %H:%M},{v:.3f}" for t, v in zip(times, values)]
+    path.write_text("\n".join(rows) + "\n")
+
+
+def _write_inputs(folder: Path, s: dict, rngs) -> dict:
+    """Terrain, grids, forcing and the control file; returns what the metadata needs."""
+    r_terrain, r_params, r_rain, r_pet = rngs
+    start = _parse_start(s["start"])
+    begin, end = start - timedelta(days=s["warmup_days"]), start + timedelta(days=s["window_days"])
+    steps = step_times(begin, end, "1h")
+    terrain = make_terrain(r_terrain, area_km2=s["area_km2"], cellsize_deg=s["cellsize_deg"], lat=s["lat"],
+                           lon=s["lon"], style=TERRAIN_STYLES[s["terrain"]])
+    rain, events = make_rainfall(r_rain, terrain, len(steps), s["warmup_days"] * 24, CLIMATES[s["climate"]],
+                                 s["area_km2"], begin.timetuple().tm_yday + begin.hour / 24.0)
+    grids = make_parameter_grids(r_params, terrain)
+    folder.mkdir(parents=True)
+    for sub in ("basic", "params", "precip", "pet", "obs", "output"):
+        (folder / sub).mkdir()
+    geo = (terrain.xll, terrain.yll, terrain.cellsize, NODATA)
+    write_asc(folder / "basic" / "dem.asc", Grid(terrain.masked_dem(), *geo), fmt="%.2f")
+    write_asc(folder / "basic" / "ddm.asc", Grid(terrain.ddm, *geo), fmt="%d")
+    write_asc(folder / "basic" / "fam.asc", Grid(terrain.fam, *geo), fmt="%d")
+    for key, fname in GRID_FILES.items():
+        _tif(folder / "params" / fname, terrain, grids[key])
+    rain_f = Forcing("rain", "tif", "mm/h", "1h", folder / "precip", "rain.YYYYMMDDHH.tif")
+    for t, fname in enumerate(forcing_file_names(rain_f, steps, begin)):
+        _tif(folder / "precip" / fname, terrain, rain[t], compress=True)
+    # Daily PET: the file stamped D serves the steps in (D-1 00:00, D 00:00], as EF5 reads it.
+    pet_f = Forcing("pet", "tif", "mm/d", "1d", folder / "pet", "PET.YYYYMMDD.tif")
+    pet_names = forcing_file_names(pet_f, steps, begin)
+    pet_files = list(dict.fromkeys(pet_names))
+    day_of = np.array([pet_files.index(n) for n in pet_names])
+    wet = rain[:, terrain.basin].mean(axis=1) > 0.2
+    days = range(len(pet_files))
+    pets = make_pet(r_pet, terrain, CLIMATES[s["climate"]].pet_mm_d, s["lat"],
+                    [steps[int(np.argmax(day_of == k))].timetuple().tm_yday for k in days],
+                    [float(wet[day_of == k].sum()) for k in days])
+    for fname, grid in zip(pet_files, pets):
+        _tif(folder / "pet" / fname, terrain, grid, compress=True)
+    (folder / CONTROL_NAME).write_text(_control_text(s, s["name"], terrain.gauge, begin, start, end))
+    _write_obs(folder / "obs" / "obs.csv", [], [])  # header only until the truth has been simulated
+    return {"terrain": terrain, "steps": steps, "events": events, "pet_files": len(pet_files), "begin": begin,
+            "start": start, "end": end, "precip_mm": float(rain[:, terrain.basin].mean(axis=1).sum())}
+
+
+def _write_truth(folder: Path, s: dict, r_truth, r_noise) -> dict:
+    """Simulate the hidden truth, write obs.csv and truth.json; return network facts."""
+    from hydroagent_hpc.sim.embedded import EmbeddedSimulator  # the compiled engine, only when writing
+
+    sim = EmbeddedSimulator(folder / CONTROL_NAME, cache_dir=False)
+    keep = ~sim.warmup
+    area = float(sim.net.area.sum())
+    q_default = sim.run().discharge
+    best = None
+    for tries in range(1, 13):
+        cand = draw_truth(r_truth)
+        q = sim.run(cand).discharge
+        # Identifiable but not absurd: the defaults should score between -10 and 0.85 against it.
+        fit = nse(q_default[keep], q[keep])
+        bad = implausibility(q, keep, area, base_flow=s["warmup_days"] > 0) + max(0.0, fit - 0.85, (-10.0 - fit) / 10.0)
+        if best is None or bad < best[0]:
+            best = (bad, cand, q)
+        if bad == 0.0:
+            break
+    else:
+        log.warning("%s: none of %d truth draws gave a plausible, identifiable hydrograph; keeping the closest",
+                    s["name"], tries)
+    _, truth, q_true = best
+    obs, noise = observe(r_noise, q_true, keep)
+    _write_obs(folder / "obs" / "obs.csv", sim.steps, obs)
+    _write_json(folder / "truth.json", {
+        "note": "HIDDEN: the multipliers that made obs/obs.csv. Agents must not read this file.",
+        "basin": s["name"], "generator_version": GENERATOR_VERSION, "seed": s["seed"],
+        "multipliers": truth, "defaults": dict(DEFAULTS), "noise": noise,
+        "area_km2_requested": s["area_km2"], "area_km2": round(area, 3), "cellsize_deg": s["cellsize_deg"],
+        "cells": sim.net.n,
+        "diagnostics": {
+            "nse_truth_vs_obs": round(nse(q_true[keep], obs[keep]), 4),
+            "nse_defaults_vs_obs": round(nse(q_default[keep], obs[keep]), 4),
+            "peak_q_m3s": round(float(q_true[keep].max()), 3), "mean_q_m3s": round(float(q_true[keep].mean()), 4),
+            "min_q_m3s": round(float(q_true[keep].min()), 4), "truth_draws": tries},
+    })
+    return {"area": area, "nodes": sim.net.n, "channel_cells": int(np.sum(sim.net.fac > DEFAULTS["th"]))}
+
+
+def _write_basin(folder: Path, s: dict) -> None:
+    t0 = time.perf_counter()
+    r_terrain, r_params, r_rain, r_pet, r_truth, r_noise = np.random.default_rng(s["seed"]).spawn(6)
+    inp = _write_inputs(folder, s, (r_terrain, r_params, r_rain, r_pet))
+    t1 = time.perf_counter()
+    net = _write_truth(folder, s, r_truth, r_noise)
+    terrain, steps = inp["terrain"], inp["steps"]
+    _write_json(folder / "basin.json", {
+        "name": s["name"], "synthetic": True, "description": s["description"], "paper_gauge_id": s["paper_gauge_id"],
+        "gauge": s["name"], "gauge_cell": {"cellx": terrain.gauge[1], "celly": terrain.gauge[0]},
+        "lat": s["lat"], "lon": s["lon"], "area_km2": round(net["area"], 3), "area_km2_requested": s["area_km2"],
+        "cellsize_deg": s["cellsize_deg"], "nodes": net["nodes"], "channel_cells": net["channel_cells"],
+        "grid": {"nrows": terrain.shape[0], "ncols": terrain.shape[1], "xllcorner": terrain.xll,
+                 "yllcorner": terrain.yll},
+        "timestep": "1h", "window_days": s["window_days"], "warmup_days": s["warmup_days"],
+        "time_begin": f"{inp['begin']:%Y-%m-%d %H:%M}", "time_warmend": f"{inp['start']:%Y-%m-%d %H:%M}",
+        "time_end": f"{inp['end']:%Y-%m-%d %H:%M}", "steps": len(steps), "control": CONTROL_NAME,
+        "obs": "obs/obs.csv", "truth": "truth.json", "terrain": s["terrain"], "climate": s["climate"],
+        "precip_basin_total_mm": round(inp["precip_mm"], 2), "storms": [e.as_dict(steps) for e in inp["events"]],
+        "files": {"precip": len(steps), "pet": inp["pet_files"]},
+        "generator": s,
+    })
+    log.info("%s: %d cells, %d steps; inputs %.1f s, truth and obs %.1f s", s["name"], net["nodes"], len(steps),
+             t1 - t0, time.perf_counter() - t1)
+
+
+# --------------------------------------------------------------------------- public API
+def _is_synthetic(folder: Path) -> bool:
+    try:
+        meta = json.loads((folder / "basin.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and isinstance(meta.get("generator"), dict) and \
+        meta["generator"].get("module") == __name__
+
+
+def synthesize_basin(out_dir, *, name: str, area_km2: float, window_days: int = 60, warmup_days: int = 30,
+                     seed: int = 0, cellsize_deg: float | None = None, start: str = "2021-06-01", lat: float = 35.0,
+                     lon: float = -97.0, terrain: str = "hills", climate: str = "humid",
+                     paper_gauge_id: str | None = None, description: str = "") -> Path:
+    """Write a synthetic basin into ``out_dir`` and return the path of its control file.
+
+    ``cellsize_deg=None`` picks 0.01 deg, coarser if the basin would exceed 3,500 cells, finer if
+    it would have fewer than 150 (see :func:`auto_cellsize`). ``terrain`` is one of
+    ``TERRAIN_STYLES`` (plains, piedmont, hills, mountains), ``climate`` one of ``CLIMATES``
+    (humid, subhumid, semiarid). An existing ``out_dir`` must be empty or an earlier synthetic
+    basin (it is replaced); the basin is built beside it and moved in place at the end.
+    """
+    s = _settings(name, area_km2, window_days, warmup_days, seed, cellsize_deg, start, lat, lon, terrain, climate,
+                  paper_gauge_id, description)
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not _is_synthetic(out))):
+        raise ValueError(f"out_dir={str(out)!r} exists and is not a synthetic basin; give a new or empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    t0 = time.perf_counter()
+    try:
+        _write_basin(tmp, s)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("wrote synthetic basin %s in %.1f s", out, time.perf_counter() - t0)
+    return out / CONTROL_NAME
+
+
+def _demo_settings(spec: DemoBasin, window_days: int, warmup_days: int) -> dict:
+    return _settings(spec.name, spec.area_km2, window_days, warmup_days, spec.seed, spec.cellsize_deg, spec.start,
+                     spec.lat, spec.lon, spec.terrain, spec.climate, spec.gauge_id, spec.description)
+
+
+def _is_complete(folder: Path, settings: dict) -> bool:
+    """True if ``folder`` holds a finished basin written with exactly these settings."""
+    try:
+        meta = json.loads((folder / "basin.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if meta.get("generator") != settings:
+        return False
+    needed = [CONTROL_NAME, "truth.json", "obs/obs.csv", "basic/dem.asc", "basic/ddm.asc", "basic/fam.asc",
+              *(f"params/{f}" for f in GRID_FILES.values())]
+    if not all((folder / p).is_file() for p in needed):
+        return False
+    files = meta.get("files", {})
+    return (len(list((folder / "precip").glob("rain.*.tif"))) == files.get("precip")
+            and len(list((folder / "pet").glob("PET.*.tif"))) == files.get("pet"))
+
+
+def build_demo_basins(root, *, window_days: int = 60, warmup_days: int = 30, force: bool = False) -> list[Path]:
+    """Write the four ``DEMO_BASINS`` under ``root/<name>``; return their control files.
+
+    A basin whose folder is complete and was written with the same settings is kept unless
+    ``force``.
+    """
+    root = Path(root)
+    out = []
+    for spec in DEMO_BASINS:
+        folder = root / spec.name
+        if not force and _is_complete(folder, _demo_settings(spec, window_days, warmup_days)):
+            log.info("%s is up to date", folder)
+        else:
+            synthesize_basin(folder, name=spec.name, area_km2=spec.area_km2, window_days=window_days,
+                             warmup_days=warmup_days, seed=spec.seed, cellsize_deg=spec.cellsize_deg,
+                             start=spec.start, lat=spec.lat, lon=spec.lon, terrain=spec.terrain,
+                             climate=spec.climate, paper_gauge_id=spec.gauge_id, description=spec.description)
+        out.append(folder / CONTROL_NAME)
+    return out
+
+
+def read_truth(basin_dir) -> dict:
+    """The hidden truth of a synthetic basin: ``multipliers`` (13, EF5 order), ``noise``, seed, sizes."""
+    path = Path(basin_dir) / "truth.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path} not found: {basin_dir} is not a synthetic basin "
+                         "(write one with synthesize_basin or `hydroagent basin synth`)") from None
