@@ -1,6 +1,6 @@
 """The central value types. ``SimulationResult`` is one run of the simulator.
 
-(``Episode`` and friends join this module with the calibration environment.)
+``Episode`` is one calibration attempt; ``Basin``, ``ToolCall``, ``Turn`` and ``SimRecord`` are its parts.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["SimulationResult", "GaugeSeries"]
+__all__ = ["SimulationResult", "GaugeSeries", "Basin", "ToolCall", "Turn", "SimRecord", "Episode"]
 
 
 @dataclass(frozen=True)
@@ -81,3 +81,120 @@ class SimulationResult:
         """Steps to score: after warm-up, observed finite and not EF5's -999 sentinel."""
         obs = self.observed
         return (~self.warmup) & np.isfinite(obs) & (obs > -998.0) & np.isfinite(self.discharge)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration records: a basin to calibrate, tool calls, turns, simulations, and the episode.
+
+
+@dataclass(frozen=True)
+class Basin:
+    """A basin an agent calibrates: where its control file is and what the prompts may say.
+
+    ``basin_id`` is always a string (USGS ids keep their leading zeros). ``target_nse`` is the
+    per-basin target (0.8075 for the paper's canonical gauge 02338660, 0.7 otherwise unless the
+    basin says so). ``notes`` carries climate and land-cover remarks where they are known.
+    """
+
+    basin_id: str
+    name: str
+    control: str
+    area_km2: float
+    lat: float
+    lon: float
+    timestep: str
+    window_start: str  # "YYYY-MM-DD HH:MM", first scored step
+    window_end: str
+    warmup_start: str | None = None  # TIME_BEGIN when a warm-up precedes the window
+    target_nse: float = 0.7
+    paper_gauge_id: str | None = None
+    synthetic: bool = False
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed tool call. ``arguments`` is already a dict (JSON object)."""
+
+    name: str
+    arguments: Mapping[str, object]
+    call_id: str | None = None
+
+
+@dataclass
+class Turn:
+    """One tool call or one parse failure, with what the environment answered and paid.
+
+    ``kind`` is "tool" or "parse_failure". ``message_index`` numbers the assistant messages;
+    several turns can share one message. ``reward_terms`` names each part of ``reward``.
+    ``run_id`` is the simulation a run_simulation produced or an evaluate scored.
+    """
+
+    index: int
+    message_index: int
+    kind: str
+    tool: str | None
+    arguments: Mapping[str, object] | None
+    observation: Mapping[str, object]
+    reward: float
+    reward_terms: Mapping[str, float]
+    ok: bool
+    error: str | None = None
+    run_id: int | None = None
+    text: str = ""  # the assistant message (stored on the first turn of each message)
+    started_s: float = 0.0  # seconds since the episode started
+    duration_s: float = 0.0
+
+
+@dataclass
+class SimRecord:
+    """One simulation: its parameters, outcome, metrics (scored at once) and discharge."""
+
+    run_id: int
+    params: Mapping[str, float]
+    ok: bool
+    error: str | None
+    metrics: Mapping[str, object]
+    wall_time_s: float
+    evaluated: bool = False
+    round: int | None = None
+    discharge: np.ndarray | None = None  # float32 over the basin's steps (warm-up included)
+
+
+@dataclass
+class Episode:
+    """One calibration attempt by one policy on one basin: the full record.
+
+    ``counters`` holds precisely defined counts (turns, parse_failures, simulations,
+    failed_simulations, evaluations, improvements, clipped_values, rounds); ``terminal_terms``
+    names each part of the terminal reward; ``times``/``observed`` are the basin's series,
+    stored once per basin by the store.
+    """
+
+    episode_id: str
+    basin_id: str
+    agent: str
+    preset: str
+    protocol: str
+    seed: int
+    config: Mapping[str, object]
+    turns: list[Turn] = field(default_factory=list)
+    sims: list[SimRecord] = field(default_factory=list)
+    best_nse: float | None = None
+    best_run: int | None = None
+    best_params: Mapping[str, float] | None = None
+    stop_reason: str = ""
+    terminal_reward: float = 0.0
+    terminal_terms: Mapping[str, float] = field(default_factory=dict)
+    counters: Mapping[str, int] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+    started_utc: str = ""
+    provenance: Mapping[str, object] = field(default_factory=dict)
+    usage: Mapping[str, object] = field(default_factory=dict)  # tokens, cost, model (LLM agents)
+    times: np.ndarray | None = None  # datetime64[m] step end times of the basin
+    observed: np.ndarray | None = None
+    warmup: np.ndarray | None = None
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(t.reward for t in self.turns) + self.terminal_reward)
