@@ -33,3 +33,20 @@ def reference_dir() -> Path:
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own forcing cache, never the user's."""
     monkeypatch.setenv("HYDROAGENT_CACHE", str(tmp_path_factory.getbasetemp() / "forcing-cache"))
+
+
+@pytest.fixture(scope="session")
+def small_basin_dir(tmp_path_factory) -> Path:
+    """A small synthetic basin (about 80 km2, 10 days + 3 days warm-up), built once per session."""
+    from hydroagent_hpc.sim.synthetic import synthesize_basin
+
+    control = synthesize_basin(tmp_path_factory.mktemp("basins") / "syn_small", name="syn_small", area_km2=80.0,
+                               window_days=10, warmup_days=3, seed=7, start="2021-07-01")
+    return control.parent
+
+
+@pytest.fixture(scope="session")
+def small_sim(small_basin_dir):
+    from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+
+    return EmbeddedSimulator(small_basin_dir / "control.txt", cache_dir=False)

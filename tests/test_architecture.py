@@ -16,6 +16,10 @@ ALLOWED = {
     "params": set(),
     "metrics": {"metrics"},
     "sim": {"types", "params", "metrics", "sim"},
+    "toolcalls": {"types", "params"},
+    "prompts": {"types", "params", "toolcalls"},
+    "rewards": {"config"},
+    "config": set(),
 }
 
 

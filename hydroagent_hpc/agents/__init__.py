@@ -1,0 +1,1 @@
+"""Policies that calibrate: one protocol (given the conversation so far, the next message)."""
