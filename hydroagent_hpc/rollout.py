@@ -19,11 +19,21 @@ ROLE_TOOL = "tool"
 def run_episode(policy: Any, env: CalibrationEnv) -> Episode:
     """Alternate policy messages and environment steps until the episode ends.
 
-    The conversation holds the assistant messages and one ``tool`` message per observation, in
+    A :class:`~hydroagent_hpc.agents.base.DirectPolicy` (``run(env)``) drives the direct tools
+    instead. The conversation holds the assistant messages and one ``tool`` message per observation, in
     the order the calls ran. A policy that returns ``None`` ends the episode
     ("policy_stopped"); one that raises ends it with "policy_error" and the error is logged.
     """
     messages: list[dict[str, str]] = env.reset()
+    if hasattr(policy, "run") and not hasattr(policy, "act"):
+        try:
+            policy.run(env)
+        except Exception as exc:  # an agent's crash must not lose the episode record
+            log.exception("policy %s failed on %s", getattr(policy, "name", policy), env.basin.basin_id)
+            env.close(f"policy_error: {type(exc).__name__}")
+        if not env.done:
+            env.close("policy_stopped")
+        return env.episode()
     while not env.done:
         try:
             text = policy.act(messages)
