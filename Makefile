@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build. On this project's machines
+# 2.13.0 is a local CPU wheel; elsewhere set TORCH_SPEC (e.g. a CUDA build on a GPU cluster).
+TORCH_SPEC ?= torch==2.13.0
 # Numba compiles the simulator kernels once and caches them here.
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 DEMO_DIR ?= results/demo
@@ -17,6 +20,7 @@ help:
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet '$(TORCH_SPEC)'
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -26,7 +30,7 @@ demo: $(STAMP)
 	$(VENV)/bin/hydroagent demo --out $(DEMO_DIR)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
 
 bench: $(STAMP)
 	$(PY) -m hydroagent_hpc.bench

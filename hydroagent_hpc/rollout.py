@@ -32,8 +32,8 @@ def run_episode(policy: Any, env: CalibrationEnv) -> Episode:
             log.exception("policy %s failed on %s", getattr(policy, "name", policy), env.basin.basin_id)
             env.close(f"policy_error: {type(exc).__name__}")
         if not env.done:
-            env.close("policy_stopped")
-        return env.episode()
+            env.close(getattr(policy, "stop_reason", None) or "policy_stopped")
+        return _with_usage(env.episode(), policy)
     while not env.done:
         try:
             text = policy.act(messages)
@@ -42,10 +42,18 @@ def run_episode(policy: Any, env: CalibrationEnv) -> Episode:
             env.close(f"policy_error: {type(exc).__name__}")
             break
         if text is None:
-            env.close("policy_stopped")
+            env.close(getattr(policy, "stop_reason", None) or "policy_stopped")
             break
         result = env.step(text)
         messages.append({"role": "assistant", "content": text})
         for obs in result.observations:
             messages.append({"role": ROLE_TOOL, "content": render_tool_response(obs)})
-    return env.episode()
+    return _with_usage(env.episode(), policy)
+
+
+def _with_usage(episode: Episode, policy: Any) -> Episode:
+    """Copy the policy's token/cost accounting (LLM agents) into the episode."""
+    usage = getattr(policy, "usage", None)
+    if isinstance(usage, dict) and usage:
+        episode.usage = {str(k): v for k, v in usage.items()}
+    return episode
