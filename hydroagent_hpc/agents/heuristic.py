@@ -1,0 +1,238 @@
+"""The heuristic hydrologist: calibrates the way an expert reads a hydrograph.
+
+It speaks the same text protocol as a language model (a short diagnosis, then one Hermes tool
+call per message: set_parameters -> run_simulation -> evaluate), reading only the observations
+the environment returned, so its episodes can serve as SFT teacher data at no API cost.
+
+Diagnosis -> move (CREST/KW process knowledge; Wang et al. 2011, Xue et al. 2013):
+
+* volume error (|PBIAS| > 5 %): a surplus points to evapotranspiration (raise ``ke``), the
+  impervious fraction (lower ``im``) or soil storage (raise ``wm``); a deficit the reverse;
+* peak too low with balanced volume: routing attenuates too much (lower ``alpha0``, ``alpha``);
+  too high: raise ``alpha0`` (overland storage) or ``alpha``;
+* simulated peak late (lag > 1 h): routing too slow (lower ``alpha``, ``beta``); early: raise;
+* recession too steep or too little baseflow: more soil and interflow storage (raise ``wm``,
+  lower ``leaki``, raise ``fc``); too flat: the reverse;
+* nothing clearly wrong: a coordinate step on the parameter least recently tried.
+
+A move that lowers NSE is reverted and the opposite direction is tried with a smaller step;
+step sizes (multiplicative, in log space) shrink as the fit improves and after failures, so
+the search converges. Deterministic for a seed (the seed only breaks ties).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hydroagent_hpc.params import PARAMS, TUNABLE
+from hydroagent_hpc.toolcalls import render_hermes
+from hydroagent_hpc.types import ToolCall
+
+__all__ = ["HeuristicHydrologist"]
+
+# Where a zero default would stall multiplicative steps (alpha0 = 0 is HydroAgent's default).
+_FLOOR = {"alpha0": 0.05, "im": 0.02}
+
+
+@dataclass
+class _Move:
+    name: str
+    direction: int  # +1 raise, -1 lower
+    reason: str
+
+
+@dataclass
+class HeuristicHydrologist:
+    """A deterministic, diagnosis-driven calibrator (a text Policy)."""
+
+    seed: int = 0
+    name: str = "heuristic"
+    step0: float = 0.6  # initial log-step (x1.8)
+    min_step: float = 0.02
+    _rng: Any = None
+    _phase: str = "start"
+    _current: dict[str, float] = field(default_factory=dict)
+    _best: dict[str, float] | None = None
+    _best_nse: float = -math.inf
+    _steps: dict[str, float] = field(default_factory=dict)
+    _last_move: _Move | None = None
+    _tried: dict[str, int] = field(default_factory=dict)
+    _diag: dict[str, Any] = field(default_factory=dict)
+    _queue: list[_Move] = field(default_factory=list)
+    _evals: int = 0
+
+    def __post_init__(self) -> None:
+        self._rng = np.random.default_rng(self.seed)
+        self._steps = {k: self.step0 for k in TUNABLE}
+
+    # ------------------------------------------------------------------ protocol
+    def act(self, messages: list[dict[str, str]]) -> str | None:
+        obs = _last_tool_observation(messages)
+        if self._phase == "start":
+            self._phase = "run"
+            return self._say_set("Starting calibration from the default multipliers. alpha0 = 0 routes overland "
+                                 "flow to the channel within one step, which usually makes peaks too sharp; "
+                                 "I give it some overland storage first.", self._start_params())
+        if obs is not None and obs.get("status") == "error" and obs.get("error") == "parse_failure":
+            return None  # our own call was refused: something is off, stop rather than loop
+        if self._phase == "run":
+            if obs is not None and obs.get("status") not in (None, "ok"):
+                return None
+            self._phase = "evaluate"
+            return "Running the model with these multipliers.\n" + render_hermes(ToolCall("run_simulation", {}))
+        if self._phase == "evaluate":
+            if obs is not None and obs.get("status") == "ok":
+                self._diag = dict(obs.get("diagnostics") or {})
+            self._phase = "decide"
+            return "Scoring the run against the observations.\n" + render_hermes(ToolCall("evaluate", {}))
+        # decide: read the evaluation, then propose the next parameter set
+        nse = _number(obs.get("NSE")) if obs else None
+        if nse is None:
+            nse = -math.inf
+        self._evals += 1
+        note = self._learn(nse, obs or {})
+        move = self._next_move(obs or {})
+        if move is None:
+            return None
+        params = self._apply(move)
+        self._phase = "run"
+        return self._say_set(f"{note} {move.reason}", params)
+
+    # ------------------------------------------------------------------ decisions
+    def _start_params(self) -> dict[str, float]:
+        """HydroAgent's defaults (the environment starts there), with some overland storage."""
+        base = {k: float(PARAMS[k].default) for k in TUNABLE}
+        if base["alpha0"] <= 0.0:
+            base["alpha0"] = 0.5
+        self._current = dict(base)
+        self._last_move = None
+        return dict(base)
+
+    def _learn(self, nse: float, obs: dict) -> str:
+        improved = nse > self._best_nse
+        move = self._last_move
+        if improved:
+            gain = nse - self._best_nse if math.isfinite(self._best_nse) else float("nan")
+            self._best, self._best_nse = dict(self._current), nse
+            if move is not None:
+                self._steps[move.name] = min(self._steps[move.name] * 1.2, 1.0)
+                # keep going the same way while it pays
+                self._queue.insert(0, _Move(move.name, move.direction, f"That helped, so I push {move.name} further "
+                                                                        f"{'up' if move.direction > 0 else 'down'}."))
+            return (f"NSE {nse:.3f}" + (f" (+{gain:.3f})" if math.isfinite(gain) else "") + " is the best so far.")
+        # worse: revert to the best and try the opposite direction with a smaller step
+        if self._best is not None:
+            self._current = dict(self._best)
+        if move is not None:
+            self._steps[move.name] *= 0.5
+            if not any(m.name == move.name for m in self._queue) and self._steps[move.name] >= self.min_step:
+                self._queue.append(_Move(move.name, -move.direction, f"The other direction for {move.name}, "
+                                                                      "with a smaller step."))
+        return f"NSE {nse:.3f} is no better than {self._best_nse:.3f}; I go back to the best set."
+
+    def _next_move(self, obs: dict) -> _Move | None:
+        while self._queue:
+            m = self._queue.pop(0)
+            if self._steps[m.name] >= self.min_step and self._can_move(m):
+                return m
+        for m in self._diagnose(obs):
+            if self._steps[m.name] >= self.min_step and self._can_move(m):
+                return m
+        # nothing diagnosed: coordinate step on the parameter least recently tried
+        live = [k for k in TUNABLE if self._steps[k] >= self.min_step]
+        if not live:
+            return None
+        order = sorted(live, key=lambda k: (self._tried.get(k, -1), self._rng.random()))
+        k = order[0]
+        d = 1 if self._rng.random() < 0.5 else -1
+        m = _Move(k, d, f"The diagnostics look balanced; a small probe of {k}.")
+        return m if self._can_move(m) else _Move(k, -d, m.reason)
+
+    def _diagnose(self, obs: dict) -> list[_Move]:
+        d = {**self._diag, **obs}
+        moves: list[_Move] = []
+        pbias = _number(d.get("PBIAS"))
+        vr = _number(d.get("volume_ratio"))
+        if pbias is None and vr is not None:
+            pbias = (vr - 1.0) * 100.0
+        peak_err = _number(d.get("peak_error_pct"))
+        if peak_err is None:
+            ratio = _number(d.get("peak_ratio"))
+            peak_err = (ratio - 1.0) * 100.0 if ratio is not None else None
+        lag = _number(d.get("peak_lag_h", d.get("lag_hours_sim_minus_obs")))
+        k_sim, k_obs = _number(d.get("recession_k_sim")), _number(d.get("recession_k_obs"))
+        bfi_sim, bfi_obs = _number(d.get("bfi_sim")), _number(d.get("bfi_obs"))
+        if pbias is not None and abs(pbias) > 5.0:
+            s = 1 if pbias > 0 else -1
+            word = "surplus" if s > 0 else "deficit"
+            moves += [_Move("ke", s, f"Volume {word} of {abs(pbias):.0f} %: evapotranspiration (ke)."),
+                      _Move("im", -s, f"Volume {word}: impervious fraction (im)."),
+                      _Move("wm", s, f"Volume {word}: soil water capacity (wm).")]
+        if peak_err is not None and abs(peak_err) > 10.0 and (pbias is None or abs(pbias) <= 15.0):
+            s = 1 if peak_err > 0 else -1
+            word = "high" if s > 0 else "low"
+            moves += [_Move("alpha0", s, f"Peak {abs(peak_err):.0f} % too {word} with fair volume: overland routing "
+                                         "(alpha0)."),
+                      _Move("alpha", s, f"Peak too {word}: channel storage (alpha).")]
+        if lag is not None and abs(lag) > 1.0:
+            s = -1 if lag > 0 else 1
+            word = "late" if lag > 0 else "early"
+            moves += [_Move("alpha", s, f"Simulated peak {abs(lag):.0f} h {word}: channel routing speed (alpha)."),
+                      _Move("beta", s, f"Peak timing {word}: channel beta.")]
+        if k_sim is not None and k_obs is not None and abs(k_sim - k_obs) > 0.1 * max(abs(k_obs), 1e-6):
+            steep = k_sim > k_obs
+            s = 1 if steep else -1
+            moves += [_Move("wm", s, "Recession " + ("too steep" if steep else "too flat") + ": soil storage (wm)."),
+                      _Move("leaki", -s, "Recession shape: interflow leakage (leaki).")]
+        if bfi_sim is not None and bfi_obs is not None and abs(bfi_sim - bfi_obs) > 0.05:
+            s = 1 if bfi_sim < bfi_obs else -1
+            moves += [_Move("fc", s, "Baseflow share " + ("too small" if s > 0 else "too large") + ": infiltration (fc)."),
+                      _Move("under", -s, "Baseflow share: interflow speed (under).")]
+        return moves
+
+    def _can_move(self, m: _Move) -> bool:
+        spec = PARAMS[m.name]
+        v = self._current.get(m.name, spec.default)
+        return (v < spec.upper) if m.direction > 0 else (v > spec.lower)
+
+    def _apply(self, m: _Move) -> dict[str, float]:
+        spec = PARAMS[m.name]
+        v = max(self._current.get(m.name, spec.default), _FLOOR.get(m.name, 0.0), 1e-6)
+        new = v * math.exp(m.direction * self._steps[m.name])
+        self._current[m.name] = float(min(max(new, spec.lower), spec.upper))
+        self._tried[m.name] = self._evals
+        self._last_move = m
+        return dict(self._current)
+
+    def _say_set(self, text: str, params: dict[str, float]) -> str:
+        shown = {k: round(float(v), 6) for k, v in params.items()}
+        return f"{text}\n" + render_hermes(ToolCall("set_parameters", shown))
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _last_tool_observation(messages: list[dict[str, str]]) -> dict | None:
+    for m in reversed(messages):
+        if m.get("role") == "tool":
+            try:
+                obs = json.loads(m.get("content") or "null")
+            except json.JSONDecodeError:
+                return None
+            return obs if isinstance(obs, dict) else None
+        if m.get("role") == "assistant":
+            return None
+    return None
+
