@@ -20,6 +20,7 @@ ALLOWED = {
     "prompts": {"types", "params", "toolcalls"},
     "rewards": {"config"},
     "config": set(),
+    "store": {"types", "params", "store"},
 }
 
 

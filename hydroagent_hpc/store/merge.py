@@ -1,0 +1,104 @@
+"""``merge``: combine shard stores (one per MPI rank or array task) into one, each episode once.
+
+The ids are checked before anything is written; the result is built under a temporary name
+and renamed into place, so ``dest`` either holds every episode or does not exist, and a killed
+merge is simply run again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import h5py
+
+from hydroagent_hpc.store.errors import MergeError
+from hydroagent_hpc.store.frames import stored_ids
+from hydroagent_hpc.store.view import StoreView, open_store
+from hydroagent_hpc.store.writer import (Appender, WriterLock, install_file, new_store_file, remove_stale_temps,
+                                         temp_name)
+
+__all__ = ["merge"]
+
+logger = logging.getLogger(__name__)
+
+
+def _copy_committed(sources: list[Path], dest: h5py.File, dest_path: Path) -> int:
+    """Append every committed episode of ``sources`` (in order, first copy of an id) to ``dest``."""
+    app = Appender(dest, dest_path)
+    n = 0
+    for src in sources:
+        with open_store(src) as f:
+            for episode, info in StoreView(f, src).episodes():
+                if episode.episode_id in app.ids:
+                    continue
+                app.append(episode, info)
+                n += 1
+    return n
+
+
+def _listing(ids: Sequence[str], limit: int = 10) -> str:
+    shown = ", ".join(repr(i) for i in list(ids)[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def merge(sources: Iterable[str | os.PathLike[str]], dest: str | os.PathLike[str], *,
+          expected: Iterable[str] | None = None, allow_duplicates: bool = False,
+          overwrite: bool = False) -> int:
+    """Copy the committed episodes of ``sources`` into a new store ``dest``; return how many.
+
+    Every episode must be present exactly once across the sources: an id in two sources (or
+    twice) raises :class:`MergeError` unless ``allow_duplicates`` (then the first source wins).
+    With ``expected``, an expected id that no source holds, or a stored id that is not
+    expected, also raises. Nothing is written when a check fails.
+    """
+    srcs = [Path(s) for s in sources]
+    out = Path(dest)
+    if any(s.resolve() == out.resolve() for s in srcs if out.exists()):
+        raise MergeError(f"{out}: merge destination is also a source")
+    if out.exists() and not overwrite:
+        raise MergeError(f"{out}: exists; merge into a new path or pass overwrite=True")
+    per_source = {s: stored_ids(s) for s in srcs}
+    where: dict[str, list[Path]] = {}
+    for s, ids in per_source.items():
+        for eid in ids:
+            where.setdefault(eid, []).append(s)
+    dups = sorted(eid for eid, places in where.items() if len(places) > 1)
+    problems = []
+    if dups and not allow_duplicates:
+        first = dups[0]
+        counts = Counter(str(p) for p in where[first])
+        problems.append(f"{len(dups)} episodes are stored more than once ({_listing(dups)}; {first!r} in "
+                        f"{dict(counts)}); pass allow_duplicates=True to keep the first copy")
+    if expected is not None:
+        want = list(expected)
+        missing = [eid for eid in want if eid not in where]
+        wanted = set(want)
+        extra = [eid for eid in where if eid not in wanted]
+        if missing:
+            problems.append(f"{len(missing)} expected episodes are in no shard ({_listing(missing)}); rerun "
+                            f"the campaign to complete them")
+        if extra:
+            problems.append(f"{len(extra)} stored episodes were not expected ({_listing(extra)})")
+    if problems:
+        raise MergeError(f"merge into {out} of {len(srcs)} shards: " + "; ".join(problems))
+    lock = WriterLock(out)
+    try:
+        remove_stale_temps(out)
+        tmp = temp_name(out, "merge")
+        t0 = time.perf_counter()
+        try:
+            with new_store_file(tmp) as f:
+                n = _copy_committed(srcs, f, tmp)
+            install_file(tmp, out)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    finally:
+        lock.release()
+    logger.info("merged %d episodes from %d shards into %s in %.2f s", n, len(srcs), out, time.perf_counter() - t0)
+    return n
