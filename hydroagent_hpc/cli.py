@@ -84,6 +84,71 @@ def cmd_basin_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_overrides(args: argparse.Namespace) -> dict:
+    over: dict = {}
+    if args.max_simulations is not None:
+        over["max_simulations"] = args.max_simulations
+    if args.protocol:
+        over["protocol"] = args.protocol
+    if args.max_turns is not None:
+        over["max_turns"] = None if args.max_turns <= 0 else args.max_turns
+    if args.target_nse is not None:
+        over["target_nse"] = args.target_nse
+    if args.no_patience:
+        over["patience"] = None
+    return over
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.campaign import AgentSpec, Task, run_task
+    from hydroagent_hpc.basin import load_basin
+    from hydroagent_hpc.config import load_config, preset
+    from hydroagent_hpc.store import EpisodeWriter
+
+    env = load_config(args.config) if args.config else preset(args.preset)
+    if args.config and args.preset != env.preset:
+        log.info("preset from %s: %s", args.config, env.preset)
+    from dataclasses import replace
+
+    env = replace(env, **_env_overrides(args))
+    options = {}
+    if args.script:
+        options["script"] = args.script
+    if args.model:
+        options["model"] = args.model
+    if args.path:
+        options["path"] = args.path
+    if args.backend != "embedded":
+        options["backend"] = args.backend
+    basin = load_basin(args.basin)
+    episode_id = args.episode_id or f"calibrate/{basin.basin_id}/{args.agent}/{args.seed}"
+    from hydroagent_hpc.store import stored_ids
+
+    if Path(args.out).exists() and episode_id in stored_ids(args.out):
+        raise HydroAgentError(f"{args.out} already holds episode {episode_id}", fix="give another --seed, --episode-id or --out")
+    task = Task(episode_id, str(args.basin), AgentSpec(args.agent, args.kind or args.agent, options), args.seed, env)
+    ep = run_task(task)
+    with EpisodeWriter(args.out) as w:
+        if w.has(ep.episode_id):
+            raise HydroAgentError(f"{args.out} already holds episode {ep.episode_id}",
+                                  fix="give another --seed, --episode-id or --out")
+        w.write(ep, basin)
+    best = "none" if ep.best_nse is None else f"{ep.best_nse:.4f}"
+    print(f"{ep.episode_id}: best NSE {best} (run {ep.best_run}) after {ep.counters.get('simulations', 0)} simulations, "
+          f"{ep.counters.get('turns', 0)} turns, {ep.counters.get('parse_failures', 0)} parse failures; "
+          f"stop: {ep.stop_reason}; reward {ep.total_reward:.3f}; stored in {args.out}")
+    return 0
+
+
+def cmd_campaign_run(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.campaign import load_campaign, run_campaign
+
+    spec = load_campaign(args.file)
+    summary = run_campaign(spec, args.out, workers=args.workers, progress=not args.no_progress, limit=args.limit)
+    print(json.dumps(summary))
+    return 0 if not summary["failed"] else 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from hydroagent_hpc.demo import run_demo
 
@@ -127,6 +192,38 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--start", default="2021-06-01", help="first scored day, YYYY-MM-DD (warm-up precedes it)")
     sy.add_argument("--out", required=True, help="folder to write the basin into")
     sy.set_defaults(func=cmd_basin_synth)
+
+    c = sub.add_parser("calibrate", help="run one calibration episode and store it in HDF5",
+                       description="Run one episode of an agent on a basin folder and append it to an HDF5 store.")
+    c.add_argument("--basin", required=True, help="basin folder (control.txt, obs; e.g. from `basin synth`)")
+    c.add_argument("--agent", required=True, help="agent name (also its kind unless --kind is given): heuristic, dds, "
+                                                   "sceua, lhs, random, dream, hybrid, openai, hf_local, scripted")
+    c.add_argument("--kind", help="agent kind when --agent is a free name")
+    c.add_argument("--preset", choices=("paper", "released"), default="paper")
+    c.add_argument("--config", help="environment config YAML (preset + overrides, strict)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", required=True, help="HDF5 file to append the episode to")
+    c.add_argument("--script", help="JSON script for --agent scripted")
+    c.add_argument("--model", help="model name from the models file for --agent openai")
+    c.add_argument("--path", help="checkpoint folder for --agent hf_local")
+    c.add_argument("--backend", choices=("embedded", "ef5"), default="embedded")
+    c.add_argument("--protocol", choices=("turns", "rounds"))
+    c.add_argument("--max-simulations", type=int)
+    c.add_argument("--max-turns", type=int, help="tool-call cap (0 = off)")
+    c.add_argument("--target-nse", type=float)
+    c.add_argument("--no-patience", action="store_true", help="switch off the stop after evaluations without improvement")
+    c.add_argument("--episode-id")
+    c.set_defaults(func=cmd_calibrate)
+
+    cp = sub.add_parser("campaign", help="campaigns of agents x basins x seeds").add_subparsers(
+        dest="campaign_command", required=True)
+    cr = cp.add_parser("run", help="run a campaign file into an HDF5 store (resumes where it stopped)")
+    cr.add_argument("file", help="campaign YAML")
+    cr.add_argument("--out", required=True, help="HDF5 file (episodes already in it are skipped)")
+    cr.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
+    cr.add_argument("--limit", type=int, help="run at most this many episodes now")
+    cr.add_argument("--no-progress", action="store_true")
+    cr.set_defaults(func=cmd_campaign_run)
 
     d = sub.add_parser("demo", help="build the four synthetic demo basins and simulate each with default multipliers")
     d.add_argument("--out", default="results/demo", help="output folder (default results/demo)")

@@ -1,0 +1,284 @@
+"""Campaigns: agents x basins x seeds under one protocol, run into one HDF5 file, resumable.
+
+A campaign file (YAML, strict: unknown keys fail with file:line) names::
+
+    name: demo
+    basins: [../results/demo/basins/syn_02338660, ...]   # basin folders, relative to this file
+    agents:
+      - {name: heuristic, kind: heuristic}
+      - {name: dds, kind: dds}
+      - {name: gpt-5, kind: openai, model: gpt-5}
+    seeds: [0, 1]
+    env: {preset: paper, protocol: turns, max_simulations: 200, max_turns: null, patience: null}
+
+``run_campaign`` expands it into episodes (ids ``name/basin/agent/seed``), skips those already
+in the output file (resume after an interruption), runs the rest serially or in a local process
+pool, and writes each finished episode with the single HDF5 writer in this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from hydroagent_hpc.config import EnvConfig, config_from_mapping, preset
+from hydroagent_hpc.types import Episode
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AgentSpec", "CampaignSpec", "Task", "load_campaign", "campaign_from_mapping", "expand", "run_task",
+           "run_campaign", "AGENT_KINDS"]
+
+AGENT_KINDS = ("heuristic", "dds", "sceua", "lhs", "random", "dream", "hybrid", "openai", "hf_local", "scripted")
+
+
+class CampaignError(ValueError):
+    """A campaign file that cannot be run; the message names the file, line and key."""
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    kind: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CampaignSpec:
+    name: str
+    basins: tuple[str, ...]
+    agents: tuple[AgentSpec, ...]
+    seeds: tuple[int, ...]
+    env: EnvConfig
+    source: str = ""
+    requires: tuple[str, ...] = ()  # environment variables or paths the campaign needs (checked before start)
+
+
+@dataclass(frozen=True)
+class Task:
+    episode_id: str
+    basin_dir: str
+    agent: AgentSpec
+    seed: int
+    env: EnvConfig
+
+
+def _line(node, key: str) -> int | None:
+    from hydroagent_hpc.config import _line_of
+
+    return _line_of(node, key)
+
+
+def load_campaign(path: str | Path) -> CampaignSpec:
+    """Read and validate a campaign file."""
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise CampaignError(f"campaign file not found: {p}") from None
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CampaignError(f"{p}: not valid YAML: {exc}") from None
+    try:
+        return campaign_from_mapping(data, base_dir=p.resolve().parent, source=str(p))
+    except (CampaignError, ValueError) as exc:
+        msg = str(exc)
+        key = msg.split(":")[0].split(".")[-1].split("[")[0].strip()
+        line = _line(node, key) if key else None
+        raise CampaignError(f"{p}{':' + str(line) if line else ''}: {msg}") from None
+
+
+def campaign_from_mapping(data: Any, base_dir: Path | None = None, source: str = "") -> CampaignSpec:
+    if not isinstance(data, Mapping):
+        raise CampaignError("the campaign must be a mapping with name, basins, agents, seeds, env")
+    known = {"name", "basins", "agents", "seeds", "env", "description", "requires"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise CampaignError(f"{unknown[0]}: unknown key; valid keys: {', '.join(sorted(known))}")
+    for key in ("name", "basins", "agents"):
+        if key not in data:
+            raise CampaignError(f"{key}: missing; a campaign needs name, basins and agents")
+    name = data["name"]
+    if not isinstance(name, str) or not name or any(c in name for c in "/\\ "):
+        raise CampaignError(f"name: {name!r} must be a non-empty word without '/', '\\' or spaces")
+    basins = data["basins"]
+    if not isinstance(basins, list) or not basins or not all(isinstance(b, str) for b in basins):
+        raise CampaignError("basins: a non-empty list of basin folders")
+    resolved = []
+    for b in basins:
+        bp = Path(b)
+        if not bp.is_absolute() and base_dir is not None:
+            bp = (base_dir / bp).resolve()
+        resolved.append(str(bp))
+    agents = []
+    raw_agents = data["agents"]
+    if not isinstance(raw_agents, list) or not raw_agents:
+        raise CampaignError("agents: a non-empty list of {name, kind, ...}")
+    seen = set()
+    for i, a in enumerate(raw_agents):
+        if not isinstance(a, Mapping) or "kind" not in a:
+            raise CampaignError(f"agents[{i}]: each agent needs at least kind (one of {', '.join(AGENT_KINDS)})")
+        kind = a["kind"]
+        if kind not in AGENT_KINDS:
+            raise CampaignError(f"kind: agents[{i}] has unknown kind {kind!r}; use one of {', '.join(AGENT_KINDS)}")
+        aname = str(a.get("name", kind))
+        if aname in seen or "/" in aname:
+            raise CampaignError(f"name: agent name {aname!r} is repeated or contains '/'")
+        seen.add(aname)
+        agents.append(AgentSpec(aname, kind, {k: v for k, v in a.items() if k not in ("name", "kind")}))
+    seeds = data.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise CampaignError(f"seeds: a non-empty list of whole numbers, got {seeds!r}")
+    env_data = dict(data.get("env") or {})
+    base = preset(env_data.pop("preset", "paper"))
+    env = config_from_mapping(EnvConfig, env_data, "env", base=base)
+    requires = tuple(str(r) for r in data.get("requires", []) or [])
+    return CampaignSpec(name, tuple(resolved), tuple(agents), tuple(seeds), env, source, requires)
+
+
+def expand(spec: CampaignSpec) -> list[Task]:
+    """Every (basin, agent, seed) episode of the campaign, in a stable order."""
+    tasks = []
+    for b in spec.basins:
+        bname = Path(b).name
+        for a in spec.agents:
+            for s in spec.seeds:
+                tasks.append(Task(f"{spec.name}/{bname}/{a.name}/{s}", b, a, s, spec.env))
+    return tasks
+
+
+_SIMS: dict[str, Any] = {}
+
+
+def _simulator(basin_dir: str, backend: str = "embedded"):
+    """One simulator per basin per process (loading is the expensive part)."""
+    key = f"{backend}:{Path(basin_dir).resolve()}"
+    if key not in _SIMS:
+        from hydroagent_hpc.sim import open_simulator
+
+        _SIMS[key] = open_simulator(Path(basin_dir) / "control.txt", backend)
+    return _SIMS[key]
+
+
+def run_task(task: Task) -> Episode:
+    """Run one episode (in this process)."""
+    from hydroagent_hpc.agents.factory import make_agent
+    from hydroagent_hpc.basin import load_basin
+    from hydroagent_hpc.env import CalibrationEnv
+    from hydroagent_hpc.rollout import run_episode
+
+    basin = load_basin(task.basin_dir)
+    sim = _simulator(task.basin_dir, str(task.agent.options.get("backend", "embedded")))
+    env = CalibrationEnv(basin, sim, task.env, agent=task.agent.name, seed=task.seed, episode_id=task.episode_id)
+    policy = make_agent(task.agent, task.seed, task.env)
+    return run_episode(policy, env)
+
+
+def _worker_init() -> None:
+    import numba
+
+    numba.set_num_threads(1)
+    logging.getLogger().setLevel(logging.WARNING)
+
+
+def check_requirements(spec: CampaignSpec) -> list[str]:
+    """What a campaign needs but this machine lacks (API keys, data folders), as messages."""
+    problems = []
+    for b in spec.basins:
+        if not (Path(b) / "control.txt").exists():
+            problems.append(f"basin folder {b} has no control.txt (prepare the gauge's data first)")
+    for r in spec.requires:
+        if r.startswith("env:") and not os.environ.get(r[4:]):
+            problems.append(f"environment variable {r[4:]} is not set (an API key the campaign needs)")
+    return problems
+
+
+def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress: bool = True,
+                 limit: int | None = None) -> dict[str, Any]:
+    """Run every episode not yet in ``out``; returns counts and timings."""
+    from hydroagent_hpc.basin import load_basin
+    from hydroagent_hpc.store import EpisodeWriter, stored_ids
+
+    problems = check_requirements(spec)
+    if problems:
+        raise CampaignError(f"campaign {spec.name!r} cannot start:\n  - " + "\n  - ".join(problems))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tasks = expand(spec)
+    done = set(stored_ids(out)) if out.exists() else set()
+    todo = [t for t in tasks if t.episode_id not in done]
+    stored = len(tasks) - len(todo)
+    deferred = 0
+    if limit is not None:
+        deferred = max(0, len(todo) - limit)
+        todo = todo[:limit]
+    log.info("campaign %s: %d episodes, %d already stored, %d to run with %d worker(s)", spec.name, len(tasks),
+             stored, len(todo), workers)
+    t0 = time.perf_counter()
+    bar = _progress(len(todo), spec.name, progress)
+    failed: list[str] = []
+    basins = {b: load_basin(b) for b in {t.basin_dir for t in todo}}
+    with EpisodeWriter(out) as writer:
+        for task, ep in _results(todo, workers, failed):
+            writer.write(ep, basins[task.basin_dir])
+            bar.update(1)
+            bar.set_postfix_str(f"{ep.agent} {Path(ep.basin_id).name} NSE {ep.best_nse if ep.best_nse is None else round(ep.best_nse, 3)}")
+    bar.close()
+    return {"episodes": len(tasks), "ran": len(todo) - len(failed), "already_stored": stored, "deferred": deferred,
+            "failed": failed, "wall_s": round(time.perf_counter() - t0, 2), "out": str(out)}
+
+
+def _results(todo: list[Task], workers: int, failed: list[str]) -> Iterable[tuple[Task, Episode]]:
+    if workers <= 1:
+        for t in todo:
+            try:
+                yield t, run_task(t)
+            except Exception:  # one broken episode must not stop the campaign
+                log.exception("episode %s failed", t.episode_id)
+                failed.append(t.episode_id)
+        return
+    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init) as pool:
+        pending = {}
+        queue = list(todo)
+        while queue or pending:
+            while queue and len(pending) < 2 * workers:
+                t = queue.pop(0)
+                pending[pool.submit(run_task, t)] = t
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                t = pending.pop(fut)
+                try:
+                    yield t, fut.result()
+                except Exception:
+                    log.exception("episode %s failed", t.episode_id)
+                    failed.append(t.episode_id)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, name: str, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=f"campaign {name}", unit="episode", dynamic_ncols=True)
