@@ -211,8 +211,9 @@ def test_auto_cellsize_keeps_runs_near_a_second():
 def test_demo_specs(spec):
     assert spec.name == f"syn_{spec.gauge_id}" and len(spec.gauge_id) == 8
     assert "NOT the real river" in spec.description and spec.gauge_id in spec.description
-    assert spec.cellsize_deg == auto_cellsize(spec.area_km2, spec.lat)
-    assert estimate_cells(spec.area_km2, spec.cellsize_deg, spec.lat) <= 3600
+    # The demo keeps each basin near or below 1,500 cells so its 6,000-run campaign fits ~10 minutes.
+    assert spec.cellsize_deg >= auto_cellsize(spec.area_km2, spec.lat)
+    assert estimate_cells(spec.area_km2, spec.cellsize_deg, spec.lat) <= 1500
     assert spec.terrain in TERRAIN_STYLES
 
 

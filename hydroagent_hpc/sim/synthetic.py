@@ -92,15 +92,16 @@ DEMO_BASINS = (
     DemoBasin("syn_02338660", "02338660", "New River at GA 100, near Corinth, GA", 328.93, 0.01, 2338660,
               33.2357, -84.9876, "2018-07-01", "piedmont", "humid",
               "0.01 deg (1.1 x 0.93 km, ~1.0 km2), ~330 cells: the MRMS/CONUS-grid resolution"),
-    DemoBasin("syn_01403060", "01403060", "Raritan River below Calco Dam at Bound Brook, NJ", 2033.14, 0.01, 1403060,
+    DemoBasin("syn_01403060", "01403060", "Raritan River below Calco Dam at Bound Brook, NJ", 2033.14, 0.015, 1403060,
               40.55111111, -74.54833333, "2018-11-11", "hills", "humid",
-              "0.01 deg (1.1 x 0.84 km, ~0.93 km2), ~2,200 cells"),
-    DemoBasin("syn_06279500", "06279500", "Bighorn River at Kane, WY", 40792.33, 0.04, 6279500,
+              "0.015 deg (1.7 x 1.3 km, ~2.1 km2), ~1,000 cells: keeps the demo campaign (6,000 runs) near "
+              "ten minutes; 0.01 deg gives ~2,200 cells"),
+    DemoBasin("syn_06279500", "06279500", "Bighorn River at Kane, WY", 40792.33, 0.0625, 6279500,
               44.75852989, -108.1815559, "2018-06-13", "mountains", "semiarid",
-              "0.04 deg (4.4 x 3.1 km, ~13.9 km2), ~2,900 cells: 0.01 deg would be ~47,000 cells, 16x the run time"),
-    DemoBasin("syn_07144100", "07144100", "Little Arkansas River near Sedgwick, KS", 3209.0, 0.01, 7144100,
+              "0.0625 deg (6.9 x 4.9 km, ~34 km2), ~1,200 cells: 0.01 deg would be ~47,000 cells, 40x the run time"),
+    DemoBasin("syn_07144100", "07144100", "Little Arkansas River near Sedgwick, KS", 3209.0, 0.02, 7144100,
               37.88306739, -97.4244864, "2019-03-30", "plains", "subhumid",
-              "0.01 deg (1.1 x 0.87 km, ~0.96 km2), ~3,300 cells"),
+              "0.02 deg (2.2 x 1.75 km, ~3.9 km2), ~830 cells: 0.01 deg gives ~3,300 cells"),
 )
 
 
