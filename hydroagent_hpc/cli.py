@@ -152,7 +152,7 @@ def cmd_campaign_run(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from hydroagent_hpc.demo import run_demo
 
-    return run_demo(Path(args.out))
+    return run_demo(Path(args.out), workers=args.workers, campaign=not args.no_campaign)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,8 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("--no-progress", action="store_true")
     cr.set_defaults(func=cmd_campaign_run)
 
-    d = sub.add_parser("demo", help="build the four synthetic demo basins and simulate each with default multipliers")
+    d = sub.add_parser("demo", help="the embedded default end to end: synthetic basins, defaults, a demo campaign")
     d.add_argument("--out", default="results/demo", help="output folder (default results/demo)")
+    d.add_argument("--workers", type=int, help="worker processes for the campaign (default: up to 2)")
+    d.add_argument("--no-campaign", action="store_true", help="only build the basins and run the defaults")
     d.set_defaults(func=cmd_demo)
     return p
 

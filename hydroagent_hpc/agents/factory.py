@@ -16,12 +16,10 @@ __all__ = ["make_agent", "simulation_budget"]
 
 
 def simulation_budget(env: EnvConfig) -> int:
-    """The number of simulations an optimizer may plan for under this environment."""
-    if env.max_simulations is not None:
-        return int(env.max_simulations)
-    if env.protocol == "rounds":
-        return env.max_rounds * env.candidates_per_round
-    return max(1, (env.max_turns or 150) // 3)
+    """The number of simulations an optimizer may plan for under this environment (200 if unlimited)."""
+    from hydroagent_hpc.agents.optimizers import simulation_budget as limit
+
+    return limit(env) or 200
 
 
 def _take(options: dict[str, Any], allowed: set[str], kind: str) -> dict[str, Any]:
