@@ -145,3 +145,15 @@ def test_real_ef5_on_golden_cases(reference_dir, tmp_path, case, ctl, expected):
     res = EF5Simulator(reference_dir / case / ctl, workdir=tmp_path).run()
     ref = read_ts_csv(next((reference_dir / case / expected).glob(f"ts.{res.gauge}.crest.csv")))
     assert np.max(np.abs(res.discharge - ref["discharge"])) <= 0.01
+
+
+def test_stale_run_folders_of_dead_processes_are_swept(tmp_path, standin, control):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"ef5-run-{dead.pid}-abc"
+    stale.mkdir()
+    (stale / "control.txt").write_text("x")
+    alive = tmp_path / f"ef5-run-{os.getpid()}-keep"
+    alive.mkdir()
+    EF5Simulator(control, binary=standin, workdir=tmp_path)
+    assert not stale.exists() and alive.exists()

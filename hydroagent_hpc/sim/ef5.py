@@ -36,7 +36,7 @@ from hydroagent_hpc.types import GaugeSeries, SimulationResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EF5Simulator", "find_ef5"]
+__all__ = ["EF5Simulator", "find_ef5", "sweep_stale_runs"]
 
 _TAIL = 2000
 
@@ -77,6 +77,7 @@ class EF5Simulator:
             raise InputError(f"basin {tk.basin!r} has no gauge with OUTPUTTS on", fix="set OUTPUTTS=TRUE on a gauge")
         self.primary = next((g for g in self.gauges if cf.gauges[g].obs is not None), self.gauges[0])
         self.last_run_dir: Path | None = None
+        sweep_stale_runs(self.workdir or Path(tempfile.gettempdir()))
 
     @property
     def base_params(self) -> dict[str, float]:
@@ -90,7 +91,7 @@ class EF5Simulator:
     def run(self, params: Mapping[str, float] | None = None, copy_outputs_to: str | Path | None = None) -> SimulationResult:
         """Run EF5 once; ``copy_outputs_to`` also copies EF5's own output files there (after checks)."""
         over = check_values(params or {}, "run parameters")
-        run_dir = Path(tempfile.mkdtemp(prefix="ef5-run-", dir=self.workdir))
+        run_dir = Path(tempfile.mkdtemp(prefix=f"ef5-run-{os.getpid()}-", dir=self.workdir))
         self.last_run_dir = run_dir
         try:
             out = run_dir / "output"
@@ -160,6 +161,41 @@ class EF5Simulator:
         params = {**self.base_params, **over}
         return SimulationResult(times, self.primary, series, np.zeros(times.size, dtype=bool), params, wall,
                                 missing, 0, self.backend, {"log_tail": log_text[-500:]})
+
+
+def sweep_stale_runs(folder: Path) -> int:
+    """Remove run folders left by processes that died (a crash skips their ``finally``).
+
+    Run folders are named ``ef5-run-<pid>-*``; a folder whose pid no longer exists is removed.
+    Returns how many were removed.
+    """
+    removed = 0
+    try:
+        entries = list(Path(folder).glob("ef5-run-*-*"))
+    except OSError:
+        return 0
+    for d in entries:
+        try:
+            pid = int(d.name.split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        if pid == os.getpid() or _alive(pid):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed += 1
+    if removed:
+        log.info("removed %d stale EF5 run folder(s) in %s", removed, folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
