@@ -40,6 +40,16 @@ def main(argv: list[str] | None = None) -> int:
         for control in build_demo_basins(args.basins):
             cases.append((f"demo {control.parent.name}", control))
 
+    if ref.exists():
+        from hydroagent_hpc.bench.fidelity import fidelity_rows
+
+        out("## Fidelity against EF5 1.2.3 (unrounded ours vs EF5's printed 2-decimal values)\n\n")
+        out("| case | gauge | rows | max dQ m3/s | at Q | max dSM % | max dFast | max dSlow |\n|---|---|---|---|---|---|---|---|\n")
+        for r in fidelity_rows(ref.parent.parent):
+            out(f"| {r['case']} | {r['gauge']} | {r['rows']} | {r['max_dQ']:.4f} | {r['at_Q']:.2f} | {r['max_dSM']:.4f} | "
+                f"{r['max_dFast']:.5f} | {r['max_dSlow']:.5f} |\n")
+        out("\n")
+
     out("## Simulator (embedded engine)\n\n")
     out("| case | cells | steps | load cold s | load warm s | run s | Mcell-steps/s | batch8 s | batch8/run "
         "| process s | EF5 run s | EF5 run / run | process / EF5 process | forcing MB |\n")
