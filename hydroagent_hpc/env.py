@@ -208,8 +208,9 @@ class CalibrationEnv:
     def _tool_run(self):
         self.parse_streak = 0
         c = self.config
-        if c.max_simulations is not None and self.counters["simulations"] >= c.max_simulations:
-            return ({"status": "error", "message": f"the simulation budget ({c.max_simulations}) is spent"},
+        if c.max_simulations is not None and self.counters["simulations"] + len(self.pending) >= c.max_simulations:
+            return ({"status": "error", "message": f"the simulation budget ({c.max_simulations}) is spent"
+                                                   + ("; call evaluate to run the queued candidates" if self.pending else "")},
                     self.ledger.nothing(), False, "budget", None, {})
         if c.protocol == "rounds":
             if len(self.pending) >= c.candidates_per_round:
@@ -344,7 +345,7 @@ class CalibrationEnv:
         elif c.protocol == "rounds" and self.round >= c.max_rounds:
             self._finish("max_rounds")
         elif c.max_simulations is not None and self.counters["simulations"] >= c.max_simulations and \
-                (c.protocol == "turns" and self.fresh_run is None):
+                self.fresh_run is None and not self.pending:
             self._finish("max_simulations")
         elif c.wall_clock_s is not None and self._clock() - self._t0 >= c.wall_clock_s:
             self._finish("wall_clock")

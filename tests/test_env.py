@@ -214,3 +214,19 @@ def test_observations_are_json(basin, small_sim):
             "events_sim"} <= set(diag)
     hydro = env.turns[1].observation["hydrograph"]
     assert len(hydro["sim"]) == len(hydro["obs"]) == 60 and hydro["bin_hours"] == pytest.approx(241 / 60, abs=1e-3)
+
+
+def test_rounds_respect_the_simulation_budget(basin, small_sim):
+    env = make_env(basin, small_sim, protocol="rounds", max_rounds=5, candidates_per_round=3, max_turns=None,
+                   max_simulations=4)
+    for wm in (0.5, 1.5, 3.0):
+        env.set_parameters(wm=wm)
+        env.run_simulation()
+    env.evaluate()
+    env.set_parameters(wm=2.0)
+    assert env.run_simulation()["status"] == "ok"
+    env.set_parameters(wm=2.5)
+    refused = env.run_simulation()
+    assert refused["status"] == "error" and "budget" in refused["message"]
+    env.evaluate()
+    assert env.counters["simulations"] == 4 and env.done and env.stop_reason == "max_simulations"
