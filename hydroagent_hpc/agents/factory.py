@@ -35,7 +35,7 @@ def make_agent(spec, seed: int, env: EnvConfig):
     if kind == "heuristic":
         from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
 
-        return HeuristicHydrologist(seed=seed, name=spec.name, **_take(opts, {"step0", "min_step"}, kind))
+        return HeuristicHydrologist(seed=seed, name=spec.name, **_take(opts, {"step0", "min_step", "max_restarts"}, kind))
     if kind in ("dds", "sceua", "lhs", "random", "dream"):
         from hydroagent_hpc.agents.optimizers import make_optimizer_policy
 

@@ -16,8 +16,9 @@ Diagnosis -> move (CREST/KW process knowledge; Wang et al. 2011, Xue et al. 2013
 * nothing clearly wrong: a coordinate step on the parameter least recently tried.
 
 A move that lowers NSE is reverted and the opposite direction is tried with a smaller step;
-step sizes (multiplicative, in log space) shrink as the fit improves and after failures, so
-the search converges. Deterministic for a seed (the seed only breaks ties).
+step sizes (multiplicative, in log space) shrink after failures, so the search converges; when
+every step has collapsed it restarts around the best set with half the previous initial step
+(``max_restarts`` times), then stops. Deterministic for a seed (the seed only breaks ties).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class HeuristicHydrologist:
     name: str = "heuristic"
     step0: float = 0.6  # initial log-step (x1.8)
     min_step: float = 0.02
+    max_restarts: int = 3  # after the steps collapse, restart around the best with half the step
     _rng: Any = None
     _phase: str = "start"
     _current: dict[str, float] = field(default_factory=dict)
@@ -65,6 +67,7 @@ class HeuristicHydrologist:
     _diag: dict[str, Any] = field(default_factory=dict)
     _queue: list[_Move] = field(default_factory=list)
     _evals: int = 0
+    _restarts: int = 0
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
@@ -146,7 +149,13 @@ class HeuristicHydrologist:
         # nothing diagnosed: coordinate step on the parameter least recently tried
         live = [k for k in TUNABLE if self._steps[k] >= self.min_step]
         if not live:
-            return None
+            if self._restarts >= self.max_restarts:
+                return None
+            # converged locally: restart around the best with half the previous initial step
+            self._restarts += 1
+            size = self.step0 * 0.5 ** self._restarts
+            self._steps = {k: size for k in TUNABLE}
+            live = list(TUNABLE)
         order = sorted(live, key=lambda k: (self._tried.get(k, -1), self._rng.random()))
         k = order[0]
         d = 1 if self._rng.random() < 0.5 else -1
