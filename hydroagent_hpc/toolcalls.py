@@ -267,8 +267,8 @@ def _call_from_object(obj: Any, call_id: str | None = None) -> ToolCall:
         raise _Rejected("unknown_tool", f"unknown tool {_show(name, 60)}; the tools are "
                                         f"{', '.join(TOOL_NAMES)}.{_close_name(name)}")
     if "arguments" not in obj:
-        raise _Rejected("bad_arguments", f'the call has no "arguments"; add "arguments": {{}} '
-                                         f"(or the parameters for set_parameters)")
+        raise _Rejected("bad_arguments", 'the call has no "arguments"; add "arguments": {} '
+                                         "(or the parameters for set_parameters)")
     return ToolCall(name=name, arguments=_arguments(obj["arguments"], name), call_id=call_id)
 
 

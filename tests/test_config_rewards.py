@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hydroagent_hpc.config import PRESETS, ConfigError, RewardConfig, load_config, preset, to_dict
+from hydroagent_hpc.config import PRESETS, ConfigError, RewardConfig, load_config, to_dict
 from hydroagent_hpc.rewards import RewardLedger
 
 

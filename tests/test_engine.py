@@ -143,7 +143,6 @@ def test_ascii_parameter_grid_is_refused(tiny):
     write_tif(tiny / "params" / "wm.tif", Grid(np.full(dem.data.shape, 100.0), dem.xll, dem.yll, dem.cellsize))
     p.write_text(p.read_text().replace("wm.asc", "wm.tif").replace("WM=100.0", "WM=1.0"))
     grid_run = EmbeddedSimulator(p, cache_dir=False).run()
-    plain = EmbeddedSimulator(tiny / "control_b.txt", cache_dir=False)  # noqa: F841 (loads fine)
     scalar_run = EmbeddedSimulator(p, cache_dir=False).run({"wm": 1.0})
     assert np.array_equal(grid_run.discharge, scalar_run.discharge)
 

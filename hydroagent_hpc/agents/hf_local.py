@@ -298,8 +298,6 @@ def _stop_ids(tokenizer) -> tuple[int, ...]:
 
 def _load(model: Any, tokenizer: Any, device: str, dtype: Any):
     """``(model, tokenizer, source)`` from a path/hub id or from objects."""
-    import torch
-
     if isinstance(model, (str, os.PathLike)):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

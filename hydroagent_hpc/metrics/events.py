@@ -29,14 +29,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.ndimage import maximum_filter1d, uniform_filter1d
 
-from hydroagent_hpc.metrics.series import (
-    BoolArray,
-    FloatArray,
-    TimesLike,
-    as_hours,
-    as_series,
-    valid_points,
-)
+from hydroagent_hpc.metrics.series import BoolArray, FloatArray, TimesLike, single_series
 
 
 @dataclass(frozen=True)
@@ -169,15 +162,7 @@ def detect_events(
     common practice in event-based evaluation, e.g. Kratzert et al. (2019)'s neuralhydrology
     peak-timing metric.
     """
-    qa = as_series(q, "q")
-    t_h = as_hours(times, qa.size)
-    valid = valid_points(qa)
-    if mask is not None:
-        m = np.asarray(mask)
-        if m.dtype != np.bool_ or m.shape != qa.shape:
-            raise ValueError(f"mask must be a boolean array of shape {qa.shape}")
-        valid &= m
-    dt_h = float(np.median(np.diff(t_h))) if t_h.size > 1 else float("nan")
+    qa, valid, t_h, dt_h = single_series(q, times, mask)
     return find_events(qa, valid, t_h, dt_h, detector)
 
 

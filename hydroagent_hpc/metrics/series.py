@@ -99,6 +99,24 @@ def as_hours(times: TimesLike, n: int | None = None) -> FloatArray:
     return hours
 
 
+def single_series(q: ArrayLike, times: "TimesLike", mask: ArrayLike | None) -> tuple[FloatArray, BoolArray, FloatArray, float]:
+    """One discharge series ready for signature metrics: values, usable points, hours, step.
+
+    Usable = finite, not EF5's -999 sentinel and, when ``mask`` (boolean, True = use) is given,
+    selected by it. The step ``dt_h`` is the median spacing of ``times`` in hours.
+    """
+    qa = as_series(q, "q")
+    t_h = as_hours(times, qa.size)
+    valid = valid_points(qa)
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.dtype != np.bool_ or m.shape != qa.shape:
+            raise ValueError(f"mask must be a boolean array of shape {qa.shape}")
+        valid &= m
+    dt_h = float(np.median(np.diff(t_h))) if t_h.size > 1 else float("nan")
+    return qa, valid, t_h, dt_h
+
+
 def as_datetime64(value: np.datetime64 | _dt.datetime) -> np.datetime64:
     """Return a single time stamp as ``numpy.datetime64`` (microsecond resolution)."""
     return np.datetime64(value).astype("datetime64[us]")

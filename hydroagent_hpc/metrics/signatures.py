@@ -19,9 +19,9 @@ from hydroagent_hpc.metrics.series import (
     FloatArray,
     Scored,
     TimesLike,
-    as_hours,
     as_series,
     record,
+    single_series,
     undefined,
     valid_points,
 )
@@ -157,21 +157,6 @@ def _recession_k(
     return float(np.median(ks)), None
 
 
-def _single(
-    q: ArrayLike, times: TimesLike, mask: ArrayLike | None
-) -> tuple[FloatArray, BoolArray, FloatArray, float]:
-    qa = as_series(q, "q")
-    t_h = as_hours(times, qa.size)
-    valid = valid_points(qa)
-    if mask is not None:
-        m = np.asarray(mask)
-        if m.dtype != np.bool_ or m.shape != qa.shape:
-            raise ValueError(f"mask must be a boolean array of shape {qa.shape}")
-        valid &= m
-    dt_h = float(np.median(np.diff(t_h))) if t_h.size > 1 else float("nan")
-    return qa, valid, t_h, dt_h
-
-
 @np.errstate(all="ignore")
 def bfi(
     q: ArrayLike,
@@ -192,7 +177,7 @@ def bfi(
     References: Lyne & Hollick (1979); Nathan & McMahon (1990), Water Resour. Res. 26(7),
     1465-1473; Ladson et al. (2013), Aust. J. Water Resour. 17(1), 25-34.
     """
-    qa, valid, _, dt_h = _single(q, times, mask)
+    qa, valid, _, dt_h = single_series(q, times, mask)
     return record(reasons, "bfi", _bfi(qa, valid, dt_h, baseflow))
 
 
@@ -218,7 +203,7 @@ def recession_k(
     Brutsaert, W. & Nieber, J. L. (1977), Water Resour. Res. 13(3), 637-643 (power-law
     alternative, not used here).
     """
-    qa, valid, t_h, dt_h = _single(q, times, mask)
+    qa, valid, t_h, dt_h = single_series(q, times, mask)
     ref = qa if reference is None else as_series(reference, "reference")
     if ref.size != qa.size:
         raise ValueError(f"reference has {ref.size} values but q has {qa.size}")
