@@ -21,6 +21,7 @@ ALLOWED = {
     "rewards": {"config"},
     "config": set(),
     "store": {"types", "params", "store"},
+    "hpc": {"hpc"},  # generic: takes callables, never imports the domain
 }
 
 

@@ -1,0 +1,197 @@
+"""A simulation pool: one interface over serial and local-process execution.
+
+``open_pool(backend, workers, max_in_flight, timeout_s)`` returns a pool whose ``map(fn, items)``
+yields one :class:`TaskResult` per item, in order. Guarantees:
+
+* at most ``max_in_flight`` tasks run at once (32 by default, as the paper's GRPO setup used);
+* a task that runs longer than ``timeout_s`` is killed and becomes a failed result;
+* a worker that dies (a segfault, ``os._exit``, the OOM killer) turns its task into a failed
+  result and is replaced; the pool never hangs on it.
+
+The pool is generic: it takes picklable callables and never imports the domain. The MPI backend
+(mpi4py.futures on an allocation's ranks) joins with the HPC issue.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import multiprocessing.connection
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TaskResult", "SerialPool", "ProcessPool", "open_pool", "BACKENDS"]
+
+BACKENDS = ("serial", "processes")
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """The outcome of one task: ``ok`` with ``value``, or a failure with ``error``."""
+
+    index: int
+    ok: bool
+    value: Any = None
+    error: str = ""
+    seconds: float = 0.0
+
+
+class SerialPool:
+    """Runs tasks one after another in this process (exceptions become failed results)."""
+
+    backend = "serial"
+
+    def __init__(self, timeout_s: float | None = None) -> None:
+        self.timeout_s = timeout_s  # not enforceable in-process; recorded for symmetry
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[TaskResult]:
+        for i, item in enumerate(items):
+            t0 = time.perf_counter()
+            try:
+                yield TaskResult(i, True, fn(item), seconds=time.perf_counter() - t0)
+            except Exception as exc:  # a task's failure is a result, not a crash of the pool
+                yield TaskResult(i, False, error=f"{type(exc).__name__}: {exc}", seconds=time.perf_counter() - t0)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _worker(conn) -> None:
+    """Worker loop: receive (index, fn, item), send back (index, ok, value or error)."""
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        index, fn, item = msg
+        try:
+            out = (index, True, fn(item))
+        except Exception as exc:  # sent back as a failed result
+            out = (index, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+        try:
+            conn.send(out)
+        except Exception as exc:  # an unpicklable result
+            conn.send((index, False, f"result could not be sent back: {type(exc).__name__}: {exc}"))
+
+
+@dataclass
+class _Slot:
+    proc: Any
+    conn: Any
+    task: int | None = None
+    started: float = 0.0
+
+
+class ProcessPool:
+    """Local worker processes with an in-flight limit, per-task timeouts and dead-worker recovery."""
+
+    backend = "processes"
+
+    def __init__(self, workers: int = 2, max_in_flight: int = 32, timeout_s: float | None = None,
+                 context: str = "spawn") -> None:
+        if workers < 1:
+            raise ValueError(f"workers={workers}: need at least 1")
+        self.workers = min(workers, max_in_flight)
+        self.timeout_s = timeout_s
+        self._ctx = mp.get_context(context)
+        self._slots: list[_Slot] = []
+
+    def _spawn(self) -> _Slot:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_worker, args=(child,), daemon=True)
+        proc.start()
+        child.close()
+        return _Slot(proc, parent)
+
+    def _retire(self, slot: _Slot) -> None:
+        if slot.proc.is_alive():
+            slot.proc.kill()
+        slot.proc.join(timeout=5)
+        slot.conn.close()
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[TaskResult]:
+        todo = list(enumerate(items))
+        todo.reverse()
+        results: dict[int, TaskResult] = {}
+        next_out = 0
+        total = len(todo)
+        while len(self._slots) < min(self.workers, max(total, 1)):
+            self._slots.append(self._spawn())
+        try:
+            while next_out < total:
+                for k, slot in enumerate(self._slots):
+                    if slot.task is None and todo:
+                        index, item = todo.pop()
+                        slot.task, slot.started = index, time.perf_counter()
+                        slot.conn.send((index, fn, item))
+                ready = mp.connection.wait([s.conn for s in self._slots if s.task is not None] +
+                                           [s.proc.sentinel for s in self._slots if s.task is not None], timeout=0.05)
+                now = time.perf_counter()
+                for k, slot in enumerate(self._slots):
+                    if slot.task is None:
+                        continue
+                    failure = None
+                    if slot.conn in ready or slot.conn.poll():
+                        try:
+                            index, ok, payload = slot.conn.recv()
+                            results[index] = TaskResult(index, ok, payload if ok else None, "" if ok else payload,
+                                                        now - slot.started)
+                            slot.task = None
+                            continue
+                        except (EOFError, OSError):
+                            failure = "the worker died"
+                    elif not slot.proc.is_alive():
+                        failure = f"the worker died (exit code {slot.proc.exitcode})"
+                    elif self.timeout_s is not None and now - slot.started > self.timeout_s:
+                        failure = f"timed out after {self.timeout_s:g} s; the worker was killed"
+                    if failure:
+                        log.warning("task %d failed: %s", slot.task, failure)
+                        results[slot.task] = TaskResult(slot.task, False, error=failure, seconds=now - slot.started)
+                        self._retire(slot)
+                        self._slots[k] = self._spawn()
+                while next_out in results:
+                    yield results.pop(next_out)
+                    next_out += 1
+        finally:
+            for slot in self._slots:
+                if slot.task is not None:  # abandoned mid-task (the consumer stopped): kill
+                    self._retire(slot)
+                    slot.task = None
+            self._slots = [s for s in self._slots if s.proc.is_alive()]
+
+    def close(self) -> None:
+        for slot in self._slots:
+            try:
+                slot.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            slot.proc.join(timeout=2)
+            self._retire(slot)
+        self._slots = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_pool(backend: str = "serial", workers: int = 2, max_in_flight: int = 32, timeout_s: float | None = None):
+    """The pool for ``backend`` ("serial" or "processes")."""
+    if backend == "serial":
+        return SerialPool(timeout_s)
+    if backend == "processes":
+        return ProcessPool(workers, max_in_flight, timeout_s)
+    raise ValueError(f"unknown pool backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
