@@ -8,13 +8,14 @@
    resumes where it stopped.
 4. Prints the best NSE after 25, 50, 100 and 200 simulations (median over seeds) and the
    parameter recovery against the hidden truth, and writes ``summary.json`` with the provenance.
+5. Writes the campaign's report (``results/demo/report/``: ``report.md``, a self-contained
+   ``report.html``, figures and CSV tables; see ``hydroagent report``) and prints where it is.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -22,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from hydroagent_hpc.metrics import evaluate
-from hydroagent_hpc.params import PARAMS, TUNABLE
+from hydroagent_hpc.params import TUNABLE
 from hydroagent_hpc.provenance import provenance
+from hydroagent_hpc.report.recovery import recovery_error
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.outputs import write_run
 from hydroagent_hpc.sim.synthetic import DEMO_BASINS, build_demo_basins, read_truth
@@ -55,19 +57,6 @@ def default_rows(controls: list[Path], out: Path) -> list[dict[str, object]]:
                      "load_s": round(load, 3), "run_s": round(res.wall_time_s, 4), "NSE": round(float(m["NSE"]), 3),
                      "KGE": round(float(m["KGE"]), 3), "PBIAS": round(float(m["PBIAS"]), 1)})
     return rows
-
-
-def recovery_error(best: dict[str, float], truth: dict[str, float]) -> float:
-    """Mean |log10(best/truth)| over the tunable multipliers (0 = perfect; 0.3 = a factor of 2).
-
-    ``alpha0`` and ``im`` may be 0: both sides are floored at 1 % of the parameter's range.
-    """
-    errs = []
-    for k in TUNABLE:
-        floor = 0.01 * (PARAMS[k].upper - PARAMS[k].lower)
-        a, b = max(float(best[k]), floor), max(float(truth[k]), floor)
-        errs.append(abs(math.log10(a / b)))
-    return float(np.mean(errs))
 
 
 def campaign_rows(store: Path, basin_dirs: dict[str, Path]) -> list[dict[str, object]]:
@@ -137,4 +126,10 @@ def run_demo(out: Path, workers: int | None = None, campaign: bool = True) -> in
     if campaign:
         print(f"episodes (HDF5): {out / 'campaign.h5'}  (schema: hydroagent_hpc/store_schema.md)")
     print(f"summary: {out / 'summary.json'}")
+    if campaign:
+        from hydroagent_hpc.report import write_report
+
+        report = write_report(out / "campaign.h5", out / "report")
+        print(f"\nReport ({report.seconds:.1f} s): {report.markdown}  (one self-contained page: {report.html}; "
+              f"figures and CSV tables beside them)")
     return 0

@@ -1,4 +1,4 @@
-"""``python -m hydroagent_hpc.bench`` (``make bench``): simulator and metrics benchmarks.
+"""``python -m hydroagent_hpc.bench`` (``make bench``): simulator, metrics and report benchmarks.
 
 Prints Markdown tables; every speed is a ratio against a baseline measured in the same run.
 """
@@ -75,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     out("\n## Metrics\n\n| benchmark | baseline | s per call | ratio vs baseline |\n|---|---|---|---|\n")
     for row in mbench.run():
         out(f"| {row['name']} | {row['baseline']} | {row['seconds_per_call']:.6f} | {row['ratio_vs_baseline']:.1f} |\n")
+
+    from hydroagent_hpc.bench import report as rbench
+
+    out("\n## Report (a campaign of 1,000 episodes: `hydroagent report`)\n\n")
+    out(rbench.markdown(rbench.run()))
     return 0
 
 
