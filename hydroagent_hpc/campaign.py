@@ -11,9 +11,12 @@ A campaign file (YAML, strict: unknown keys fail with file:line) names::
     seeds: [0, 1]
     env: {preset: paper, protocol: turns, max_simulations: 200, max_turns: null, patience: null}
 
-``run_campaign`` expands it into episodes (ids ``name/basin/agent/seed``), skips those already
-in the output file (resume after an interruption), runs the rest serially or in a local process
-pool, and writes each finished episode with the single HDF5 writer in this process.
+``run_campaign`` expands it into episodes (ids ``name/basin/agent/seed``), keeps one shard of
+them when asked (``shard=(i, n)``: every n-th episode from the i-th, for array jobs), skips those
+already in the output file or in other stores (resume after an interruption), runs the rest
+through a simulation pool (:mod:`hydroagent_hpc.hpc`: serial, local processes or MPI ranks), and
+writes each episode as soon as it finishes with the single HDF5 writer in this process. A killed
+run therefore loses only the episodes in flight.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -32,7 +34,7 @@ from hydroagent_hpc.types import Episode
 log = logging.getLogger(__name__)
 
 __all__ = ["AgentSpec", "CampaignSpec", "Task", "load_campaign", "campaign_from_mapping", "expand", "run_task",
-           "run_campaign", "AGENT_KINDS"]
+           "run_campaign", "shard_of", "worker_init", "AGENT_KINDS"]
 
 AGENT_KINDS = ("heuristic", "dds", "sceua", "lhs", "random", "dream", "hybrid", "openai", "hf_local", "scripted")
 
@@ -183,11 +185,22 @@ def run_task(task: Task) -> Episode:
     return run_episode(policy, env)
 
 
-def _worker_init() -> None:
+def worker_init() -> None:
+    """Prepare a pool worker process: one numba thread (the pool is the parallelism), quiet logs."""
     import numba
 
     numba.set_num_threads(1)
     logging.getLogger().setLevel(logging.WARNING)
+
+
+def shard_of(tasks: list[Task], shard: tuple[int, int] | None) -> list[Task]:
+    """Shard ``i`` of ``n``: tasks ``i, i+n, i+2n, ...`` of the expansion (agents and basins mixed)."""
+    if shard is None:
+        return list(tasks)
+    index, count = shard
+    if count < 1 or not 0 <= index < count:
+        raise CampaignError(f"shard {index}/{count}: need 0 <= index < count", )
+    return list(tasks[index::count])
 
 
 def check_requirements(spec: CampaignSpec) -> list[str]:
@@ -203,9 +216,17 @@ def check_requirements(spec: CampaignSpec) -> list[str]:
 
 
 def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress: bool = True,
-                 limit: int | None = None) -> dict[str, Any]:
-    """Run every episode not yet in ``out``; returns counts and timings."""
+                 limit: int | None = None, *, pool: Any = None, shard: tuple[int, int] | None = None,
+                 skip_stores: Iterable[str | Path] = (), timeout_s: float | None = None) -> dict[str, Any]:
+    """Run every episode (of ``shard``) not yet in ``out`` or in ``skip_stores``; returns counts and timings.
+
+    ``pool`` is an open simulation pool (:mod:`hydroagent_hpc.hpc`); without one, a serial pool
+    (``workers`` = 1) or a local process pool of ``workers`` is opened here. ``timeout_s`` caps
+    one episode (process and MPI pools); an episode that fails or times out is listed in
+    ``failed`` and stays missing, so a rerun tries it again.
+    """
     from hydroagent_hpc.basin import load_basin
+    from hydroagent_hpc.hpc.pool import open_pool
     from hydroagent_hpc.store import EpisodeWriter, stored_ids
 
     problems = check_requirements(spec)
@@ -213,54 +234,48 @@ def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress
         raise CampaignError(f"campaign {spec.name!r} cannot start:\n  - " + "\n  - ".join(problems))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tasks = expand(spec)
+    tasks = shard_of(expand(spec), shard)
     done = set(stored_ids(out)) if out.exists() else set()
+    for other in skip_stores:
+        if Path(other).exists():
+            done.update(stored_ids(other))
     todo = [t for t in tasks if t.episode_id not in done]
     stored = len(tasks) - len(todo)
     deferred = 0
     if limit is not None:
         deferred = max(0, len(todo) - limit)
         todo = todo[:limit]
-    log.info("campaign %s: %d episodes, %d already stored, %d to run with %d worker(s)", spec.name, len(tasks),
-             stored, len(todo), workers)
+    own_pool = pool is None
+    if own_pool:
+        pool = open_pool("serial" if workers <= 1 else "processes", workers, timeout_s=timeout_s,
+                         initializer=worker_init)
+    where = "" if shard is None else f" (shard {shard[0]} of {shard[1]})"
+    log.info("campaign %s%s: %d episodes, %d already stored, %d to run on the %s pool with %d worker(s)", spec.name,
+             where, len(tasks), stored, len(todo), pool.backend, pool.workers)
     t0 = time.perf_counter()
     bar = _progress(len(todo), spec.name, progress)
     failed: list[str] = []
     basins = {b: load_basin(b) for b in {t.basin_dir for t in todo}}
-    with EpisodeWriter(out) as writer:
-        for task, ep in _results(todo, workers, failed):
-            writer.write(ep, basins[task.basin_dir])
-            bar.update(1)
-            bar.set_postfix_str(f"{ep.agent} {Path(ep.basin_id).name} NSE {ep.best_nse if ep.best_nse is None else round(ep.best_nse, 3)}")
-    bar.close()
+    try:
+        with EpisodeWriter(out) as writer:
+            for r in pool.map(run_task, todo, ordered=False):
+                task = todo[r.index]
+                bar.update(1)
+                if not r.ok:
+                    log.error("episode %s failed: %s", task.episode_id, r.error)
+                    failed.append(task.episode_id)
+                    continue
+                ep = r.value
+                writer.write(ep, basins[task.basin_dir])
+                nse = ep.best_nse if ep.best_nse is None else round(ep.best_nse, 3)
+                bar.set_postfix_str(f"{ep.agent} {Path(ep.basin_id).name} NSE {nse}")
+    finally:
+        bar.close()
+        if own_pool:
+            pool.close()
     return {"episodes": len(tasks), "ran": len(todo) - len(failed), "already_stored": stored, "deferred": deferred,
-            "failed": failed, "wall_s": round(time.perf_counter() - t0, 2), "out": str(out)}
-
-
-def _results(todo: list[Task], workers: int, failed: list[str]) -> Iterable[tuple[Task, Episode]]:
-    if workers <= 1:
-        for t in todo:
-            try:
-                yield t, run_task(t)
-            except Exception:  # one broken episode must not stop the campaign
-                log.exception("episode %s failed", t.episode_id)
-                failed.append(t.episode_id)
-        return
-    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init) as pool:
-        pending = {}
-        queue = list(todo)
-        while queue or pending:
-            while queue and len(pending) < 2 * workers:
-                t = queue.pop(0)
-                pending[pool.submit(run_task, t)] = t
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                t = pending.pop(fut)
-                try:
-                    yield t, fut.result()
-                except Exception:
-                    log.exception("episode %s failed", t.episode_id)
-                    failed.append(t.episode_id)
+            "failed": failed, "wall_s": round(time.perf_counter() - t0, 2), "out": str(out),
+            "pool": pool.backend, "workers": pool.workers}
 
 
 class _NoBar:

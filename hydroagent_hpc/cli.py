@@ -1,8 +1,9 @@
 """The ``hydroagent`` command.
 
 Subcommands: ``simulate`` (a drop-in for ``ef5 control.txt``), ``basin synth`` (a synthetic twin
-basin in EF5 layout), ``demo`` (the embedded default end to end). Errors in the input print one
-clear message (file:line, key, fix) and exit with status 2; no traceback unless ``--debug``.
+basin in EF5 layout), ``demo`` (the embedded default end to end), ``report`` (a campaign's
+Markdown/HTML report). Errors in the input print one clear message (file:line, key, fix) and
+exit with status 2; no traceback unless ``--debug``.
 """
 
 from __future__ import annotations
@@ -84,6 +85,48 @@ def cmd_basin_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_line() -> str:
+    import shlex
+
+    return "hydroagent " + shlex.join(sys.argv[1:])
+
+
+def cmd_basin_from_camels(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.datasets.camels_basin import write_camels_basin
+
+    control = write_camels_basin(args.out, root=args.root, gauge_id=args.basin, start=args.start, end=args.end,
+                                 warmup_days=args.warmup_days, forcing=args.forcing, attributes=args.attributes,
+                                 spinup=args.spinup, precip_column=args.precip_column, target_cells=args.cells,
+                                 command=_command_line())
+    print(control)
+    return 0
+
+
+def cmd_data_usgs(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.datasets.usgs import download_hourly
+
+    meta = download_hourly(args.site, args.start, args.end, args.out, base_url=args.base_url)
+    print(json.dumps({k: meta[k] for k in ("site", "start_utc", "end_utc", "hours", "missing_hours", "kept",
+                                           "rejected_by_qualifier", "duplicate_rows")} | {"out": str(args.out)}))
+    return 0
+
+
+def cmd_data_verify(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.sim.manifest import verify_manifest, write_manifest
+
+    if args.write:
+        path = write_manifest(args.dir, source={"recorded_by": "hydroagent data verify --write"},
+                              command=_command_line())
+        print(path)
+        return 0
+    problems = verify_manifest(args.dir, required=True)
+    for line in problems:
+        print(line)
+    if not problems:
+        print(f"{args.dir}: every file matches its manifest")
+    return 1 if problems else 0
+
+
 def _env_overrides(args: argparse.Namespace) -> dict:
     over: dict = {}
     if args.max_simulations is not None:
@@ -142,17 +185,100 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_campaign_run(args: argparse.Namespace) -> int:
     from hydroagent_hpc.campaign import load_campaign, run_campaign
+    from hydroagent_hpc.submit import run_shard
 
-    spec = load_campaign(args.file)
-    summary = run_campaign(spec, args.out, workers=args.workers, progress=not args.no_progress, limit=args.limit)
+    if (args.out is None) == (args.run_dir is None):
+        raise HydroAgentError("campaign run: give exactly one of --out FILE or --run-dir DIR",
+                              fix="--out for one HDF5 file; --run-dir (with --shard I/N) for cluster shards")
+    if args.run_dir is not None:
+        from hydroagent_hpc.shards import parse_shard
+
+        index, count = parse_shard(args.shard or "0/1")
+        summary = run_shard(args.file, args.run_dir, index, count, pool=args.pool, workers=args.workers,
+                            max_in_flight=args.max_in_flight, timeout_s=args.timeout,
+                            progress=not args.no_progress and sys.stderr.isatty())
+        if summary is None:  # an MPI worker rank: the root reports
+            return 0
+    else:
+        if args.shard:
+            raise HydroAgentError("--shard needs --run-dir", fix="shards are written as RUN_DIR/shards/shard-I-of-N.h5")
+        spec = load_campaign(args.file)
+        if args.pool in ("mpi", "auto") and _mpi_world():
+            from hydroagent_hpc.campaign import worker_init
+            from hydroagent_hpc.hpc.mpi import mpi_pool
+
+            with mpi_pool(max_in_flight=args.max_in_flight, timeout_s=args.timeout, initializer=worker_init) as pool:
+                if pool is None:
+                    return 0
+                summary = run_campaign(spec, args.out, pool=pool, progress=not args.no_progress, limit=args.limit)
+        elif args.pool == "mpi":
+            raise HydroAgentError("--pool mpi: this process was not started by an MPI launcher",
+                                  fix="run under `mpiexec -n N hydroagent ...` or `srun --mpi=pmi2 -n N ...`")
+        else:
+            from hydroagent_hpc.hpc.slurm import allocation_cpus
+
+            workers = {"serial": 1, "processes": args.workers or allocation_cpus()}.get(args.pool, args.workers or 1)
+            summary = run_campaign(spec, args.out, workers=workers, progress=not args.no_progress, limit=args.limit,
+                                   timeout_s=args.timeout)
     print(json.dumps(summary))
     return 0 if not summary["failed"] else 1
+
+
+def _mpi_world() -> bool:
+    from hydroagent_hpc.hpc.mpi import in_mpi_world
+
+    return in_mpi_world()
+
+
+def cmd_campaign_merge(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.campaign import load_campaign
+    from hydroagent_hpc.shards import merge_run
+
+    summary = merge_run(load_campaign(args.file), args.run_dir, allow_missing=args.allow_missing)
+    if args.report:
+        from hydroagent_hpc.submit import write_run_report
+
+        summary["report"] = write_run_report(args.run_dir)
+    print(json.dumps(summary))
+    return 0
+
+
+def cmd_submit_campaign(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.hpc.slurm import SiteSettings
+    from hydroagent_hpc.submit import submit_campaign
+
+    site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
+                                 constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
+                                 ntasks=args.ntasks, mem_gb=args.mem_gb, array_parallelism=args.array_parallelism,
+                                 modules=tuple(args.module) if args.module else None)
+    out = submit_campaign(args.file, args.run_dir, args.array, site, cluster=args.cluster, wait=args.wait,
+                          pool=args.pool, workers=args.workers, max_in_flight=args.max_in_flight,
+                          timeout_s=args.timeout, report=not args.no_report)
+    print(json.dumps(out, default=str))
+    merge = out.get("merge")
+    return 1 if out.get("shard_failures") or (merge is not None and merge.get("missing")) else 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from hydroagent_hpc.demo import run_demo
 
     return run_demo(Path(args.out), workers=args.workers, campaign=not args.no_campaign)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.report import write_report
+    from hydroagent_hpc.store import StoreError
+
+    store = Path(args.store)
+    out = Path(args.out) if args.out else store.parent / f"{store.stem}_report"
+    try:
+        report = write_report(store, out, compare=tuple(args.compare) if args.compare else None,
+                              allow_partial=args.partial, precip=not args.no_precip)
+    except StoreError as exc:  # not a store, empty, partial, older schema: one line, exit 2
+        raise HydroAgentError(str(exc)) from None
+    print(f"report: {report.markdown} and {report.html} ({len(report.figures)} figures in {out / 'figures'}, "
+          f"{len(report.tables)} tables in {out / 'tables'}; {report.seconds:.1f} s)")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,6 +318,42 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--start", default="2021-06-01", help="first scored day, YYYY-MM-DD (warm-up precedes it)")
     sy.add_argument("--out", required=True, help="folder to write the basin into")
     sy.set_defaults(func=cmd_basin_synth)
+    fc = b.add_parser("from-camels", help="write a CAMELS-US gauge as a daily EF5 basin",
+                      description="Real daily basin-mean forcing (PET derived where the file has none) and USGS "
+                                  "discharge on a synthetic river-network template of the gauge's area; "
+                                  "TIMESTEP=1d. See hydroagent_hpc/datasets/camels_basin.py.")
+    fc.add_argument("--root", required=True, help="CAMELS folder (basin_mean_forcing/, usgs_streamflow/, "
+                                                  "camels_attributes_v2.0/) or a model_output folder")
+    fc.add_argument("--basin", required=True, help="8-digit gauge id, e.g. 01013500")
+    fc.add_argument("--start", required=True, help="first scored day, YYYY-MM-DD")
+    fc.add_argument("--end", required=True, help="last scored day, YYYY-MM-DD")
+    fc.add_argument("--warmup-days", type=int, default=365, help="days simulated before --start, not scored")
+    fc.add_argument("--forcing", default="nldas",
+                    choices=("nldas", "daymet", "maurer", "maurer_extended", "model_output"))
+    fc.add_argument("--attributes", help="camels_attributes_v2.0 folder (default: the one under --root)")
+    fc.add_argument("--spinup", choices=("none", "repeat"), default="none",
+                    help="repeat: fill warm-up days before the record with the forcing a year later")
+    fc.add_argument("--precip-column", choices=("prcp", "raim"), default="prcp",
+                    help="with --forcing model_output: PRCP (precipitation) or RAIM (rain + Snow-17 melt)")
+    fc.add_argument("--cells", type=int, default=150, help="cells of the network template (default 150)")
+    fc.add_argument("--out", required=True, help="folder to write the basin into")
+    fc.set_defaults(func=cmd_basin_from_camels)
+
+    da = sub.add_parser("data", help="data tools").add_subparsers(dest="data_command", required=True)
+    us = da.add_parser("usgs", help="hourly USGS discharge (UTC, m3/s) as an EF5 observation CSV",
+                       description="Fetch instantaneous discharge (parameter 00060) with dataretrieval's Water Data "
+                                   "API, convert to m3/s and UTC, drop ice/equipment values and duplicates, average "
+                                   "to hours ending at the stamp; missing hours get no row.")
+    us.add_argument("--site", required=True, help="8-digit USGS site id")
+    us.add_argument("--start", required=True, help="first hour, YYYY-MM-DD (00:00 UTC) or 'YYYY-MM-DD HH:00'")
+    us.add_argument("--end", required=True, help="last hour, YYYY-MM-DD (23:00 UTC) or 'YYYY-MM-DD HH:00'")
+    us.add_argument("--out", required=True, help="CSV to write (a .json with counts is written beside it)")
+    us.add_argument("--base-url", help="Water Data API root instead of the USGS one (a mirror or a replay server)")
+    us.set_defaults(func=cmd_data_usgs)
+    dv = da.add_parser("verify", help="check a basin folder against its manifest.json (exit 1 on any difference)")
+    dv.add_argument("dir", help="basin folder")
+    dv.add_argument("--write", action="store_true", help="record the folder's current files in a new manifest.json")
+    dv.set_defaults(func=cmd_data_verify)
 
     c = sub.add_parser("calibrate", help="run one calibration episode and store it in HDF5",
                        description="Run one episode of an agent on a basin folder and append it to an HDF5 store.")
@@ -217,19 +379,81 @@ def build_parser() -> argparse.ArgumentParser:
 
     cp = sub.add_parser("campaign", help="campaigns of agents x basins x seeds").add_subparsers(
         dest="campaign_command", required=True)
-    cr = cp.add_parser("run", help="run a campaign file into an HDF5 store (resumes where it stopped)")
+    cr = cp.add_parser("run", help="run a campaign file into an HDF5 store (resumes where it stopped)",
+                       description="Run a campaign's episodes into one HDF5 file (--out), or one shard of them into "
+                                   "a cluster run folder (--run-dir, --shard I/N). Episodes already stored are "
+                                   "skipped, so rerunning the same command resumes.")
     cr.add_argument("file", help="campaign YAML")
-    cr.add_argument("--out", required=True, help="HDF5 file (episodes already in it are skipped)")
-    cr.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
+    cr.add_argument("--out", help="HDF5 file (episodes already in it are skipped)")
+    cr.add_argument("--run-dir", help="run folder for cluster shards: writes RUN_DIR/shards/shard-I-of-N.h5")
+    cr.add_argument("--shard", metavar="I/N", help="with --run-dir: run shard I (0-based) of N (default 0/1)")
+    cr.add_argument("--pool", choices=("auto", "serial", "processes", "mpi"), default="auto",
+                    help="where episodes run: auto = MPI ranks under mpiexec/srun, else local processes when "
+                         "--workers > 1 (with --run-dir: the task's CPUs), else this process")
+    cr.add_argument("--workers", type=int, help="local worker processes (default 1; with --run-dir: SLURM_CPUS_PER_TASK)")
+    cr.add_argument("--max-in-flight", type=int, default=32, help="episodes running at once on the MPI pool (default 32)")
+    cr.add_argument("--timeout", type=float, help="seconds one episode may run before it is killed and counted failed")
     cr.add_argument("--limit", type=int, help="run at most this many episodes now")
     cr.add_argument("--no-progress", action="store_true")
     cr.set_defaults(func=cmd_campaign_run)
+    cm = cp.add_parser("merge", help="merge a run folder's shards into RUN_DIR/campaign.h5, each episode once",
+                       description="Merge RUN_DIR/shards/*.h5 (and an earlier RUN_DIR/campaign.h5) into a new "
+                                   "RUN_DIR/campaign.h5. Fails, replacing nothing, when an episode is missing or "
+                                   "sits in two shards of one submission.")
+    cm.add_argument("file", help="campaign YAML (names every expected episode)")
+    cm.add_argument("--run-dir", required=True)
+    cm.add_argument("--allow-missing", action="store_true", help="merge what is there even if episodes are missing")
+    cm.add_argument("--report", action="store_true", help="write RUN_DIR/report/ after merging")
+    cm.set_defaults(func=cmd_campaign_merge)
+
+    sm = sub.add_parser("submit", help="submit work to Slurm (or local processes) through submitit").add_subparsers(
+        dest="submit_command", required=True)
+    sc = sm.add_parser("campaign", help="a campaign as a job array of shards plus a dependent merge job",
+                       description="Submit a campaign as an array of --array shard jobs and a merge job that runs "
+                                   "after all of them (Slurm), or run them as local processes and merge (no Slurm). "
+                                   "Shards are requeued on preemption or time limit and resume from their files. "
+                                   "Site settings default to $SBATCH_PARTITION, $SBATCH_ACCOUNT, $SBATCH_QOS and "
+                                   "$HYDROAGENT_MODULES.")
+    sc.add_argument("file", help="campaign YAML")
+    sc.add_argument("--run-dir", required=True, help="run folder: shards/, campaign.h5, logs/, report/")
+    sc.add_argument("--array", type=int, default=4, help="number of shard jobs (default 4)")
+    sc.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
+                    help="auto: Slurm when sbatch is here, else local processes")
+    sc.add_argument("--partition")
+    sc.add_argument("--account")
+    sc.add_argument("--qos")
+    sc.add_argument("--constraint")
+    sc.add_argument("--time", type=int, help="minutes per shard job (default 60)")
+    sc.add_argument("--cpus-per-task", type=int, help="CPUs per shard job (default 1); local processes use them")
+    sc.add_argument("--ntasks", type=int, help="MPI ranks per shard job (srun --mpi=pmi2; default 1)")
+    sc.add_argument("--mem-gb", type=float)
+    sc.add_argument("--array-parallelism", type=int, help="shard jobs running at once (default 64)")
+    sc.add_argument("--module", action="append", help="environment module to load in each job (repeatable)")
+    sc.add_argument("--pool", choices=("auto", "serial", "processes", "mpi"), default="auto")
+    sc.add_argument("--workers", type=int, help="worker processes per shard job (default: its CPUs)")
+    sc.add_argument("--max-in-flight", type=int, default=32)
+    sc.add_argument("--timeout", type=float, help="seconds one episode may run")
+    sc.add_argument("--no-report", action="store_true", help="merge only; do not write RUN_DIR/report/")
+    sc.add_argument("--wait", action="store_true", help="wait for the merge job and print its summary")
+    sc.set_defaults(func=cmd_submit_campaign)
 
     d = sub.add_parser("demo", help="the embedded default end to end: synthetic basins, defaults, a demo campaign")
     d.add_argument("--out", default="results/demo", help="output folder (default results/demo)")
     d.add_argument("--workers", type=int, help="worker processes for the campaign (default: up to 2)")
     d.add_argument("--no-campaign", action="store_true", help="only build the basins and run the defaults")
     d.set_defaults(func=cmd_demo)
+
+    r = sub.add_parser("report", help="write a campaign's report: Markdown, one HTML page, PNG figures, CSV tables",
+                       description="Read a campaign's HDF5 store and write report.md, report.html (self-contained), "
+                                   "figures/*.png and tables/*.csv into --out.")
+    r.add_argument("store", help="the campaign's HDF5 store (e.g. results/demo/campaign.h5)")
+    r.add_argument("--out", help="output folder (default: <store name>_report beside the store)")
+    r.add_argument("--compare", nargs=2, metavar=("BASE", "OTHER"),
+                   help="the two agents to compare (default: lowest vs highest panel-mean best NSE)")
+    r.add_argument("--partial", action="store_true",
+                   help="report the committed episodes of a store a campaign is still writing (or a killed one left)")
+    r.add_argument("--no-precip", action="store_true", help="do not read the basins' forcing for the hydrographs")
+    r.set_defaults(func=cmd_report)
     return p
 
 

@@ -22,6 +22,8 @@ ALLOWED = {
     "config": set(),
     "store": {"types", "params", "store"},
     "hpc": {"hpc"},  # generic: takes callables, never imports the domain
+    "report": {"types", "params", "metrics", "sim", "store", "report"},
+    "datasets": {"types", "params", "metrics", "sim", "datasets"},
 }
 
 

@@ -1,7 +1,8 @@
-"""A simulation pool: one interface over serial and local-process execution.
+"""A simulation pool: one interface over serial, local-process and MPI execution.
 
 ``open_pool(backend, workers, max_in_flight, timeout_s)`` returns a pool whose ``map(fn, items)``
-yields one :class:`TaskResult` per item, in order. Guarantees:
+yields one :class:`TaskResult` per item, in order (``ordered=False``: as each finishes, so a
+consumer can store it at once). Guarantees:
 
 * at most ``max_in_flight`` tasks run at once (32 by default, as the paper's GRPO setup used);
 * a task that runs longer than ``timeout_s`` is killed and becomes a failed result;
@@ -9,7 +10,8 @@ yields one :class:`TaskResult` per item, in order. Guarantees:
   result and is replaced; the pool never hangs on it.
 
 The pool is generic: it takes picklable callables and never imports the domain. The MPI backend
-(mpi4py.futures on an allocation's ranks) joins with the HPC issue.
+lives in :mod:`hydroagent_hpc.hpc.mpi` (it needs every rank to take part, so it is opened with
+:func:`hydroagent_hpc.hpc.mpi.mpi_pool`, not here).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TaskResult", "SerialPool", "ProcessPool", "open_pool", "BACKENDS"]
 
-BACKENDS = ("serial", "processes")
+BACKENDS = ("serial", "processes", "mpi")
 
 
 @dataclass(frozen=True)
@@ -41,14 +43,19 @@ class TaskResult:
 
 
 class SerialPool:
-    """Runs tasks one after another in this process (exceptions become failed results)."""
+    """Runs tasks one after another in this process (exceptions become failed results).
+
+    ``initializer`` is accepted for symmetry and not run: it prepares worker processes, and
+    this process is the caller's own.
+    """
 
     backend = "serial"
 
-    def __init__(self, timeout_s: float | None = None) -> None:
+    def __init__(self, timeout_s: float | None = None, initializer: Callable[[], None] | None = None) -> None:
         self.timeout_s = timeout_s  # not enforceable in-process; recorded for symmetry
+        self.workers = 1
 
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[TaskResult]:
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], ordered: bool = True) -> Iterator[TaskResult]:
         for i, item in enumerate(items):
             t0 = time.perf_counter()
             try:
@@ -66,8 +73,10 @@ class SerialPool:
         self.close()
 
 
-def _worker(conn) -> None:
+def _worker(conn, initializer: Callable[[], None] | None = None) -> None:
     """Worker loop: receive (index, fn, item), send back (index, ok, value or error)."""
+    if initializer is not None:
+        initializer()
     while True:
         try:
             msg = conn.recv()
@@ -100,17 +109,22 @@ class ProcessPool:
     backend = "processes"
 
     def __init__(self, workers: int = 2, max_in_flight: int = 32, timeout_s: float | None = None,
-                 context: str = "spawn") -> None:
+                 context: str = "spawn", initializer: Callable[[], None] | None = None,
+                 log_failures: bool = True) -> None:
         if workers < 1:
             raise ValueError(f"workers={workers}: need at least 1")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight={max_in_flight}: need at least 1")
         self.workers = min(workers, max_in_flight)
         self.timeout_s = timeout_s
+        self.initializer = initializer
+        self.log_failures = log_failures
         self._ctx = mp.get_context(context)
         self._slots: list[_Slot] = []
 
     def _spawn(self) -> _Slot:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker, args=(child,), daemon=True)
+        proc = self._ctx.Process(target=_worker, args=(child, self.initializer), daemon=True)
         proc.start()
         child.close()
         return _Slot(proc, parent)
@@ -121,7 +135,7 @@ class ProcessPool:
         slot.proc.join(timeout=5)
         slot.conn.close()
 
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[TaskResult]:
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], ordered: bool = True) -> Iterator[TaskResult]:
         todo = list(enumerate(items))
         todo.reverse()
         results: dict[int, TaskResult] = {}
@@ -157,11 +171,16 @@ class ProcessPool:
                     elif self.timeout_s is not None and now - slot.started > self.timeout_s:
                         failure = f"timed out after {self.timeout_s:g} s; the worker was killed"
                     if failure:
-                        log.warning("task %d failed: %s", slot.task, failure)
+                        if self.log_failures:
+                            log.warning("task %d failed: %s", slot.task, failure)
                         results[slot.task] = TaskResult(slot.task, False, error=failure, seconds=now - slot.started)
                         self._retire(slot)
                         self._slots[k] = self._spawn()
-                while next_out in results:
+                if not ordered:
+                    for index in sorted(results):
+                        next_out += 1
+                        yield results.pop(index)
+                while ordered and next_out in results:
                     yield results.pop(next_out)
                     next_out += 1
         finally:
@@ -188,10 +207,14 @@ class ProcessPool:
         self.close()
 
 
-def open_pool(backend: str = "serial", workers: int = 2, max_in_flight: int = 32, timeout_s: float | None = None):
-    """The pool for ``backend`` ("serial" or "processes")."""
+def open_pool(backend: str = "serial", workers: int = 2, max_in_flight: int = 32, timeout_s: float | None = None,
+              initializer: Callable[[], None] | None = None):
+    """The pool for ``backend`` ("serial" or "processes"; "mpi" is opened with ``hpc.mpi.mpi_pool``)."""
     if backend == "serial":
-        return SerialPool(timeout_s)
+        return SerialPool(timeout_s, initializer)
     if backend == "processes":
-        return ProcessPool(workers, max_in_flight, timeout_s)
+        return ProcessPool(workers, max_in_flight, timeout_s, initializer=initializer)
+    if backend == "mpi":
+        raise ValueError("the mpi pool needs every rank to take part: open it with "
+                         "hydroagent_hpc.hpc.mpi.mpi_pool() under mpiexec or srun --mpi=pmi2")
     raise ValueError(f"unknown pool backend {backend!r}; choose one of: {', '.join(BACKENDS)}")

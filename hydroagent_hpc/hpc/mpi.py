@@ -1,0 +1,176 @@
+"""The MPI backend of the simulation pool: tasks fanned out over the ranks of an MPI world.
+
+Every rank runs the same program and enters :func:`mpi_pool`; the root rank gets an
+:class:`MPIPool`, every other rank serves tasks until the root leaves the ``with`` block and then
+gets ``None``::
+
+    with mpi_pool(max_in_flight=32, timeout_s=600) as pool:
+        if pool is not None:          # the root rank only
+            for r in pool.map(fn, items):
+                ...
+
+Launch it with ``mpiexec -n N python prog.py`` or, inside a Slurm allocation,
+``srun --mpi=pmi2 -n N python prog.py`` (PyPI's mpich + mpi4py; ``-O`` when N exceeds the CPUs).
+Rank 0 coordinates and N-1 ranks compute, so give it one rank more than the simulations you want
+running at once; the coordinator sleeps between messages (mpi4py.futures' back-off), so it costs
+little CPU.
+
+Fault model. MPI ends the whole world when one rank dies, so a rank never runs a task itself: by
+default (``isolate=True``) each rank keeps one child process (:class:`~hydroagent_hpc.hpc.pool.ProcessPool`)
+and runs the task there. A task that raises, segfaults, is killed by the OOM killer or runs past
+``timeout_s`` therefore becomes a failed :class:`~hydroagent_hpc.hpc.pool.TaskResult` while the rank
+lives on. Only the loss of a rank itself (a node failure) ends the job, which a resumable caller
+(the campaign) survives by rerunning. ``isolate=False`` runs tasks in the rank itself: less
+overhead per task, no timeouts, and a crash takes the job down.
+
+``mpi4py`` is imported only inside the functions here: a child process that imports this module
+must never initialise MPI from the environment it inherited.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, wait
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator
+
+from hydroagent_hpc.hpc.pool import ProcessPool, TaskResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MPIPool", "mpi_pool", "world", "in_mpi_world"]
+
+_RANK_POOL: dict[str, Any] = {}
+
+
+def world() -> tuple[int, int]:
+    """``(rank, size)`` of ``MPI.COMM_WORLD`` (initialises MPI on first use)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def in_mpi_world() -> bool:
+    """Whether this process was started by an MPI launcher with more than one rank.
+
+    Reads the launchers' environment only (MPICH/Hydra ``PMI_SIZE``, Slurm's pmi2 plugin
+    ``PMI_SIZE``, Open MPI ``OMPI_COMM_WORLD_SIZE``), so it never initialises MPI itself.
+    """
+    import os
+
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 1:
+            return True
+    return False
+
+
+def _rank_call(fn: Callable[[Any], Any], item: Any, timeout_s: float | None,
+               initializer: Callable[[], None] | None, isolate: bool) -> tuple[bool, Any, str, float]:
+    """Run one task on a worker rank; never raises (a failure is returned)."""
+    t0 = time.perf_counter()
+    if isolate:
+        key = repr((timeout_s, getattr(initializer, "__qualname__", None)))
+        pool = _RANK_POOL.get(key)
+        if pool is None:
+            for old in _RANK_POOL.values():
+                old.close()
+            _RANK_POOL.clear()
+            pool = _RANK_POOL[key] = ProcessPool(workers=1, max_in_flight=1, timeout_s=timeout_s,
+                                                 initializer=initializer, log_failures=False)
+        r = next(iter(pool.map(fn, [item])))
+        return r.ok, r.value, r.error, r.seconds
+    if initializer is not None and not _RANK_POOL.get("initialised"):
+        initializer()
+        _RANK_POOL["initialised"] = True
+    try:
+        return True, fn(item), "", time.perf_counter() - t0
+    except Exception as exc:  # a task's failure is a result
+        return False, None, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0
+
+
+class MPIPool:
+    """The root rank's view of the pool: ``map`` over the worker ranks with an in-flight limit."""
+
+    backend = "mpi"
+
+    def __init__(self, executor: Any, workers: int, max_in_flight: int = 32, timeout_s: float | None = None,
+                 initializer: Callable[[], None] | None = None, isolate: bool = True) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight={max_in_flight}: need at least 1")
+        self._ex = executor
+        self.workers = workers
+        self.max_in_flight = max_in_flight
+        self.timeout_s = timeout_s
+        self.initializer = initializer
+        self.isolate = isolate
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], ordered: bool = True) -> Iterator[TaskResult]:
+        todo = list(enumerate(items))
+        todo.reverse()
+        pending: dict[Any, int] = {}
+        done: dict[int, TaskResult] = {}
+        next_out = 0
+        total = len(todo)
+        try:
+            while next_out < total:
+                while todo and len(pending) < self.max_in_flight:
+                    index, item = todo.pop()
+                    fut = self._ex.submit(_rank_call, fn, item, self.timeout_s, self.initializer, self.isolate)
+                    pending[fut] = index
+                finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    index = pending.pop(fut)
+                    try:
+                        ok, value, error, seconds = fut.result()
+                    except Exception as exc:  # the task or its result could not travel
+                        ok, value, error, seconds = False, None, f"{type(exc).__name__}: {exc}", 0.0
+                    if not ok:
+                        log.warning("task %d failed: %s", index, error.splitlines()[0] if error else "")
+                    done[index] = TaskResult(index, ok, value, error, seconds)
+                if not ordered:
+                    for index in sorted(done):
+                        next_out += 1
+                        yield done.pop(index)
+                while ordered and next_out in done:
+                    yield done.pop(next_out)
+                    next_out += 1
+        finally:
+            for fut in pending:  # the consumer stopped early: drop what has not started
+                fut.cancel()
+
+    def close(self) -> None:
+        pass  # the executor is shut down by mpi_pool when the root leaves the block
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextmanager
+def mpi_pool(max_in_flight: int = 32, timeout_s: float | None = None, initializer: Callable[[], None] | None = None,
+             isolate: bool = True, comm: Any = None, root: int = 0) -> Iterator[MPIPool | None]:
+    """Enter on every rank: the root gets an :class:`MPIPool`, the other ranks serve and get ``None``."""
+    from mpi4py import MPI
+    from mpi4py.futures import MPICommExecutor
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    size = comm.Get_size()
+    if size < 2:
+        raise ValueError("the mpi pool needs at least 2 ranks (1 coordinator + workers): launch with "
+                         "`mpiexec -n N ...` or `srun --mpi=pmi2 -n N ...` (N >= 2), or choose the "
+                         "processes pool")
+    with MPICommExecutor(comm, root) as executor:
+        if executor is None:  # a worker rank: it has served every task by now
+            for pool in _RANK_POOL.values():
+                if isinstance(pool, ProcessPool):
+                    pool.close()
+            _RANK_POOL.clear()
+            yield None
+            return
+        log.info("mpi pool: %d worker ranks, at most %d tasks in flight, isolate=%s", size - 1, max_in_flight,
+                 isolate)
+        yield MPIPool(executor, size - 1, max_in_flight, timeout_s, initializer, isolate)

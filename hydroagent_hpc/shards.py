@@ -1,0 +1,160 @@
+"""A campaign's run folder on a cluster: one HDF5 shard per array task, merged into one file.
+
+h5py from PyPI is a serial build, so every writer owns its file. A campaign split over ``n`` array
+tasks (or submitit jobs) keeps this layout::
+
+    RUN/
+      run.json                       what was submitted, with the git commit (written once per submission)
+      shards/shard-0003-of-0008.h5   array task 3 of 8 writes only here
+      campaign.h5                    the merge: every episode of the campaign exactly once
+      logs/                          scheduler and submitit logs
+
+Array task ``i`` of ``n`` runs shard ``i`` of ``n`` (:func:`hydroagent_hpc.campaign.shard_of`) and
+skips episodes already in its own shard, in ``campaign.h5`` and in shards of an earlier
+submission with another ``n``; so a requeued or resubmitted task resumes, and changing the array
+size between submissions repeats nothing. :func:`merge_run` checks that no episode sits in two
+shards of one submission, keeps the first copy of an episode that an earlier merge already holds,
+and replaces ``campaign.h5`` atomically: a killed merge is simply run again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from hydroagent_hpc.campaign import CampaignSpec, expand
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MERGED", "shard_path", "parse_shard", "skip_stores", "list_shards", "merge_run", "write_run_record",
+           "missing_episodes"]
+
+MERGED = "campaign.h5"
+_SHARD = re.compile(r"^shard-(\d{4,})-of-(\d{4,})\.h5$")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"3/8"`` -> ``(3, 8)``, strictly (0 <= index < count)."""
+    index, sep, count = str(text).partition("/")
+    if not sep or not index.strip().isdigit() or not count.strip().isdigit():
+        raise ValueError(f"--shard {text!r}: expected INDEX/COUNT such as 3/8 (0-based index)")
+    i, n = int(index), int(count)
+    if n < 1 or i >= n:
+        raise ValueError(f"--shard {text!r}: the index must be below the count (0 <= {i} < {n})")
+    return i, n
+
+
+def shard_path(run_dir: str | Path, index: int, count: int) -> Path:
+    """``RUN/shards/shard-IIII-of-NNNN.h5``."""
+    return Path(run_dir) / "shards" / f"shard-{index:04d}-of-{count:04d}.h5"
+
+
+def list_shards(run_dir: str | Path) -> list[tuple[Path, int, int]]:
+    """Every shard file of the run folder as ``(path, index, count)``, sorted by count then index."""
+    folder = Path(run_dir) / "shards"
+    found = []
+    if folder.is_dir():
+        for p in folder.iterdir():
+            m = _SHARD.match(p.name)
+            if m:
+                found.append((p, int(m.group(1)), int(m.group(2))))
+    return sorted(found, key=lambda t: (t[2], t[1]))
+
+
+def skip_stores(run_dir: str | Path, count: int) -> list[Path]:
+    """Stores whose episodes shard ``i`` of ``count`` must not run again.
+
+    The merged file and the shards of submissions with another count; never the sibling shards
+    of this submission, which other tasks are writing at this moment (and which hold other
+    episodes by construction).
+    """
+    run_dir = Path(run_dir)
+    out = [run_dir / MERGED] if (run_dir / MERGED).exists() else []
+    out += [p for p, _, n in list_shards(run_dir) if n != count]
+    return out
+
+
+def missing_episodes(spec: CampaignSpec, store: str | Path) -> list[str]:
+    """Episode ids of the campaign that ``store`` does not hold (all of them if it is absent)."""
+    from hydroagent_hpc.store import stored_ids
+
+    have = set(stored_ids(store)) if Path(store).exists() else set()
+    return [t.episode_id for t in expand(spec) if t.episode_id not in have]
+
+
+def merge_run(spec: CampaignSpec, run_dir: str | Path, allow_missing: bool = False) -> dict[str, Any]:
+    """Merge ``RUN/campaign.h5`` and every shard into a new ``RUN/campaign.h5``; return a summary.
+
+    Raises :class:`~hydroagent_hpc.store.MergeError` when an episode sits in two shards of one
+    submission, or when episodes are missing and ``allow_missing`` is false (nothing is
+    replaced then; the shards stay, so resubmitting the campaign completes it).
+    """
+    from hydroagent_hpc.store import MergeError, merge, stored_ids
+
+    run_dir = Path(run_dir)
+    merged = run_dir / MERGED
+    shards = list_shards(run_dir)
+    expected = [t.episode_id for t in expand(spec)]
+    wanted = set(expected)
+    by_count: dict[int, dict[str, Path]] = defaultdict(dict)
+    holders: dict[str, int] = defaultdict(int)
+    clashes = []
+    for path, _, count in shards:
+        for eid in stored_ids(path):
+            if eid in by_count[count]:
+                clashes.append(f"{eid!r} in {by_count[count][eid].name} and {path.name}")
+            by_count[count][eid] = path
+            holders[eid] += 1
+    if clashes:
+        raise MergeError(f"{run_dir}: {len(clashes)} episodes are stored by two shards of one submission "
+                         f"({'; '.join(clashes[:5])}); the shards overlap, which the array must never do - "
+                         f"check that every task was given the same count")
+    before = set(stored_ids(merged)) if merged.exists() else set()
+    present = before | set(holders)
+    unexpected = sorted(present - wanted)
+    if unexpected:
+        raise MergeError(f"{run_dir}: {len(unexpected)} stored episodes are not in campaign {spec.name!r} "
+                         f"(e.g. {unexpected[0]!r}); was the campaign file changed? Use a new run folder")
+    missing = [eid for eid in expected if eid not in present]
+    if missing and not allow_missing:
+        raise MergeError(f"{run_dir}: {len(missing)} of {len(expected)} episodes are in no shard yet "
+                         f"(e.g. {missing[0]!r}); resubmit the same campaign to run them (finished episodes "
+                         f"are kept), or merge with --allow-missing for a partial file")
+    repeated = sum(1 for eid, k in holders.items() if k > 1 or eid in before)
+    new = len(present - before)
+    summary = {"run_dir": str(run_dir), "merged": str(merged), "episodes": len(present), "expected": len(expected),
+               "missing": len(missing), "new": new, "shards": len(shards), "copies_skipped": repeated}
+    if not new and merged.exists():
+        log.info("merge: %s already holds every stored episode (%d)", merged, len(before))
+        return summary
+    sources = ([merged] if merged.exists() else []) + [p for p, _, _ in shards]
+    staging = run_dir / ".campaign-merging.h5"
+    staging.unlink(missing_ok=True)
+    merge(sources, staging, allow_duplicates=True)
+    os.replace(staging, merged)
+    log.info("merged %d shards into %s: %d of %d episodes (%d new)", len(shards), merged, len(present),
+             len(expected), new)
+    return summary
+
+
+def write_run_record(run_dir: str | Path, record: dict[str, Any]) -> Path:
+    """Write ``RUN/run.json`` (the submission with provenance), atomically; earlier ones are kept as run-N.json."""
+    from hydroagent_hpc.provenance import provenance
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "run.json"
+    if path.exists():
+        k = 1
+        while (run_dir / f"run-{k}.json").exists():
+            k += 1
+        os.replace(path, run_dir / f"run-{k}.json")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({**record, "provenance": provenance()}, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return path

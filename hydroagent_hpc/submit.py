@@ -1,0 +1,171 @@
+"""Campaigns on a cluster: one shard per array task, a merge after them, requeue on preemption.
+
+Two ways in, the same work:
+
+* ``sbatch slurm/campaign.sbatch CAMPAIGN.yaml [RUN_DIR]`` — the array tasks call
+  ``hydroagent campaign run --run-dir RUN --shard I/N`` (:func:`run_shard`) and the first task to
+  start submits the dependent merge job (``hydroagent campaign merge``).
+* ``hydroagent submit campaign CAMPAIGN.yaml --run-dir RUN --array N`` — :func:`submit_campaign`
+  through submitit (Slurm when present, local processes otherwise): ``map_array`` over the shard
+  indices with a :class:`ShardJob`, then a :class:`MergeJob` that depends on the whole array.
+
+A shard task that reaches its time limit or is preempted is requeued by submitit (``ShardJob``
+has the ``checkpoint`` method submitit looks for) and resumes from its shard file, losing at
+most the episodes that were in flight. Layout of the run folder: :mod:`hydroagent_hpc.shards`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydroagent_hpc.campaign import CampaignError, check_requirements, load_campaign, run_campaign, worker_init
+from hydroagent_hpc.hpc.slurm import SiteSettings, allocation_cpus, array_id, make_executor
+from hydroagent_hpc.shards import MERGED, merge_run, shard_path, skip_stores, write_run_record
+
+log = logging.getLogger(__name__)
+
+__all__ = ["run_shard", "ShardJob", "MergeJob", "submit_campaign", "POOLS"]
+
+POOLS = ("auto", "serial", "processes", "mpi")
+
+
+def _choose_pool(pool: str, workers: int | None) -> tuple[str, int]:
+    from hydroagent_hpc.hpc.mpi import in_mpi_world
+
+    if pool not in POOLS:
+        raise ValueError(f"pool={pool!r}: choose one of {', '.join(POOLS)}")
+    n = workers if workers is not None else allocation_cpus()
+    if pool == "auto":
+        pool = "mpi" if in_mpi_world() else ("processes" if n > 1 else "serial")
+    return pool, n
+
+
+def run_shard(campaign: str | Path, run_dir: str | Path, index: int, count: int, pool: str = "auto",
+              workers: int | None = None, max_in_flight: int = 32, timeout_s: float | None = None,
+              progress: bool | None = None) -> dict[str, Any] | None:
+    """Run shard ``index`` of ``count`` of a campaign into ``RUN/shards/``; ``None`` on MPI worker ranks.
+
+    ``pool="auto"`` takes the MPI pool when launched with several MPI ranks (``srun --mpi=pmi2``,
+    ``mpiexec``), else local processes over the task's CPUs (``SLURM_CPUS_PER_TASK``).
+    """
+    spec = load_campaign(campaign)
+    out = shard_path(run_dir, index, count)
+    skip = skip_stores(run_dir, count)
+    backend, n = _choose_pool(pool, workers)
+    progress = sys.stderr.isatty() if progress is None else progress
+    if backend == "mpi":
+        from hydroagent_hpc.hpc.mpi import mpi_pool
+
+        with mpi_pool(max_in_flight=max_in_flight, timeout_s=timeout_s, initializer=worker_init) as p:
+            if p is None:
+                return None
+            return run_campaign(spec, out, pool=p, shard=(index, count), skip_stores=skip, progress=progress)
+    return run_campaign(spec, out, workers=n if backend == "processes" else 1, shard=(index, count),
+                        skip_stores=skip, timeout_s=timeout_s, progress=progress)
+
+
+class ShardJob:
+    """A picklable callable for ``map_array``: ``job(index)`` runs that shard; requeued on timeout/preemption."""
+
+    def __init__(self, campaign: str, run_dir: str, count: int, pool: str = "auto", workers: int | None = None,
+                 max_in_flight: int = 32, timeout_s: float | None = None) -> None:
+        self.campaign, self.run_dir, self.count = str(campaign), str(run_dir), int(count)
+        self.pool, self.workers, self.max_in_flight, self.timeout_s = pool, workers, max_in_flight, timeout_s
+        self.attempts = 0
+
+    def __call__(self, index: int) -> dict[str, Any] | None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.attempts += 1
+        log.info("shard %d of %d, attempt %d", index, self.count, self.attempts)
+        return run_shard(self.campaign, self.run_dir, index, self.count, self.pool, self.workers,
+                         self.max_in_flight, self.timeout_s, progress=False)
+
+    def checkpoint(self, index: int) -> Any:
+        """Called by submitit before a preemption or time-limit kill: requeue this shard as it is.
+
+        Nothing needs saving: every finished episode is already committed to the shard file, and
+        the requeued job skips those.
+        """
+        from submitit.helpers import DelayedSubmission
+
+        log.warning("shard %d of %d: interrupted; requeueing (finished episodes are kept)", index, self.count)
+        return DelayedSubmission(self, index)
+
+
+class MergeJob:
+    """A picklable callable: merge the run folder's shards, then write the report when ``report``."""
+
+    def __init__(self, campaign: str, run_dir: str, report: bool = True, allow_missing: bool = False) -> None:
+        self.campaign, self.run_dir, self.report, self.allow_missing = str(campaign), str(run_dir), report, allow_missing
+
+    def __call__(self) -> dict[str, Any]:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        spec = load_campaign(self.campaign)
+        summary = merge_run(spec, self.run_dir, allow_missing=self.allow_missing)
+        if self.report:
+            summary["report"] = write_run_report(self.run_dir)
+        return summary
+
+
+def write_run_report(run_dir: str | Path) -> str | None:
+    """Write ``RUN/report/`` from ``RUN/campaign.h5``; returns its folder (None when reports are unavailable)."""
+    try:
+        from hydroagent_hpc.report import write_report
+    except ImportError:  # the report package is optional for a merge
+        log.warning("no report package in this installation; skipping the report")
+        return None
+    out = Path(run_dir) / "report"
+    write_report(Path(run_dir) / MERGED, out)
+    return str(out)
+
+
+def submit_campaign(campaign: str | Path, run_dir: str | Path, array: int, site: SiteSettings,
+                    cluster: str | None = None, wait: bool = False, pool: str = "auto", workers: int | None = None,
+                    max_in_flight: int = 32, timeout_s: float | None = None, report: bool = True) -> dict[str, Any]:
+    """Submit the shards of a campaign as one array and a merge job after it; return the job ids.
+
+    On Slurm the merge waits for the array (``--dependency=afterany``) and this call returns at
+    once unless ``wait``. On the local executor the shards run as local processes; this call
+    waits for them and merges here.
+    """
+    campaign = Path(campaign).resolve()
+    spec = load_campaign(campaign)
+    problems = check_requirements(spec)
+    if problems:
+        raise CampaignError(f"campaign {spec.name!r} cannot start:\n  - " + "\n  - ".join(problems))
+    if array < 1:
+        raise ValueError(f"--array {array}: need at least 1 task")
+    run_dir = Path(run_dir).resolve()
+    logs = run_dir / "logs"
+    ex = make_executor(logs, site, cluster, name=f"hydroagent-{spec.name}")
+    shard_job = ShardJob(str(campaign), str(run_dir), array, pool, workers, max_in_flight, timeout_s)
+    write_run_record(run_dir, {"command": "submit campaign", "campaign": str(campaign), "array": array,
+                               "cluster": ex.cluster, "site": site.as_dict(), "pool": pool, "workers": workers,
+                               "max_in_flight": max_in_flight, "timeout_s": timeout_s})
+    jobs = ex.map_array(shard_job, range(array))
+    out: dict[str, Any] = {"run_dir": str(run_dir), "cluster": ex.cluster, "shard_jobs": [j.job_id for j in jobs],
+                           "logs": str(logs)}
+    merge_job = MergeJob(str(campaign), str(run_dir), report=report)
+    if ex.cluster == "slurm":
+        merge_site = site.with_(ntasks=1, cpus_per_task=1, time_min=max(10, min(site.time_min, 120)), gpus_per_node=0)
+        mex = make_executor(logs, merge_site, "slurm", name=f"hydroagent-{spec.name}-merge",
+                            dependency=f"afterany:{array_id(jobs[0])}")
+        mjob = mex.submit(merge_job)
+        out["merge_job"] = mjob.job_id
+        log.info("submitted %d shard tasks (array %s) and merge job %s; logs in %s", array, array_id(jobs[0]),
+                 mjob.job_id, logs)
+        if wait:
+            out["merge"] = mjob.result()
+        return out
+    failures = []
+    for j in jobs:
+        try:
+            j.result()
+        except Exception as exc:  # a failed shard leaves its episodes missing; the merge says which
+            failures.append(f"{j.job_id}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    out["shard_failures"] = failures
+    out["merge"] = merge_job()
+    return out

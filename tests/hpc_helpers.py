@@ -1,0 +1,51 @@
+"""Shared by the HPC tests: a small campaign file and comparisons of stored episodes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from hydroagent_hpc.store import read_episodes, read_sims, read_turns
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def write_campaign(folder: Path, basin: Path, seeds: int = 3, sims: int = 30, name: str = "t") -> Path:
+    """Two agents (heuristic, DDS) x ``seeds`` seeds on ``basin``, ``sims`` simulations each."""
+    p = folder / f"{name}.yaml"
+    p.write_text(f"name: {name}\nbasins: [{basin}]\nagents:\n  - {{name: heuristic, kind: heuristic}}\n"
+                 f"  - {{name: dds, kind: dds}}\nseeds: {list(range(seeds))}\n"
+                 f"env: {{preset: paper, max_simulations: {sims}, max_turns: null, patience: null, "
+                 f"target_nse: 0.999}}\n")
+    return p
+
+
+def episode_content(path: Path) -> dict[str, pd.DataFrame]:
+    """What must agree between backends: every episode, simulation and turn, without timings."""
+    ep = read_episodes(path).drop(columns=["wall_time_s", "started_utc", "provenance", "basin_key"],
+                                  errors="ignore")
+    sims = read_sims(path).drop(columns=["wall_time_s"])
+    turns = read_turns(path).drop(columns=["started_s", "duration_s"])
+    return {"episodes": ep.sort_values("episode_id").reset_index(drop=True),
+            "sims": sims.sort_values(["episode_id", "run_id"]).reset_index(drop=True),
+            "turns": turns.sort_values(["episode_id", "index"]).reset_index(drop=True)}
+
+
+def assert_same_episodes(a: Path, b: Path) -> None:
+    ca, cb = episode_content(a), episode_content(b)
+    for key in ca:
+        pd.testing.assert_frame_equal(ca[key], cb[key], check_exact=True, obj=f"{key} of {a.name} vs {b.name}")
+
+
+def job_env() -> dict[str, str]:
+    """The environment for jobs and subprocesses: this venv first on PATH, the shared numba cache."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
+    env.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".cache" / "numba"))
+    env["HYDROAGENT_HOME"] = str(ROOT)
+    env["HYDROAGENT_VENV"] = str(BIN.parent)
+    return env
