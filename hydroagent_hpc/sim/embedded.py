@@ -8,7 +8,9 @@ many parameter sets in one call, in parallel threads over shared forcing.
 Where EF5 misbehaves, this engine stops with a clear error instead (documented in
 ``ef5/README.md``): parameter grids that EF5 would silently fail to load (``.asc``), IWU or ISU
 grids (which EF5 ignores for the initial state), a FAM that undercounts the basin (EF5 writes
-past its node array), WM = 0, and non-finite discharge (EF5 prints a shifted row).
+past its node array), WM = 0, non-finite discharge (EF5 prints a shifted row), and a forcing
+FREQ finer than TIMESTEP (EF5 would skip files). Any fixed step works, hourly or daily
+(``TIMESTEP=1d`` with daily forcing in ``mm/d``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from hydroagent_hpc.params import PARAM_NAMES, check_values
 from hydroagent_hpc.sim import cache as fcache
 from hydroagent_hpc.sim.controlfile import CREST_PARAMS, KW_PARAMS, ControlFile, parse_control
 from hydroagent_hpc.sim.errors import InputError, SimulationError
-from hydroagent_hpc.sim.forcing import load_forcing, read_observations, step_times
+from hydroagent_hpc.sim.forcing import check_frequency, load_forcing, read_observations, step_times
 from hydroagent_hpc.sim.grids import Grid, read_grid, read_tif
 from hydroagent_hpc.sim.kernel import interflow_targets, run_batch_kernel, run_kernel
 from hydroagent_hpc.sim.network import Network, build_network
@@ -104,6 +106,8 @@ class EmbeddedSimulator:
         warm = tk.time_warmend or tk.time_begin
         self.warmup = np.array([t < warm for t in self.steps])
         rows, cols = self.net.rows, self.net.cols
+        for f in (cf.precip[tk.precip], cf.pet[tk.pet]):
+            check_frequency(f, tk.timestep)
         self.precip, self.missing_precip = self._forcing(cf.precip[tk.precip], rows, cols, cache_dir)
         self.pet, self.missing_pet = self._forcing(cf.pet[tk.pet], rows, cols, cache_dir)
         self.precip_mean = self.precip @ self.weights.T  # [T, G]

@@ -33,7 +33,7 @@ from hydroagent_hpc.sim.grids import Grid, read_grid
 log = logging.getLogger(__name__)
 
 __all__ = ["ForcingSeries", "step_times", "load_forcing", "unit_factor", "read_observations",
-           "add_duration", "forcing_file_names"]
+           "add_duration", "forcing_file_names", "check_frequency"]
 
 _UNIT_SECONDS = {"s": 1, "u": 60, "h": 3600, "d": 86400, "m": 30 * 86400, "y": 365 * 86400}
 
@@ -70,6 +70,21 @@ def step_times(begin: datetime, end: datetime, timestep: str) -> list[datetime]:
         out.append(t)
         t = add_duration(t, count, unit)
     return out
+
+
+def check_frequency(f: Forcing, timestep: str) -> None:
+    """EF5 needs every forcing's FREQ >= TIMESTEP (``ef5-crest-spec.md`` section 5).
+
+    With a finer FREQ, EF5 reads only the file stamped at each step's end and silently skips the
+    others (a daily run over hourly rain would see 1 hour in 24), so the engine refuses it.
+    Months and years count as 30 and 365 days here, as in the unit rule.
+    """
+    fc, fu = parse_duration(f.freq)
+    tc, tu = parse_duration(timestep)
+    if fc * _UNIT_SECONDS[fu] < tc * _UNIT_SECONDS[tu]:
+        raise InputError(f"forcing [{f.name}] has FREQ={f.freq}, finer than TIMESTEP={timestep}: EF5 would read one "
+                         f"file per step and skip the rest", fix=f"aggregate the forcing to FREQ={timestep} "
+                         f"(e.g. daily sums in mm/d for TIMESTEP=1d), or run at TIMESTEP={f.freq}")
 
 
 def unit_factor(unit: str) -> float:

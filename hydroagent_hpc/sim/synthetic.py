@@ -16,8 +16,10 @@ all paths are relative):
   0.05-0.09, plus a small additive floor);
 * ``truth.json``: the true multipliers (13, EF5 order), the error model and its parameters, the
   seed, and what the defaults and the truth score against the observations;
-* ``basin.json``: metadata (actual traced area, cells, window, storms, generator settings),
-  written last; ``output/``: an empty folder for EF5's output.
+* ``basin.json``: metadata (actual traced area, cells, window, storms, generator settings);
+  ``output/``: an empty folder for EF5's output;
+* ``manifest.json``: every file with its size and SHA-256 (:mod:`hydroagent_hpc.sim.manifest`),
+  written last, checked before a campaign starts.
 
 Everything comes from ``numpy.random.default_rng(seed)`` (spawned per component): the same seed
 gives byte-identical files. ``DEMO_BASINS`` are four twins of the paper's held-out gauges;
@@ -45,6 +47,7 @@ from hydroagent_hpc.sim.evaporation import make_pet
 from hydroagent_hpc.sim.forcing import forcing_file_names, step_times
 from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
 from hydroagent_hpc.sim.landscape import GRID_FILES, make_parameter_grids
+from hydroagent_hpc.sim.manifest import MANIFEST_NAME, write_manifest
 from hydroagent_hpc.sim.storms import CLIMATES, make_rainfall
 from hydroagent_hpc.sim.terrain import NODATA, TERRAIN_STYLES, cell_km, make_terrain
 from hydroagent_hpc.sim.truth import TRUTH_RANGES, draw_truth, implausibility, nse, observe
@@ -344,6 +347,9 @@ def _write_basin(folder: Path, s: dict) -> None:
         "files": {"precip": len(steps), "pet": inp["pet_files"]},
         "generator": s,
     })
+    write_manifest(folder, source={"dataset": "synthetic", "generator": f"{__name__} v{GENERATOR_VERSION}",
+                                   "seed": s["seed"], "paper_gauge_id": s["paper_gauge_id"]},
+                   command=f"synthesize_basin({s})", basin=s["name"])
     log.info("%s: %d cells, %d steps; inputs %.1f s, truth and obs %.1f s", s["name"], net["nodes"], len(steps),
              t1 - t0, time.perf_counter() - t1)
 
@@ -404,7 +410,7 @@ def _is_complete(folder: Path, settings: dict) -> bool:
         return False
     if meta.get("generator") != settings:
         return False
-    needed = [CONTROL_NAME, "truth.json", "obs/obs.csv", "basic/dem.asc", "basic/ddm.asc", "basic/fam.asc",
+    needed = [CONTROL_NAME, MANIFEST_NAME, "truth.json", "obs/obs.csv", "basic/dem.asc", "basic/ddm.asc", "basic/fam.asc",
               *(f"params/{f}" for f in GRID_FILES.values())]
     if not all((folder / p).is_file() for p in needed):
         return False

@@ -1,0 +1,306 @@
+"""A CAMELS-US gauge written as a daily EF5 basin that ``hydroagent simulate`` and ``calibrate`` run.
+
+CAMELS has basin-mean series, not grids, so the folder is built like this (every choice is
+recorded in ``basin.json``):
+
+* **River network: a synthetic template.** :func:`hydroagent_hpc.sim.terrain.make_terrain`
+  draws a valley DEM (seed = the gauge id as an integer, so the same gauge always gets the
+  same template), D8 directions and accumulation, with about ``target_cells`` cells; the style
+  follows the CAMELS mean slope (< 15 m/km plains, < 60 hills, else mountains). The cell size is
+  then rescaled (fixed-point steps, same cells) until EF5's cell areas
+  (``(0.01 deg * 110574 m)^2 cos(lat)``, :mod:`hydroagent_hpc.sim.network`) add up to the
+  gauge's drainage area (``area_gages2``, else the forcing header's area) to 0.01 %. The gauge
+  cell's centre is at the gauge's latitude and longitude. It is NOT the real river: timing
+  within a day is not resolved by daily data anyway.
+* **Forcing: uniform basin means, one 1x1-cell ESRI ASCII grid per day** (about 100 bytes;
+  EF5 samples a non-co-registered grid at each DEM cell's corner, and the one cell covers the
+  whole DEM). Precipitation ``precip/P.YYYYMMDD.asc`` and PET ``pet/PET.YYYYMMDD.asc`` in mm/d,
+  ``FREQ=1d``. EF5 stamps mark the END of the interval, so the file and the observation stamped
+  ``D 00:00`` hold CAMELS day ``D-1`` (a local-time calendar day; the few hours to UTC are
+  ignored at a daily step). PET: the file's own column (model output), else Priestley-Taylor
+  or Hargreaves (:func:`hydroagent_hpc.datasets.pet.choose_method`).
+* **Observations** ``obs/obs.csv``: USGS daily mean flow in m3/s (``cfs * 0.028316846592``);
+  days flagged ``M`` are left out (EF5 then shows ``nan``), ``A:e`` days are kept.
+* **Parameters**: uniform a-priori grids (one value per grid, so a multiplier scales a
+  physical value): WM = 1000 * CAMELS ``max_water_content`` m (clipped 50-1000 mm, else 150),
+  FC (Ksat) = 10 * ``soil_conductivity`` cm/h (clipped 0.5-50 mm/h, else 5), B 0.5, IM 0.01,
+  LEAKI 0.1 per step (EF5 leaks ``LEAKI*IR`` per time step: 0.1 a day), ALPHA 1.6, BETA 0.6,
+  ALPHA0 0.8; scalars at HydroAgent's default multipliers (:data:`hydroagent_hpc.params.DEFAULTS`).
+* **Warm-up**: ``warmup_days`` before ``start`` are simulated but not scored
+  (``TIME_WARMEND``). Where the record starts later, ``spinup="repeat"`` fills those days with
+  the forcing 365 days later (a repeated year, recorded as ``spinup_days`` in basin.json);
+  otherwise it is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from datetime import date, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+from hydroagent_hpc.datasets import attributes as attr_mod
+from hydroagent_hpc.datasets import camels, model_output, pet
+from hydroagent_hpc.params import DEFAULTS
+from hydroagent_hpc.sim.controlfile import Gauge
+from hydroagent_hpc.sim.errors import InputError
+from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
+from hydroagent_hpc.sim.manifest import write_manifest
+from hydroagent_hpc.sim.network import build_network
+from hydroagent_hpc.sim.terrain import NODATA, TERRAIN_STYLES, cell_km, make_terrain
+
+log = logging.getLogger(__name__)
+
+__all__ = ["write_camels_basin", "load_camels_inputs", "WRITER_VERSION", "A_PRIORI"]
+
+WRITER_VERSION = "1"
+CONTROL_NAME = "control.txt"
+A_PRIORI = {"b": 0.5, "im": 0.01, "leaki": 0.1, "alpha": 1.6, "beta": 0.6, "alpha0": 0.8}
+_GRID_FILES = {"wm": "wm.tif", "b": "b.tif", "im": "im.tif", "fc": "ksat.tif", "leaki": "leaki.tif",
+               "alpha": "alpha.tif", "beta": "beta.tif", "alpha0": "alpha0.tif"}
+
+
+def _day(text, name: str) -> date:
+    try:
+        return date.fromisoformat(str(text).strip()[:10])
+    except ValueError:
+        raise ValueError(f"--{name} {text!r} is not a date; write YYYY-MM-DD") from None
+
+
+def load_camels_inputs(root, gauge_id: str, forcing: str = "nldas", attributes=None, precip_column: str = "prcp"):
+    """Forcing (with PET), streamflow and attributes of one gauge: ``(forcing, pet_mm_d, pet_method, flow, attrs)``."""
+    gid = camels.check_gauge_id(gauge_id)
+    if forcing == "model_output":
+        mo = model_output.read_model_output(model_output.find_model_output_file(root, gid))
+        f = model_output.forcing_from_model_output(mo, precip_column)
+    else:
+        f = camels.read_forcing(camels.find_forcing_file(root, gid, forcing), source=forcing)
+    folder = Path(attributes) if attributes else attr_mod.find_attribute_folder(root)
+    attrs = attr_mod.read_attributes(folder, gid) if folder is not None else None
+    if attrs is None and attributes is None:
+        log.warning("no CAMELS attribute tables under %s: area and location come from the forcing header", root)
+    flow = camels.read_streamflow(camels.find_streamflow_file(root, gid), gid)
+    if f.pet is not None:
+        return f, f.pet, "file", flow, attrs
+    lat = f.lat if f.lat is not None else (attrs.lat if attrs else None)
+    elev = f.elev_m if f.elev_m is not None else (attrs.elev_mean_m if attrs else None)
+    doy = (f.dates - f.dates.astype("datetime64[Y]")).astype(np.int64) + 1
+    method = pet.choose_method(f.tmax, f.tmin)
+    if method == "hargreaves":
+        values = pet.hargreaves(f.tmax, f.tmin, lat, doy)
+    else:
+        values = pet.priestley_taylor(f.tmax, f.tmin, f.srad, f.dayl, f.vp, elev, lat, doy)
+    return f, values, method, flow, attrs
+
+
+def _series(dates: np.ndarray, values: np.ndarray, first: date, last: date, spinup: str, what: str, path: str):
+    """Values for every day first..last; days before the record repeat the year after (spinup='repeat')."""
+    days = np.arange(np.datetime64(first, "D"), np.datetime64(last, "D") + 1)
+    d0, d1 = dates[0], dates[-1]
+    if days[-1] > d1:
+        raise InputError(f"{path}: the {what} ends on {d1}, before the last day needed ({days[-1]})",
+                         fix="give an earlier --end")
+    idx = (days - d0).astype(np.int64)
+    early = idx < 0
+    if early.any():
+        if spinup != "repeat":
+            raise InputError(f"{path}: the {what} starts on {d0}, but the warm-up needs {days[0]}",
+                             fix=f"give fewer --warmup-days (at most {int((np.datetime64(first, 'D') - d0).astype(int))}"
+                                 " here, when --start is the first scored day), a later --start, or --spinup repeat")
+        years = np.ceil(-idx[early] / 365.0).astype(np.int64)
+        idx[early] = idx[early] + 365 * years
+        if np.any(idx > dates.size - 1):
+            raise InputError(f"{path}: too short to repeat a year for the spin-up", fix="give fewer --warmup-days")
+    return days, values[idx], int(early.sum())
+
+
+def _style(attrs) -> str:
+    slope = attrs.slope_mean_m_per_km if attrs is not None else None
+    if slope is None:
+        return "hills"
+    return "plains" if slope < 15 else "hills" if slope < 60 else "mountains"
+
+
+def _template(gid: str, area_km2: float, lat: float, lon: float, target_cells: int, style: str):
+    """Terrain with about ``target_cells`` cells, its cell size rescaled so EF5's area is ``area_km2``."""
+    dy, dx = cell_km(1.0, lat)
+    cs0 = math.sqrt(area_km2 / target_cells / (dy * dx))
+    terrain = make_terrain(np.random.default_rng(int(gid)), area_km2=area_km2, cellsize_deg=cs0, lat=lat, lon=lon,
+                           style=TERRAIN_STYLES[style])
+    gr, gc = terrain.gauge
+    nrows = terrain.shape[0]
+    cs = terrain.cellsize
+    for _ in range(8):
+        xll, top = lon - (gc + 0.5) * cs, lat + (gr + 0.5) * cs
+        geo = (float(xll), float(top - nrows * cs), float(cs), NODATA)
+        grids = (Grid(terrain.masked_dem(), *geo), Grid(terrain.ddm, *geo), Grid(terrain.fam, *geo))
+        net = build_network(*grids, [Gauge(gid, cellx=gc, celly=gr)], True, False)
+        area = float(net.area.sum())
+        if abs(area / area_km2 - 1.0) < 1e-5:
+            break
+        cs *= math.sqrt(area_km2 / area)
+    return terrain, grids, net, area
+
+
+def _asc_1x1(path: Path, geo: tuple, value: float, fmt: str) -> None:
+    xll, yll, size = geo
+    path.write_text(f"ncols 1\nnrows 1\nxllcorner {xll!r}\nyllcorner {yll!r}\ncellsize {size!r}\n"
+                    f"NODATA_value -9999\n{value:{fmt}}\n")
+
+
+def _control_text(gid: str, cell: tuple[int, int], begin: datetime, warm: datetime | None, end: datetime,
+                  header: str) -> str:
+    d = DEFAULTS
+    lines = [
+        f"# {header}", "# written by hydroagent_hpc.datasets.camels_basin; all paths relative: cd here && ef5 control.txt",
+        "", "[Basic]", "DEM=basic/dem.asc", "DDM=basic/ddm.asc", "FAM=basic/fam.asc", "PROJ=geographic",
+        "ESRIDDM=true", "SELFFAM=false",
+        "", "[PrecipForcing PRECIP]", "TYPE=ASC", "UNIT=mm/d", "FREQ=1d", "LOC=precip", "NAME=P.YYYYMMDD.asc",
+        "", "[PETForcing PET]", "TYPE=ASC", "UNIT=mm/d", "FREQ=1d", "LOC=pet", "NAME=PET.YYYYMMDD.asc",
+        "", f"[Gauge {gid}]", f"CELLX={cell[1]}", f"CELLY={cell[0]}", "OBS=obs/obs.csv", "OUTPUTTS=TRUE",
+        "", "[Basin BASIN]", f"GAUGE={gid}",
+        "", "[CrestParamSet CRESTPARAMS]", *(f"{k}_grid=params/{_GRID_FILES[k]}" for k in ("wm", "b", "im", "fc")),
+        f"GAUGE={gid}", *(f"{k.upper()}={float(d[k])!r}" for k in ("wm", "b", "im", "ke", "fc", "iwu")),
+        "", "[KWParamSet KWPARAMS]", *(f"{k}_grid=params/{_GRID_FILES[k]}" for k in ("leaki", "alpha", "beta", "alpha0")),
+        f"GAUGE={gid}", *(f"{k.upper()}={float(d[k])!r}" for k in ("under", "leaki", "th", "isu", "alpha", "beta", "alpha0")),
+        "", "[Task RUN]", "STYLE=SIMU", "MODEL=CREST", "ROUTING=KW", "BASIN=BASIN", "PRECIP=PRECIP", "PET=PET",
+        "OUTPUT=output", "PARAM_SET=CRESTPARAMS", "ROUTING_PARAM_SET=KWPARAMS", "TIMESTEP=1d",
+        f"TIME_BEGIN={begin:%Y%m%d%H%M}", *([f"TIME_WARMEND={warm:%Y%m%d%H%M}"] if warm else []),
+        f"TIME_END={end:%Y%m%d%H%M}", "", "[Execute]", "TASK=RUN", "",
+    ]
+    return "\n".join(lines)
+
+
+def _a_priori(attrs) -> dict[str, float]:
+    v = dict(A_PRIORI)
+    mwc = attrs.values.get("max_water_content") if attrs else None
+    ks = attrs.values.get("soil_conductivity") if attrs else None
+    v["wm"] = float(np.clip(1000.0 * mwc, 50.0, 1000.0)) if isinstance(mwc, float) else 150.0
+    v["fc"] = float(np.clip(10.0 * ks, 0.5, 50.0)) if isinstance(ks, float) else 5.0
+    return {k: round(x, 4) for k, x in v.items()}
+
+
+def write_camels_basin(out_dir, *, root, gauge_id: str, start, end, warmup_days: int = 365, forcing: str = "nldas",
+                       attributes=None, spinup: str = "none", precip_column: str = "prcp", target_cells: int = 150,
+                       command: str | None = None) -> Path:
+    """Write one CAMELS gauge as a daily EF5 basin in ``out_dir``; return its control file.
+
+    ``start``/``end``: first and last scored day (inclusive); ``forcing``: nldas, daymet,
+    maurer, maurer_extended or model_output; ``attributes``: a camels_attributes_v2.0 folder
+    (default: the one under ``root``). ``out_dir`` must not exist or be empty, or hold an
+    earlier basin written by this function (it is replaced).
+    """
+    gid = camels.check_gauge_id(gauge_id)
+    first, last = _day(start, "start"), _day(end, "end")
+    if last < first:
+        raise ValueError(f"--end {last} is before --start {first}")
+    if isinstance(warmup_days, bool) or not isinstance(warmup_days, int) or warmup_days < 0:
+        raise ValueError(f"--warmup-days {warmup_days!r} must be a whole number >= 0")
+    if spinup not in ("none", "repeat"):
+        raise ValueError(f"--spinup {spinup!r}: use none or repeat")
+    if not 40 <= int(target_cells) <= 5000:
+        raise ValueError(f"target_cells={target_cells!r} must be within 40..5000")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        meta = out / "basin.json"
+        try:
+            ok = json.loads(meta.read_text()).get("generator", {}).get("module") == __name__
+        except (OSError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise ValueError(f"--out {out} exists and is not a basin written by from-camels; give a new or empty folder")
+    f, pet_values, pet_method, flow, attrs = load_camels_inputs(root, gid, forcing, attributes, precip_column)
+    area = attrs.area_km2 if attrs and attrs.area_km2 else f.area_km2
+    area_src = "area_gages2 (camels_topo.txt)" if attrs and attrs.area_km2 else "forcing file header (line 3)"
+    lat = attrs.lat if attrs and attrs.lat is not None else f.lat
+    lon = attrs.lon if attrs else None
+    if area is None or lat is None or lon is None:
+        raise InputError(f"gauge {gid}: area, latitude or longitude unknown (no CAMELS attributes for it)",
+                         fix="give --attributes DIR, a camels_attributes_v2.0 folder that lists this gauge")
+    warm_first = first - timedelta(days=warmup_days)
+    days, prcp, spun = _series(f.dates, f.prcp, warm_first, last, spinup, "forcing", f.path)
+    _, pet_d, _ = _series(f.dates, pet_values, warm_first, last, spinup, "forcing", f.path)
+    in_run = (flow.dates >= days[0]) & (flow.dates <= days[-1])
+    q = flow.q_m3s[in_run]
+    q_days = flow.dates[in_run]
+    scored = (q_days >= np.datetime64(first)) & np.isfinite(q)
+    if not scored.any():
+        raise InputError(f"{flow.path}: no observed discharge between {first} and {last}",
+                         fix="pick --start/--end inside the streamflow record "
+                             f"({flow.dates[0]}..{flow.dates[-1]})")
+    style = _style(attrs)
+    terrain, (dem, ddm, fam), net, model_area = _template(gid, float(area), float(lat), float(lon),
+                                                          int(target_cells), style)
+    settings = {"module": __name__, "version": WRITER_VERSION, "gauge_id": gid, "root": str(Path(root).resolve()),
+                "forcing": forcing, "precip_column": precip_column if forcing == "model_output" else "prcp",
+                "attributes": str(Path(attributes).resolve()) if attributes else None, "start": str(first),
+                "end": str(last), "warmup_days": warmup_days, "spinup": spinup, "target_cells": int(target_cells)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for sub in ("basic", "params", "precip", "pet", "obs", "output"):
+            (tmp / sub).mkdir(parents=True)
+        write_asc(tmp / "basic" / "dem.asc", dem, fmt="%.2f")
+        write_asc(tmp / "basic" / "ddm.asc", ddm, fmt="%d")
+        write_asc(tmp / "basic" / "fam.asc", fam, fmt="%d")
+        prior = _a_priori(attrs)
+        for key, fname in _GRID_FILES.items():
+            write_tif(tmp / "params" / fname, Grid(np.full(dem.data.shape, prior[key]), dem.xll, dem.yll, dem.cellsize,
+                                                   NODATA))
+        size = (max(dem.nrows, dem.ncols) + 2) * dem.cellsize
+        geo = (dem.xll - dem.cellsize, dem.yll - dem.cellsize, size)
+        stamps = [(d + np.timedelta64(1, "D")).astype(date) for d in days]
+        for stamp, p_mm, e_mm in zip(stamps, prcp, pet_d):
+            _asc_1x1(tmp / "precip" / f"P.{stamp:%Y%m%d}.asc", geo, float(p_mm), ".2f")
+            _asc_1x1(tmp / "pet" / f"PET.{stamp:%Y%m%d}.asc", geo, float(e_mm), ".3f")
+        rows = ["Date,Discharge(m3/s)"] + [f"{(d + np.timedelta64(1, 'D')).astype(date):%Y-%m-%d} 00:00,{v:.4f}"
+                                           for d, v in zip(q_days, q) if np.isfinite(v)]
+        (tmp / "obs" / "obs.csv").write_text("\n".join(rows) + "\n")
+        begin = datetime.combine(days[0].astype(date), datetime.min.time())
+        warm = datetime.combine(first + timedelta(days=1), datetime.min.time()) if warmup_days else None
+        t_end = datetime.combine(last + timedelta(days=1), datetime.min.time())
+        name = attrs.name if attrs and attrs.name else gid
+        (tmp / CONTROL_NAME).write_text(_control_text(gid, terrain.gauge, begin, warm, t_end,
+                                                      f"CAMELS-US {gid} ({name}), daily, synthetic network template"))
+        flags = {str(k): int(v) for k, v in zip(*np.unique(flow.flags[in_run], return_counts=True))}
+        meta = {
+            "name": f"camels_{gid}", "gauge": gid, "gauge_name": name, "synthetic": False,
+            "description": f"CAMELS-US gauge {gid}: real daily basin-mean forcing and USGS discharge on a synthetic "
+                           "river-network template of the right area",
+            "lat": float(lat), "lon": float(lon), "area_km2": round(model_area, 3), "area_km2_source": area_src,
+            "area_km2_requested": float(area), "huc02": attrs.huc02 if attrs else None,
+            "network": {"kind": "synthetic template (hydroagent_hpc.sim.terrain.make_terrain)", "style": style,
+                        "seed": int(gid), "cells": int(net.n), "cellsize_deg": dem.cellsize,
+                        "grid": {"nrows": dem.nrows, "ncols": dem.ncols, "xllcorner": dem.xll, "yllcorner": dem.yll}},
+            "timestep": "1d", "time_convention": "stamps mark the end of the day: the step, forcing files and "
+                                                 "observation stamped D 00:00 are CAMELS day D-1",
+            "time_begin": f"{begin:%Y-%m-%d %H:%M}", "time_warmend": f"{warm:%Y-%m-%d %H:%M}" if warm else None,
+            "time_end": f"{t_end:%Y-%m-%d %H:%M}", "scored_days": [str(first), str(last)], "warmup_days": warmup_days,
+            "spinup_days": spun, "forcing": {"source": f.source, "file": f.path, **f.notes},
+            "pet_method": pet_method, "pet_mean_mm_d": round(float(np.mean(pet_d)), 3),
+            "precip_mean_mm_d": round(float(np.mean(prcp)), 3),
+            "obs": {"file": flow.path, "days": int(np.isfinite(q).sum()), "missing_days": int((~np.isfinite(q)).sum()),
+                    "flags": flags, "unit": "m3/s", "conversion": "cfs * 0.028316846592"},
+            "a_priori": prior, "attributes": attrs.climate() if attrs else {}, "control": CONTROL_NAME,
+            "files": {"precip": len(days), "pet": len(days)}, "generator": settings,
+        }
+        (tmp / "basin.json").write_text(json.dumps(meta, indent=2) + "\n")
+        write_manifest(tmp, source={"dataset": "CAMELS-US", "gauge_id": gid, "forcing": f.path, "streamflow": flow.path,
+                                    "attributes": attrs.sources if attrs else [],
+                                    "writer": f"{__name__} v{WRITER_VERSION}"},
+                       command=command or f"write_camels_basin({settings})", basin=out.name)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("wrote CAMELS basin %s: %d cells, %.1f km2, %d days (%d spin-up), PET %s", out, net.n, model_area,
+             len(days), spun, pet_method)
+    return out / CONTROL_NAME
