@@ -1,0 +1,198 @@
+"""Campaigns on a real Slurm (../shared/scripts/start-local-slurm.sh): sbatch arrays, submitit, requeues.
+
+Every test submits real jobs and waits for them through ``sacct``; they skip, saying why, where no
+Slurm controller answers. `.ci/run` starts a single-node Slurm before the suite.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_helpers import ROOT, assert_same_episodes, job_env, write_campaign
+from hydroagent_hpc.campaign import expand, load_campaign, run_campaign
+from hydroagent_hpc.hpc.slurm import SiteSettings, slurm_available
+from hydroagent_hpc.shards import shard_path
+from hydroagent_hpc.store import stored_ids
+
+pytestmark = pytest.mark.slurm
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+            "DEADLINE"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm() -> None:
+    if not slurm_available():
+        pytest.skip("no Slurm controller answers (sinfo failed): start one with "
+                    "../shared/scripts/start-local-slurm.sh (root, Debian), as .ci/run does")
+
+
+def _state(job: str) -> str:
+    p = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "JobID,State"], capture_output=True, text=True,
+                       timeout=30)
+    for line in p.stdout.splitlines():
+        jid, _, state = line.partition("|")
+        if jid == job:
+            return state.split()[0] if state else ""
+    return ""
+
+
+def wait_job(job: str, timeout: float = 240) -> str:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        state = _state(job)
+        if state in TERMINAL:
+            return state
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], timeout=30)
+    raise AssertionError(f"job {job} did not finish within {timeout} s (last state {_state(job)!r})")
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _stored(path: Path) -> int:
+    try:
+        return len(stored_ids(path)) if path.exists() else 0
+    except Exception:  # the writer holds it at this instant; ask again
+        return 0
+
+
+def release_requeued(job: str, timeout: float = 60) -> None:
+    """Start a requeued job now: Slurm holds a requeued job about 2 minutes (BeginTime), which only slows tests."""
+    def pending_again() -> bool:
+        p = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30)
+        restarts = re.search(r"Restarts=(\d+)", p.stdout)
+        return "JobState=PENDING" in p.stdout and restarts is not None and int(restarts.group(1)) >= 1
+
+    wait_for(pending_again, timeout, f"job {job} to be requeued")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
+
+
+def _sbatch(tmp_path: Path, *args: str) -> str:
+    p = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, cwd=tmp_path, env=job_env(),
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().split(";")[0]
+
+
+def _merge_job(tmp_path: Path, array: str) -> str:
+    found: list[str] = []
+
+    def seen() -> bool:
+        for log in tmp_path.glob(f"slurm-*-{array}_*.out"):
+            m = re.search(r"merge job (\d+) submitted", log.read_text())
+            if m:
+                found.append(m.group(1))
+                return True
+        return False
+
+    wait_for(seen, 120, f"the merge job of array {array} to be submitted")
+    return found[0]
+
+
+def test_sbatch_array_shards_merge_and_report(tmp_path, small_basin_dir):
+    camp = write_campaign(tmp_path, small_basin_dir, seeds=2, sims=20)
+    run = tmp_path / "run"
+    array = _sbatch(tmp_path, "--array=0-1", "--cpus-per-task=1", str(ROOT / "slurm" / "campaign.sbatch"),
+                    str(camp), str(run))
+    merge = _merge_job(tmp_path, array)
+    assert wait_job(merge) == "COMPLETED", (run / "logs").glob("merge-*.out")
+    assert [wait_job(f"{array}_{i}") for i in range(2)] == ["COMPLETED", "COMPLETED"]
+    spec = load_campaign(camp)
+    ids = stored_ids(run / "campaign.h5")
+    assert sorted(ids) == sorted(t.episode_id for t in expand(spec)) and len(ids) == len(set(ids))
+    run_campaign(spec, tmp_path / "serial.h5", progress=False)
+    assert_same_episodes(run / "campaign.h5", tmp_path / "serial.h5")
+    assert (run / "report" / "report.md").exists() and (run / "report" / "report.html").exists()
+
+
+def test_sbatch_task_requeued_halfway_completes_each_episode_once(tmp_path, small_basin_dir):
+    camp = write_campaign(tmp_path, small_basin_dir, seeds=8, sims=60)
+    run = tmp_path / "run"
+    array = _sbatch(tmp_path, "--array=0-1", "--cpus-per-task=1", str(ROOT / "slurm" / "campaign.sbatch"),
+                    str(camp), str(run))
+    merge = _merge_job(tmp_path, array)
+    shard0 = shard_path(run, 0, 2)
+    wait_for(lambda: _stored(shard0) >= 1, 120, "shard 0 to store its first episode")
+    before = _stored(shard0)
+    assert before < 8, "the shard finished before the requeue; make the episodes longer"
+    subprocess.run(["scontrol", "requeue", f"{array}_0"], check=True, timeout=30)
+    release_requeued(f"{array}_0")
+    assert wait_job(merge, timeout=300) == "COMPLETED"
+    spec = load_campaign(camp)
+    ids = stored_ids(run / "campaign.h5")
+    assert sorted(ids) == sorted(t.episode_id for t in expand(spec)) and len(ids) == len(set(ids)) == 16
+    log0 = next(tmp_path.glob(f"slurm-*-{array}_0.out")).read_text()
+    assert "restart 1" in log0  # the requeued task ran again (open-mode=append keeps both runs)
+    m = re.findall(r"shard 0 of 2\): 8 episodes, (\d+) already stored", log0)
+    assert len(m) == 2 and int(m[1]) >= before  # the second run resumed from the shard file
+
+
+def test_submitit_preempted_shard_is_requeued_and_resumes(tmp_path, small_basin_dir):
+    from hydroagent_hpc.submit import submit_campaign
+
+    camp = write_campaign(tmp_path, small_basin_dir, seeds=8, sims=60)
+    run = tmp_path / "run"
+    site = SiteSettings(time_min=10, cpus_per_task=1)
+    out = submit_campaign(camp, run, array=2, site=site, cluster="slurm", report=False)
+    assert out["cluster"] == "slurm" and len(out["shard_jobs"]) == 2
+    task0 = out["shard_jobs"][0]
+    shard0 = shard_path(run, 0, 2)
+    wait_for(lambda: _stored(shard0) >= 1, 120, "shard 0 to store its first episode")
+    assert _stored(shard0) < 8, "the shard finished before the preemption; make the episodes longer"
+    # what submitit's Job._interrupt() does for a preemption: SIGTERM, then its USR2 signal
+    subprocess.run(["scancel", task0, "--signal", "SIGTERM"], check=True, timeout=30)
+    subprocess.run(["scancel", task0, "--signal", "USR2"], check=True, timeout=30)
+    release_requeued(task0)  # submitit's handler ran `scontrol requeue` inside the job
+    assert wait_job(out["merge_job"], timeout=300) == "COMPLETED"
+    ids = stored_ids(run / "campaign.h5")
+    spec = load_campaign(camp)
+    assert sorted(ids) == sorted(t.episode_id for t in expand(spec)) and len(ids) == len(set(ids)) == 16
+    err = (run / "logs" / task0 / f"{task0}_0_log.err").read_text()
+    assert "requeueing (finished episodes are kept)" in err and "attempt 2" in err
+
+
+def test_submitit_mpi_ranks_inside_the_allocation(tmp_path, small_basin_dir):
+    """``--ntasks 2``: submitit starts 2 ranks with srun --mpi=pmi2; rank 0 coordinates the MPI pool."""
+    from hydroagent_hpc.submit import submit_campaign
+
+    camp = write_campaign(tmp_path, small_basin_dir, seeds=2, sims=20)
+    run = tmp_path / "run"
+    out = submit_campaign(camp, run, array=1, site=SiteSettings(time_min=10, cpus_per_task=1, ntasks=2),
+                          cluster="slurm", wait=True, report=False)
+    assert out["merge"]["episodes"] == 4 and out["merge"]["missing"] == 0
+    job = out["shard_jobs"][0]
+    err = (run / "logs" / job / f"{job}_0_log.err").read_text()
+    assert "on the mpi pool with 1 worker(s)" in err
+    run_campaign(load_campaign(camp), tmp_path / "serial.h5", progress=False)
+    assert_same_episodes(run / "campaign.h5", tmp_path / "serial.h5")
+
+
+def test_sbatch_time_limit_warning_requeues_the_task_itself(tmp_path, small_basin_dir):
+    """The USR1 that --signal=B:USR1@120 sends before the limit: the script stops its run and requeues itself."""
+    camp = write_campaign(tmp_path, small_basin_dir, seeds=8, sims=60)
+    run = tmp_path / "run"
+    array = _sbatch(tmp_path, "--array=0-1", "--cpus-per-task=1", str(ROOT / "slurm" / "campaign.sbatch"),
+                    str(camp), str(run))
+    merge = _merge_job(tmp_path, array)
+    shard1 = shard_path(run, 1, 2)
+    wait_for(lambda: _stored(shard1) >= 1, 120, "shard 1 to store its first episode")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", f"{array}_1"], check=True, timeout=30)
+    release_requeued(f"{array}_1")
+    assert wait_job(merge, timeout=300) == "COMPLETED"
+    ids = stored_ids(run / "campaign.h5")
+    assert len(ids) == len(set(ids)) == 16
+    log1 = next(tmp_path.glob(f"slurm-*-{array}_1.out")).read_text()
+    assert "time limit near: stopping shard 1 and requeueing" in log1 and "restart 1" in log1
