@@ -204,11 +204,15 @@ def shard_of(tasks: list[Task], shard: tuple[int, int] | None) -> list[Task]:
 
 
 def check_requirements(spec: CampaignSpec) -> list[str]:
-    """What a campaign needs but this machine lacks (API keys, data folders), as messages."""
+    """What a campaign needs but this machine lacks (API keys, data folders, intact basin files), as messages."""
+    from hydroagent_hpc.sim.manifest import verify_manifest
+
     problems = []
     for b in spec.basins:
         if not (Path(b) / "control.txt").exists():
             problems.append(f"basin folder {b} has no control.txt (prepare the gauge's data first)")
+        else:  # a prepared basin must still be what its manifest recorded (checksums)
+            problems += verify_manifest(b)
     for r in spec.requires:
         if r.startswith("env:") and not os.environ.get(r[4:]):
             problems.append(f"environment variable {r[4:]} is not set (an API key the campaign needs)")

@@ -96,3 +96,17 @@ def test_paper_frontier_says_what_is_missing(monkeypatch):
         run_campaign(spec, "/nonexistent/never.h5", progress=False)
     msg = str(ei.value)
     assert "ANTHROPIC_API_KEY" in msg and "GEMINI_API_KEY" in msg and "02338660" in msg and "control.txt" in msg
+
+
+def test_a_changed_basin_file_stops_the_campaign_before_it_starts(tmp_path, small_basin_dir):
+    import shutil
+
+    basin = tmp_path / "syn_small"
+    shutil.copytree(small_basin_dir, basin)
+    assert (basin / "manifest.json").exists()
+    spec = load_campaign(_write(tmp_path, basin, HEUR))
+    obs = next(p for p in basin.rglob("*.csv") if "obs" in p.name.lower())
+    obs.write_text(obs.read_text().replace("\n", "\n", 1) + "\n")  # one extra byte
+    with pytest.raises(CampaignError, match=rf"(?s)cannot start:.*{obs.name}.*changed after the basin was prepared"):
+        run_campaign(spec, tmp_path / "x.h5", progress=False)
+    assert not (tmp_path / "x.h5").exists()
