@@ -15,7 +15,7 @@ DEMO_DIR ?= results/demo
 help:
 	@echo "make demo   build the four synthetic demo basins and simulate each (no network, no GPU)"
 	@echo "make test   run the test suite"
-	@echo "make bench  run the simulator benchmarks"
+	@echo "make bench  run the simulator, metrics, report and HPC benchmarks"
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

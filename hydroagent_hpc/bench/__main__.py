@@ -1,4 +1,4 @@
-"""``python -m hydroagent_hpc.bench`` (``make bench``): simulator, metrics and report benchmarks.
+"""``python -m hydroagent_hpc.bench`` (``make bench``): simulator, metrics, report and HPC benchmarks.
 
 Prints Markdown tables; every speed is a ratio against a baseline measured in the same run.
 """
@@ -80,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
 
     out("\n## Report (a campaign of 1,000 episodes: `hydroagent report`)\n\n")
     out(rbench.markdown(rbench.run()))
+
+    from hydroagent_hpc.bench import hpc as hbench
+
+    control = next((str(c) for _, c in cases if c.parent.name == "syn_01403060"), None)
+    out("\n## HPC pools and Slurm (`python -m hydroagent_hpc.bench.hpc`)\n\n")
+    out(hbench.markdown(control or hbench.default_control()))
     return 0
 
 
