@@ -234,7 +234,20 @@ def cmd_campaign_merge(args: argparse.Namespace) -> int:
     from hydroagent_hpc.campaign import load_campaign
     from hydroagent_hpc.shards import merge_run
 
-    summary = merge_run(load_campaign(args.file), args.run_dir, allow_missing=args.allow_missing)
+    from hydroagent_hpc.shards import IncompleteMergeError
+
+    try:
+        summary = merge_run(load_campaign(args.file), args.run_dir, allow_missing=args.allow_missing)
+    except IncompleteMergeError:
+        from hydroagent_hpc.submit import array_active, defer_merge
+
+        if not (args.after_array and array_active(args.after_array)):
+            raise
+        job = defer_merge(args.after_array, sys.argv, args.run_dir)
+        log.warning("array %s still has queued tasks (a requeued shard); the merge runs again as job %s",
+                    args.after_array, job)
+        print(json.dumps({"deferred_to": job}))
+        return 0
     if args.report:
         from hydroagent_hpc.submit import write_run_report
 
@@ -404,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     cm.add_argument("--run-dir", required=True)
     cm.add_argument("--allow-missing", action="store_true", help="merge what is there even if episodes are missing")
     cm.add_argument("--report", action="store_true", help="write RUN_DIR/report/ after merging")
+    cm.add_argument("--after-array", metavar="JOBID", help="Slurm array of the shards: if episodes are missing while "
+                    "a task of it is still queued (requeued), submit this merge again after it instead of failing")
     cm.set_defaults(func=cmd_campaign_merge)
 
     sm = sub.add_parser("submit", help="submit work to Slurm (or local processes) through submitit").add_subparsers(
@@ -474,6 +489,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # the store's own errors: one line; a merge that is incomplete exits 1
+        from hydroagent_hpc.store import MergeError, StoreError
+
+        if args.debug or not isinstance(exc, StoreError):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, MergeError) else 2
 
 
 if __name__ == "__main__":

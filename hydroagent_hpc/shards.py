@@ -28,14 +28,23 @@ from pathlib import Path
 from typing import Any
 
 from hydroagent_hpc.campaign import CampaignSpec, expand
+from hydroagent_hpc.store import MergeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MERGED", "shard_path", "parse_shard", "skip_stores", "list_shards", "merge_run", "write_run_record",
+__all__ = ["MERGED", "IncompleteMergeError", "shard_path", "parse_shard", "skip_stores", "list_shards", "merge_run", "write_run_record",
            "missing_episodes"]
 
 MERGED = "campaign.h5"
 _SHARD = re.compile(r"^shard-(\d{4,})-of-(\d{4,})\.h5$")
+
+
+class IncompleteMergeError(MergeError):
+    """Episodes of the campaign are in no shard yet (``missing`` lists their ids)."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -94,7 +103,7 @@ def merge_run(spec: CampaignSpec, run_dir: str | Path, allow_missing: bool = Fal
     submission, or when episodes are missing and ``allow_missing`` is false (nothing is
     replaced then; the shards stay, so resubmitting the campaign completes it).
     """
-    from hydroagent_hpc.store import MergeError, merge, stored_ids
+    from hydroagent_hpc.store import merge, stored_ids
 
     run_dir = Path(run_dir)
     merged = run_dir / MERGED
@@ -122,9 +131,9 @@ def merge_run(spec: CampaignSpec, run_dir: str | Path, allow_missing: bool = Fal
                          f"(e.g. {unexpected[0]!r}); was the campaign file changed? Use a new run folder")
     missing = [eid for eid in expected if eid not in present]
     if missing and not allow_missing:
-        raise MergeError(f"{run_dir}: {len(missing)} of {len(expected)} episodes are in no shard yet "
-                         f"(e.g. {missing[0]!r}); resubmit the same campaign to run them (finished episodes "
-                         f"are kept), or merge with --allow-missing for a partial file")
+        raise IncompleteMergeError(f"{run_dir}: {len(missing)} of {len(expected)} episodes are in no shard yet "
+                                   f"(e.g. {missing[0]!r}); resubmit the same campaign to run them (finished "
+                                   f"episodes are kept), or merge with --allow-missing for a partial file", missing)
     repeated = sum(1 for eid, k in holders.items() if k > 1 or eid in before)
     new = len(present - before)
     summary = {"run_dir": str(run_dir), "merged": str(merged), "episodes": len(present), "expected": len(expected),

@@ -17,17 +17,20 @@ most the episodes that were in flight. Layout of the run folder: :mod:`hydroagen
 from __future__ import annotations
 
 import logging
+import os
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from hydroagent_hpc.campaign import CampaignError, check_requirements, load_campaign, run_campaign, worker_init
 from hydroagent_hpc.hpc.slurm import SiteSettings, allocation_cpus, array_id, make_executor
-from hydroagent_hpc.shards import MERGED, merge_run, shard_path, skip_stores, write_run_record
+from hydroagent_hpc.shards import MERGED, IncompleteMergeError, merge_run, shard_path, skip_stores, write_run_record
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_shard", "ShardJob", "MergeJob", "submit_campaign", "POOLS"]
+__all__ = ["run_shard", "ShardJob", "MergeJob", "submit_campaign", "array_active", "defer_merge", "POOLS"]
 
 POOLS = ("auto", "serial", "processes", "mpi")
 
@@ -95,16 +98,62 @@ class ShardJob:
         return DelayedSubmission(self, index)
 
 
-class MergeJob:
-    """A picklable callable: merge the run folder's shards, then write the report when ``report``."""
+def array_active(array: str) -> bool:
+    """Whether a task of Slurm job (array) ``array`` is still pending or running.
 
-    def __init__(self, campaign: str, run_dir: str, report: bool = True, allow_missing: bool = False) -> None:
+    Slurm counts a requeued task as terminated for ``afterany``, so a merge can start while that
+    task waits to run again; the merge asks this before it declares episodes missing.
+    """
+    try:
+        p = subprocess.run(["squeue", "-h", "-j", str(array), "-o", "%T"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return p.returncode == 0 and bool(p.stdout.strip())
+
+
+def defer_merge(array: str, argv: list[str], run_dir: str | Path) -> str:
+    """Submit the same merge command again, after every task of ``array``; return the new job id."""
+    cmd = [os.path.abspath(argv[0]) if os.path.exists(argv[0]) else argv[0], *argv[1:]]
+    sb = ["sbatch", "--parsable", f"--dependency=afterany:{array}", "--ntasks=1", "--cpus-per-task=1",
+          f"--time={os.environ.get('HYDROAGENT_MERGE_TIME', '00:30:00')}",
+          f"--job-name={os.environ.get('SLURM_JOB_NAME', 'hydroagent-merge')}",
+          f"--output={Path(run_dir) / 'logs' / 'merge-%j.out'}"]
+    for var, flag in (("SLURM_JOB_PARTITION", "--partition"), ("SLURM_JOB_ACCOUNT", "--account")):
+        if os.environ.get(var):
+            sb.append(f"{flag}={os.environ[var]}")
+    p = subprocess.run(sb + ["--wrap", shlex.join(cmd)], capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise RuntimeError(f"could not resubmit the merge after array {array}: {p.stderr.strip()}")
+    return p.stdout.strip().split(";")[0]
+
+
+class MergeJob:
+    """A picklable callable: merge the run folder's shards, then write the report when ``report``.
+
+    With ``array`` (a Slurm array id), a merge that finds episodes missing while a task of the
+    array is still queued (a requeued task) submits itself again after the array and returns
+    ``{"deferred_to": job_id}`` instead of failing.
+    """
+
+    def __init__(self, campaign: str, run_dir: str, report: bool = True, allow_missing: bool = False,
+                 array: str | None = None, site: SiteSettings | None = None) -> None:
         self.campaign, self.run_dir, self.report, self.allow_missing = str(campaign), str(run_dir), report, allow_missing
+        self.array, self.site = array, site
 
     def __call__(self) -> dict[str, Any]:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         spec = load_campaign(self.campaign)
-        summary = merge_run(spec, self.run_dir, allow_missing=self.allow_missing)
+        try:
+            summary = merge_run(spec, self.run_dir, allow_missing=self.allow_missing)
+        except IncompleteMergeError:
+            if not (self.array and array_active(self.array)):
+                raise
+            ex = make_executor(Path(self.run_dir) / "logs", self.site or SiteSettings(), "slurm",
+                               name=f"hydroagent-{spec.name}-merge", dependency=f"afterany:{self.array}")
+            job = ex.submit(self)
+            log.warning("array %s still has queued tasks (requeued); the merge runs again as job %s", self.array,
+                        job.job_id)
+            return {"deferred_to": job.job_id}
         if self.report:
             summary["report"] = write_run_report(self.run_dir)
         return summary
@@ -150,7 +199,10 @@ def submit_campaign(campaign: str | Path, run_dir: str | Path, array: int, site:
                            "logs": str(logs)}
     merge_job = MergeJob(str(campaign), str(run_dir), report=report)
     if ex.cluster == "slurm":
+        import submitit
+
         merge_site = site.with_(ntasks=1, cpus_per_task=1, time_min=max(10, min(site.time_min, 120)), gpus_per_node=0)
+        merge_job.array, merge_job.site = array_id(jobs[0]), merge_site
         mex = make_executor(logs, merge_site, "slurm", name=f"hydroagent-{spec.name}-merge",
                             dependency=f"afterany:{array_id(jobs[0])}")
         mjob = mex.submit(merge_job)
@@ -158,7 +210,11 @@ def submit_campaign(campaign: str | Path, run_dir: str | Path, array: int, site:
         log.info("submitted %d shard tasks (array %s) and merge job %s; logs in %s", array, array_id(jobs[0]),
                  mjob.job_id, logs)
         if wait:
-            out["merge"] = mjob.result()
+            result = mjob.result()
+            while isinstance(result, dict) and "deferred_to" in result:  # a requeued shard deferred the merge
+                out["merge_job"] = result["deferred_to"]
+                result = submitit.SlurmJob(folder=logs / "%j", job_id=result["deferred_to"]).result()
+            out["merge"] = result
         return out
     failures = []
     for j in jobs:

@@ -68,3 +68,22 @@ def test_in_flight_limit_caps_workers():
     assert ProcessPool(workers=8, max_in_flight=3).workers == 3
     with pytest.raises(ValueError):
         open_pool("mpi-ish")
+
+
+def slow_first(x):
+    if x == 0:
+        time.sleep(1.5)
+    return x
+
+
+def test_unordered_map_yields_each_result_as_it_finishes():
+    with ProcessPool(workers=2) as pool:
+        out = list(pool.map(slow_first, range(6), ordered=False))
+    assert sorted(r.index for r in out) == list(range(6)) and all(r.ok for r in out)
+    assert out[-1].index == 0  # the slow task did not hold back the others
+    assert [r.value for r in SerialPool().map(slow_first, [1, 2], ordered=False)] == [1, 2]
+
+
+def test_open_pool_mpi_points_to_the_launcher():
+    with pytest.raises(ValueError, match="mpiexec or srun --mpi=pmi2"):
+        open_pool("mpi")

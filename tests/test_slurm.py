@@ -77,7 +77,32 @@ def release_requeued(job: str, timeout: float = 60) -> None:
         return "JobState=PENDING" in p.stdout and restarts is not None and int(restarts.group(1)) >= 1
 
     wait_for(pending_again, timeout, f"job {job} to be requeued")
+    time.sleep(3)  # slurmd refuses a relaunch in the second its credential was revoked ("Job credential revoked")
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
+
+
+def follow_merge(run: Path, job: str, timeout: float = 300) -> tuple[str, int]:
+    """Wait for a merge job and for the merges it deferred to; return the last state and the deferrals."""
+    deferrals = 0
+    while True:
+        state = wait_job(job, timeout)
+        log = run / "logs" / f"merge-{job}.out"
+        m = re.search(r'"deferred_to": "(\d+)"', log.read_text()) if log.exists() else None
+        if state != "COMPLETED" or m is None:
+            return state, deferrals
+        job, deferrals = m.group(1), deferrals + 1
+
+
+def follow_submitit_merge(run: Path, job: str) -> tuple[dict, int]:
+    import submitit
+
+    deferrals = 0
+    while True:
+        wait_job(job)
+        result = submitit.SlurmJob(folder=run / "logs" / "%j", job_id=job).result()
+        if "deferred_to" not in result:
+            return result, deferrals
+        job, deferrals = result["deferred_to"], deferrals + 1
 
 
 def _sbatch(tmp_path: Path, *args: str) -> str:
@@ -108,7 +133,7 @@ def test_sbatch_array_shards_merge_and_report(tmp_path, small_basin_dir):
     array = _sbatch(tmp_path, "--array=0-1", "--cpus-per-task=1", str(ROOT / "slurm" / "campaign.sbatch"),
                     str(camp), str(run))
     merge = _merge_job(tmp_path, array)
-    assert wait_job(merge) == "COMPLETED", (run / "logs").glob("merge-*.out")
+    assert follow_merge(run, merge) == ("COMPLETED", 0)
     assert [wait_job(f"{array}_{i}") for i in range(2)] == ["COMPLETED", "COMPLETED"]
     spec = load_campaign(camp)
     ids = stored_ids(run / "campaign.h5")
@@ -130,7 +155,7 @@ def test_sbatch_task_requeued_halfway_completes_each_episode_once(tmp_path, smal
     assert before < 8, "the shard finished before the requeue; make the episodes longer"
     subprocess.run(["scontrol", "requeue", f"{array}_0"], check=True, timeout=30)
     release_requeued(f"{array}_0")
-    assert wait_job(merge, timeout=300) == "COMPLETED"
+    assert follow_merge(run, merge)[0] == "COMPLETED"
     spec = load_campaign(camp)
     ids = stored_ids(run / "campaign.h5")
     assert sorted(ids) == sorted(t.episode_id for t in expand(spec)) and len(ids) == len(set(ids)) == 16
@@ -156,7 +181,8 @@ def test_submitit_preempted_shard_is_requeued_and_resumes(tmp_path, small_basin_
     subprocess.run(["scancel", task0, "--signal", "SIGTERM"], check=True, timeout=30)
     subprocess.run(["scancel", task0, "--signal", "USR2"], check=True, timeout=30)
     release_requeued(task0)  # submitit's handler ran `scontrol requeue` inside the job
-    assert wait_job(out["merge_job"], timeout=300) == "COMPLETED"
+    result, _ = follow_submitit_merge(run, out["merge_job"])
+    assert result["episodes"] == 16 and result["missing"] == 0
     ids = stored_ids(run / "campaign.h5")
     spec = load_campaign(camp)
     assert sorted(ids) == sorted(t.episode_id for t in expand(spec)) and len(ids) == len(set(ids)) == 16
@@ -191,8 +217,31 @@ def test_sbatch_time_limit_warning_requeues_the_task_itself(tmp_path, small_basi
     wait_for(lambda: _stored(shard1) >= 1, 120, "shard 1 to store its first episode")
     subprocess.run(["scancel", "--batch", "--signal=USR1", f"{array}_1"], check=True, timeout=30)
     release_requeued(f"{array}_1")
-    assert wait_job(merge, timeout=300) == "COMPLETED"
+    assert follow_merge(run, merge)[0] == "COMPLETED"
     ids = stored_ids(run / "campaign.h5")
     assert len(ids) == len(set(ids)) == 16
     log1 = next(tmp_path.glob(f"slurm-*-{array}_1.out")).read_text()
     assert "time limit near: stopping shard 1 and requeueing" in log1 and "restart 1" in log1
+
+
+def test_a_merge_that_finds_the_array_still_queued_defers_itself(tmp_path, small_basin_dir):
+    """If a merge starts while a task of its array is queued again, it resubmits itself after the array."""
+    camp = write_campaign(tmp_path, small_basin_dir, seeds=1, sims=12)
+    run = tmp_path / "run"
+    run_campaign(load_campaign(camp), shard_path(run, 0, 2), shard=(0, 2), progress=False)  # shard 1 missing
+    (run / "logs").mkdir(parents=True)
+    holder = _sbatch(tmp_path, "--begin=now+600", "--wrap", "true")  # stands in for a requeued, waiting task
+    try:
+        cmd = ["hydroagent", "campaign", "merge", str(camp), "--run-dir", str(run), "--after-array", holder]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), timeout=120)
+        assert p.returncode == 0, p.stderr
+        deferred = re.search(r'"deferred_to": "(\d+)"', p.stdout).group(1)
+        q = subprocess.run(["squeue", "-h", "-j", deferred, "-o", "%T %E"], capture_output=True, text=True,
+                           timeout=30)
+        assert q.stdout.startswith("PENDING") and f"afterany:{holder}" in q.stdout
+        assert not (run / "campaign.h5").exists()
+    finally:
+        subprocess.run(["scancel", holder], timeout=30)
+    wait_job(holder)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), timeout=120)
+    assert p.returncode == 1 and "1 of 2 episodes are in no shard yet" in p.stderr  # no queued task: a real gap
