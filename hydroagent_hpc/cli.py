@@ -256,6 +256,15 @@ def cmd_campaign_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_campaign_status(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.campaign import load_campaign
+    from hydroagent_hpc.shards import format_status, run_status
+
+    status = run_status(load_campaign(args.file), args.run_dir)
+    print(json.dumps(status) if args.json else format_status(status))
+    return 0
+
+
 def cmd_submit_campaign(args: argparse.Namespace) -> int:
     from hydroagent_hpc.hpc.slurm import SiteSettings
     from hydroagent_hpc.submit import submit_campaign
@@ -420,6 +429,13 @@ def build_parser() -> argparse.ArgumentParser:
     cm.add_argument("--after-array", metavar="JOBID", help="Slurm array of the shards: if episodes are missing while "
                     "a task of it is still queued (requeued), submit this merge again after it instead of failing")
     cm.set_defaults(func=cmd_campaign_merge)
+    cs = cp.add_parser("status", help="progress of a run folder: episodes per shard and agent, what is missing",
+                       description="Read a run folder's shards and merged file (safe while the array writes them) "
+                                   "and print how many episodes each holds, per agent, and which are missing.")
+    cs.add_argument("file", help="campaign YAML")
+    cs.add_argument("--run-dir", required=True)
+    cs.add_argument("--json", action="store_true", help="print one JSON object")
+    cs.set_defaults(func=cmd_campaign_status)
 
     sm = sub.add_parser("submit", help="submit work to Slurm (or local processes) through submitit").add_subparsers(
         dest="submit_command", required=True)

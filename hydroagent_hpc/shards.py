@@ -27,12 +27,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from hydroagent_hpc.campaign import CampaignSpec, expand
+from hydroagent_hpc.campaign import CampaignSpec, expand, shard_of
 from hydroagent_hpc.store import MergeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MERGED", "IncompleteMergeError", "shard_path", "parse_shard", "skip_stores", "list_shards", "merge_run", "write_run_record",
+__all__ = ["MERGED", "IncompleteMergeError", "run_status", "format_status", "shard_path", "parse_shard", "skip_stores", "list_shards", "merge_run", "write_run_record",
            "missing_episodes"]
 
 MERGED = "campaign.h5"
@@ -167,3 +167,54 @@ def write_run_record(run_dir: str | Path, record: dict[str, Any]) -> Path:
     tmp.write_text(json.dumps({**record, "provenance": provenance()}, indent=2, default=str) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def run_status(spec: CampaignSpec, run_dir: str | Path) -> dict[str, Any]:
+    """Progress of a run folder while it runs: episodes per shard, per agent, and what is missing.
+
+    Reads the shards in SWMR mode without any lock, so it is safe beside the writing array tasks.
+    A shard whose superblock is still marked open is being written (or its writer was killed).
+    """
+    import numpy as np
+
+    from hydroagent_hpc.store import read_episodes
+    from hydroagent_hpc.store.view import superblock_dirty
+
+    run_dir = Path(run_dir)
+    tasks = expand(spec)
+    agent_of = {t.episode_id: t.agent.name for t in tasks}
+    best: dict[str, float] = {}
+    files = []
+    sources = [(run_dir / MERGED, None, None)] if (run_dir / MERGED).exists() else []
+    for path, index, count in [*sources, *list_shards(run_dir)]:
+        frame = read_episodes(path)
+        ids = [str(e) for e in frame["episode_id"]]
+        for eid, nse in zip(ids, frame["best_nse"]):
+            if eid in agent_of:
+                best[eid] = float(nse) if nse is not None and np.isfinite(nse) else float("nan")
+        want = len(tasks) if index is None else len(shard_of(tasks, (index, count)))
+        files.append({"file": path.name, "stored": len(ids), "expected": want,
+                      "state": "open (writing, or its writer was killed)" if superblock_dirty(path) else "closed"})
+    agents = []
+    for name in dict.fromkeys(t.agent.name for t in tasks):
+        mine = [t.episode_id for t in tasks if t.agent.name == name]
+        got = [best[e] for e in mine if e in best]
+        agents.append({"agent": name, "done": len(got), "expected": len(mine),
+                       "median_best_nse": float(np.nanmedian(got)) if got and not np.all(np.isnan(got)) else None})
+    missing = [t.episode_id for t in tasks if t.episode_id not in best]
+    return {"campaign": spec.name, "run_dir": str(run_dir), "expected": len(tasks), "done": len(best),
+            "missing": len(missing), "first_missing": missing[:5], "files": files, "agents": agents}
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """The status as a few aligned lines for a terminal."""
+    lines = [f"campaign {status['campaign']} in {status['run_dir']}: {status['done']} of {status['expected']} "
+             f"episodes stored, {status['missing']} missing"]
+    for f in status["files"]:
+        lines.append(f"  {f['file']:<28} {f['stored']:>6} / {f['expected']:<6} {f['state']}")
+    for a in status["agents"]:
+        nse = "-" if a["median_best_nse"] is None else f"{a['median_best_nse']:.3f}"
+        lines.append(f"  agent {a['agent']:<22} {a['done']:>6} / {a['expected']:<6} median best NSE {nse}")
+    if status["first_missing"]:
+        lines.append(f"  next missing: {', '.join(status['first_missing'])}")
+    return "\n".join(lines)

@@ -27,17 +27,19 @@ def mpiexec() -> str:
         import mpi4py  # noqa: F401
     except ImportError:
         pytest.skip("mpi4py is not installed: pip install mpi4py mpich")
-    p = subprocess.run([MPIEXEC, "-n", "2", str(BIN / "python"), "-c", "from mpi4py import MPI; "
-                        "print(MPI.COMM_WORLD.Get_size())"], capture_output=True, text=True, timeout=60,
-                       env=job_env())  # hydra finds its proxy on PATH
-    if p.returncode != 0 or p.stdout.split()[-1:] != ["2"]:
-        pytest.skip(f"mpiexec cannot start 2 ranks here: {p.stderr.strip()[:300]}")
+    # only rank 0 prints: unbuffered ranks writing at once interleave ("22\n\n")
+    p = subprocess.run([MPIEXEC, "-n", "2", str(BIN / "python"), "-c", "from mpi4py import MPI; c = MPI.COMM_WORLD; "
+                        "c.Get_rank() or print('size', c.Get_size())"], capture_output=True, text=True, timeout=60,
+                       env=job_env(), stdin=subprocess.DEVNULL)  # hydra finds its proxy on PATH
+    if p.returncode != 0 or "size 2" not in p.stdout:
+        pytest.skip(f"mpiexec cannot start 2 ranks here (exit {p.returncode}; stdout {p.stdout.strip()[:100]!r}; "
+                    f"stderr {p.stderr.strip()[:300]!r})")
     return MPIEXEC
 
 
 def _probe(mpiexec: str, *args: str, n: int = 3, timeout: float = 120) -> dict:
     p = subprocess.run([mpiexec, "-n", str(n), str(BIN / "python"), str(PROBE), *args], capture_output=True,
-                       text=True, timeout=timeout, env=job_env())
+                       text=True, timeout=timeout, env=job_env(), stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stderr
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     assert len(lines) == 1, f"exactly the root prints: {p.stdout}"
@@ -75,7 +77,7 @@ def test_serial_processes_and_mpi_give_identical_episodes(mpiexec, tmp_path, sma
     run_campaign(spec, tmp_path / "processes.h5", workers=2, progress=False)
     p = subprocess.run([mpiexec, "-n", "3", str(BIN / "hydroagent"), "campaign", "run", str(camp), "--out",
                         str(tmp_path / "mpi.h5"), "--pool", "mpi", "--no-progress"], capture_output=True, text=True,
-                       timeout=300, env=job_env())
+                       timeout=300, env=job_env(), stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stderr
     summaries = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
     assert len(summaries) == 1 and summaries[0]["pool"] == "mpi" and summaries[0]["workers"] == 2

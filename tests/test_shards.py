@@ -123,3 +123,26 @@ def test_submit_through_submitit_local_executor(tmp_path, small_basin_dir):
     logs = sorted(x.name for x in (run / "logs").iterdir() if x.name.isdigit())  # one folder per job (%j)
     assert len(logs) == 2 and all(any(f.name.endswith("_log.err") for f in (run / "logs" / d).iterdir())
                                   for d in logs)
+
+
+def test_status_of_a_run_folder_while_and_after_it_runs(tmp_path, small_basin_dir):
+    from hydroagent_hpc.shards import run_status
+
+    spec = load_campaign(write_campaign(tmp_path, small_basin_dir, seeds=2, sims=12))
+    run = tmp_path / "run"
+    run.mkdir()
+    empty = run_status(spec, run)
+    assert empty["done"] == 0 and empty["missing"] == 4 and empty["files"] == []
+    run_campaign(spec, shard_path(run, 1, 2), shard=(1, 2), progress=False)
+    half = run_status(spec, run)
+    assert half["done"] == 2 and half["missing"] == 2
+    assert half["files"] == [{"file": "shard-0001-of-0002.h5", "stored": 2, "expected": 2, "state": "closed"}]
+    assert sorted(a["done"] for a in half["agents"]) == [1, 1]
+    run_campaign(spec, shard_path(run, 0, 2), shard=(0, 2), progress=False)
+    merge_run(spec, run)
+    full = run_status(spec, run)  # merged file and shards hold the same episodes: counted once
+    assert full["done"] == 4 and full["missing"] == 0 and full["files"][0]["file"] == "campaign.h5"
+    assert all(a["median_best_nse"] > 0 for a in full["agents"])
+    p = subprocess.run([str(BIN / "hydroagent"), "campaign", "status", str(tmp_path / "t.yaml"), "--run-dir",
+                        str(run), "--json"], capture_output=True, text=True, env=job_env(), timeout=120)
+    assert p.returncode == 0 and json.loads(p.stdout)["done"] == 4

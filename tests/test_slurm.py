@@ -153,6 +153,10 @@ def test_sbatch_task_requeued_halfway_completes_each_episode_once(tmp_path, smal
     wait_for(lambda: _stored(shard0) >= 1, 120, "shard 0 to store its first episode")
     before = _stored(shard0)
     assert before < 8, "the shard finished before the requeue; make the episodes longer"
+    from hydroagent_hpc.shards import run_status
+
+    live = run_status(load_campaign(camp), run)  # read beside the writing tasks
+    assert 1 <= live["done"] < 16 and any(f["state"].startswith("open") for f in live["files"])
     subprocess.run(["scontrol", "requeue", f"{array}_0"], check=True, timeout=30)
     release_requeued(f"{array}_0")
     assert follow_merge(run, merge)[0] == "COMPLETED"

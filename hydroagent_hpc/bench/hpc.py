@@ -89,7 +89,7 @@ def _mpi(kind: str, n: int, control: str = "", isolate: bool = True, ranks: int 
     env = dict(os.environ, PATH=f"{exe}:{os.environ.get('PATH', '')}")
     cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "hydroagent_hpc.bench.hpc", "--mpi-probe", kind,
            "--n", str(n), "--control", control] + ([] if isolate else ["--no-isolate"])
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, stdin=subprocess.DEVNULL)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         raise RuntimeError(f"mpiexec benchmark failed: {p.stderr[-500:]}")
