@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,12 @@ def test_pool_mpi_outside_a_launcher_is_a_clear_error(tmp_path, small_basin_dir)
                         "--pool", "mpi"], capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 2 and "not started by an MPI launcher" in p.stderr and "mpiexec -n N" in p.stderr
     assert not Path(tmp_path / "x.h5").exists()
+
+
+def test_a_killed_worker_rank_ends_the_job_promptly_never_a_hang(mpiexec):
+    """Losing a whole rank (a node) cannot be a task failure in MPI; the launcher must end the job at once."""
+    t0 = time.monotonic()
+    p = subprocess.run([mpiexec, "-n", "3", str(BIN / "python"), str(PROBE), "killrank", "8"], capture_output=True,
+                       text=True, timeout=120, env=job_env(), stdin=subprocess.DEVNULL)
+    assert p.returncode != 0 and time.monotonic() - t0 < 60
+    assert "Killed" in p.stdout + p.stderr

@@ -104,3 +104,24 @@ def test_run_record_is_json_with_commit(tmp_path):
     write_run_record(tmp_path, {"array": 3})  # a resubmission keeps the earlier record
     assert json.loads((tmp_path / "run.json").read_text())["array"] == 3
     assert json.loads((tmp_path / "run-1.json").read_text())["array"] == 2
+
+
+def test_a_node_that_refuses_sbatch_still_runs_the_shard_and_says_how_to_merge(tmp_path, small_basin_dir):
+    """Some sites forbid sbatch inside jobs: the task warns with the merge command and runs its shard."""
+    camp = write_campaign(tmp_path, small_basin_dir, seeds=1, sims=12)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Access/permission "
+                                 "denied' >&2\nexit 1\n")
+    (fake / "sbatch").chmod(0o755)
+    env = {k: v for k, v in job_env().items() if not k.startswith("SLURM_")}
+    env.update(PATH=f"{fake}:{env['PATH']}", SLURM_ARRAY_JOB_ID="999", SLURM_ARRAY_TASK_ID="0",
+               SLURM_ARRAY_TASK_MIN="0", SLURM_ARRAY_TASK_COUNT="1", SLURM_JOB_ID="1000")
+    run = tmp_path / "run"
+    p = subprocess.run(["bash", str(SLURM / "campaign.sbatch"), str(camp), str(run)], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "could not submit the merge job" in p.stderr and "campaign merge" in p.stderr
+    assert "--after-array 999" in p.stderr
+    assert not (run / "logs" / ".merge-for-999").exists()  # another task may try again
+    assert len(stored_ids(run / "shards" / "shard-0000-of-0001.h5")) == 2

@@ -3,7 +3,7 @@
     mpiexec -n 3 python tests/scripts/mpi_pool_probe.py KIND [N] [--no-isolate]
 
 KIND: square (x*x), mixed (a raise, an os._exit and a sleep past the timeout among squares),
-trivial (N no-op tasks, prints the seconds per task).
+trivial (N no-op tasks, prints the seconds per task), killrank (task 2 SIGKILLs its worker rank).
 """
 
 import json
@@ -32,11 +32,22 @@ def trivial(x):
     return x
 
 
+def killrank(x):
+    """Task 2 kills the worker rank that hosts it (the task runs in the rank's child process)."""
+    if x == 2:
+        import signal
+
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(30)
+    time.sleep(0.2)
+    return x
+
+
 def main() -> None:
     kind = sys.argv[1]
     n = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 12
     isolate = "--no-isolate" not in sys.argv
-    fn = {"square": square, "mixed": mixed, "trivial": trivial}[kind]
+    fn = {"square": square, "mixed": mixed, "trivial": trivial, "killrank": killrank}[kind]
     with mpi_pool(max_in_flight=4, timeout_s=3.0 if kind == "mixed" else None, isolate=isolate) as pool:
         if pool is None:
             return
