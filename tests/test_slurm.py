@@ -249,3 +249,26 @@ def test_a_merge_that_finds_the_array_still_queued_defers_itself(tmp_path, small
     wait_job(holder)
     p = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), timeout=120)
     assert p.returncode == 1 and "1 of 2 episodes are in no shard yet" in p.stderr  # no queued task: a real gap
+
+
+def test_a_cancelled_task_fails_the_merge_and_resubmitting_completes_the_campaign(tmp_path, small_basin_dir):
+    camp = write_campaign(tmp_path, small_basin_dir, seeds=8, sims=60)
+    run = tmp_path / "run"
+    args = ["--array=0-1", "--cpus-per-task=1", str(ROOT / "slurm" / "campaign.sbatch"), str(camp), str(run)]
+    array = _sbatch(tmp_path, *args)
+    merge = _merge_job(tmp_path, array)
+    shard0 = shard_path(run, 0, 2)
+    wait_for(lambda: _stored(shard0) >= 1, 120, "shard 0 to store its first episode")
+    subprocess.run(["scancel", f"{array}_0"], check=True, timeout=30)
+    assert follow_merge(run, merge)[0] == "FAILED"  # episodes missing and nothing queued: a clear failure
+    log = (run / "logs" / f"merge-{merge}.out").read_text()
+    assert "episodes are in no shard yet" in log and "resubmit the same campaign" in log
+    assert not (run / "campaign.h5").exists()
+    kept = _stored(shard0)
+    assert 1 <= kept < 8
+    again = _sbatch(tmp_path, *args)  # the same command again
+    assert follow_merge(run, _merge_job(tmp_path, again))[0] == "COMPLETED"
+    ids = stored_ids(run / "campaign.h5")
+    assert len(ids) == len(set(ids)) == 16
+    log0 = next(tmp_path.glob(f"slurm-*-{again}_0.out")).read_text()
+    assert f"8 episodes, {kept} already stored" in log0  # finished episodes were not run again
