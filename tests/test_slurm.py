@@ -272,3 +272,16 @@ def test_a_cancelled_task_fails_the_merge_and_resubmitting_completes_the_campaig
     assert len(ids) == len(set(ids)) == 16
     log0 = next(tmp_path.glob(f"slurm-*-{again}_0.out")).read_text()
     assert f"8 episodes, {kept} already stored" in log0  # finished episodes were not run again
+
+
+def test_sbatch_with_ntasks_runs_the_shard_on_mpi_ranks(tmp_path, small_basin_dir):
+    """``--ntasks=2``: the task starts its ranks with srun --mpi=pmi2 and runs episodes on the MPI pool."""
+    camp = write_campaign(tmp_path, small_basin_dir, seeds=1, sims=20)
+    run = tmp_path / "run"
+    array = _sbatch(tmp_path, "--array=0-0", "--ntasks=2", "--cpus-per-task=1", str(ROOT / "slurm" / "campaign.sbatch"),
+                    str(camp), str(run))
+    assert follow_merge(run, _merge_job(tmp_path, array)) == ("COMPLETED", 0)
+    log = next(tmp_path.glob(f"slurm-*-{array}_0.out")).read_text()
+    assert "mpi pool: 1 worker ranks" in log and '"pool": "mpi"' in log
+    run_campaign(load_campaign(camp), tmp_path / "serial.h5", progress=False)
+    assert_same_episodes(run / "campaign.h5", tmp_path / "serial.h5")
