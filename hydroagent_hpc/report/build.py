@@ -127,7 +127,7 @@ def _hydrographs(w: _Writer, res: CampaignResults, best: pd.DataFrame, precip: b
         if rain is None and precip:
             w.note(f"{basin}: precipitation not shown: {why}")
         metrics = (f"NSE {num(r['NSE'])} · KGE {num(r['KGE'])} · PBIAS {num(r['PBIAS'], '.1f', True)} % · "
-                   f"peak error {num(r['peak_error_pct'], '.1f', True)} % · peak lag {num(r['peak_lag_h'], '.0f', True)} h · "
+                   f"peak error {num(r['peak_error_pct'], '.1f', True)} % · peak lag {_lag(r['peak_lag_h'])} · "
                    f"peak timing MAE {num(r['peak_timing_mae_h'], '.1f')} h")
         name = f"hydrograph_{file_stem(basin)}.png"
         fig.hydrograph_figure(series.times, series.observed, series.simulated, series.warmup, rain,
@@ -144,8 +144,9 @@ def _hydrographs(w: _Writer, res: CampaignResults, best: pd.DataFrame, precip: b
         "For each basin, the run with the highest NSE over all agents and seeds, against the observations; "
         "precipitation (basin mean upstream of the gauge, from the basin's forcing) hangs from the inverted "
         "right axis; the warm-up is shaded. Peak error = 100 (max sim - max obs) / max obs; peak lag = time of "
-        "the simulated maximum minus the observed one (positive = late); peak timing MAE = mean |lag| of the "
-        f"event peaks within 12 h. Data: `{w.csv('hydrographs.csv', table)}`."))
+        "the simulated maximum minus the observed one (positive = late; the two maxima may belong to different "
+        "events, so long windows show it in days); peak timing MAE = mean |lag| of the event peaks within 12 h "
+        f"(at least 3 time steps, so 72 h for daily data). Data: `{w.csv('hydrographs.csv', table)}`."))
     w.blocks += figures
     if not rows:
         w.blocks.append(Paragraph("No basin has a best run with stored discharge."))
@@ -237,6 +238,17 @@ def _published(w: _Writer, res: CampaignResults, summary: pd.DataFrame) -> None:
     cols = tuple(table.columns)
     w.blocks.append(Table(cols, tuple(tuple(str(v) for v in row) for row in table.itertuples(index=False)),
                           ("l", "l", "l", *("r",) * (len(cols) - 3))))
+
+
+def _lag(hours: object) -> str:
+    """The whole-window peak lag for a figure title: hours, or days once it exceeds 3 days."""
+    try:
+        h = float(hours)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        h = float("nan")
+    if abs(h) > 72:
+        return f"{num(h / 24.0, '.0f', True)} d"
+    return f"{num(h, '.0f', True)} h"
 
 
 def write_report(store: str | os.PathLike[str], out: str | os.PathLike[str], *, compare: tuple[str, str] | None = None,
