@@ -97,7 +97,7 @@ def cmd_basin_from_camels(args: argparse.Namespace) -> int:
     control = write_camels_basin(args.out, root=args.root, gauge_id=args.basin, start=args.start, end=args.end,
                                  warmup_days=args.warmup_days, forcing=args.forcing, attributes=args.attributes,
                                  spinup=args.spinup, precip_column=args.precip_column, target_cells=args.cells,
-                                 command=_command_line())
+                                 network=args.network, command=_command_line())
     print(control)
     return 0
 
@@ -358,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("--precip-column", choices=("prcp", "raim"), default="prcp",
                     help="with --forcing model_output: PRCP (precipitation) or RAIM (rain + Snow-17 melt)")
     fc.add_argument("--cells", type=int, default=150, help="cells of the network template (default 150)")
+    fc.add_argument("--network", choices=("comb", "valley"), default="comb",
+                    help="network template: comb (cardinal flow directions; EF5's kinematic wave conserves volume "
+                         "on it, default) or valley (a D8 valley DEM; EF5's scheme inflates volume on diagonal steps)")
     fc.add_argument("--out", required=True, help="folder to write the basin into")
     fc.set_defaults(func=cmd_basin_from_camels)
 

@@ -216,3 +216,33 @@ def test_manifest_problems_one_by_one(small_basin_dir, tmp_path):
     assert verify_manifest(b) == [] and "no manifest.json" in verify_manifest(b, required=True)[0]
     (b / "manifest.json").write_text("{")
     assert "not readable JSON" in verify_manifest(b)[0]
+
+
+def _volume_ratio(control) -> float:
+    """Outflow over rain volume with every cell impervious and no evaporation (all rain must leave)."""
+    sim = EmbeddedSimulator(control, cache_dir=False)
+    r = sim.run({"im": 100.0, "ke": 0.0, "alpha0": 0.0})
+    area_m2 = float(sim.net.area[sim.weights[0] > 0].sum()) * 1e6
+    rain_m3 = float(sim.precip_mean[:, 0].sum()) * sim.dt_hours * 1e-3 * area_m2
+    return float(np.nansum(r.discharge)) * sim.dt_hours * 3600.0 / rain_m3
+
+
+def test_the_comb_template_keeps_the_water_balance_and_the_valley_does_not(basin, tmp_path):
+    """EF5's kinematic wave multiplies unit-width overland flow by the flow length, so diagonal steps create
+    water; the default comb template has only cardinal steps and returns the rain volume."""
+    import math
+
+    meta = json.loads((basin / "basin.json").read_text())
+    assert meta["network"]["kind"].startswith("synthetic template: cardinal comb")
+    rows = meta["network"]["grid"]["nrows"]
+    expected = 1.0 - (1.0 - math.cos(math.radians(meta["lat"]))) / rows  # the channel row's own rain only
+    assert _volume_ratio(basin / "control.txt") == pytest.approx(expected, abs=0.005)
+    codes = np.loadtxt(basin / "basic" / "ddm.asc", skiprows=6)
+    assert set(np.unique(codes[codes > 0]).astype(int)) <= {1, 4, 16, 64}  # cardinal ESRI codes only
+    valley = tmp_path / "valley"
+    write_camels_basin(valley, root=SAMPLE, gauge_id="12010000", start="1996-10-01", end="1998-09-30",
+                       warmup_days=365, network="valley")
+    assert _volume_ratio(valley / "control.txt") > 1.3  # EF5's scheme on D8 diagonals, reproduced faithfully
+    with pytest.raises(ValueError, match="--network 'grid'"):
+        write_camels_basin(tmp_path / "x", root=SAMPLE, gauge_id="12010000", start="1996-10-01", end="1998-09-30",
+                           warmup_days=365, network="grid")

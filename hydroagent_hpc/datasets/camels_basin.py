@@ -3,11 +3,24 @@
 CAMELS has basin-mean series, not grids, so the folder is built like this (every choice is
 recorded in ``basin.json``):
 
-* **River network: a synthetic template.** :func:`hydroagent_hpc.sim.terrain.make_terrain`
-  draws a valley DEM (seed = the gauge id as an integer, so the same gauge always gets the
-  same template), D8 directions and accumulation, with about ``target_cells`` cells; the style
-  follows the CAMELS mean slope (< 15 m/km plains, < 60 hills, else mountains). The cell size is
-  then rescaled (fixed-point steps, same cells) until EF5's cell areas
+* **River network: a synthetic template.** Two kinds (``network``):
+
+  - ``comb`` (default): a main channel along the middle row flowing east to the gauge, fed by
+    tributary columns flowing north and south into it, about ``target_cells`` cells, every flow
+    direction cardinal. Chosen because EF5's kinematic wave treats overland flow per unit width
+    and multiplies it by the flow length Δx, so a diagonal step (Δx = the cell's diagonal)
+    creates water: with impervious cells and no evaporation a D8 template with 98 % diagonal
+    steps returned 1.85x the rain volume (gauge 12010000). On the comb a tributary cell's rain
+    arrives as ``e·Δy·Δx_east = e·area`` exactly; only the channel row's own rain scales by
+    ``Δx_east/Δy = cos(lat)``, so the comb returns 1 - (1 - cos(lat))/nrows of it (0.97 at 46° N;
+    ``tests/test_datasets_basin.py``).
+    Elevations fall along the channel at the CAMELS style's gradient and rise away from it.
+  - ``valley``: :func:`hydroagent_hpc.sim.terrain.make_terrain` draws a valley DEM (seed = the
+    gauge id), D8 directions and accumulation: a more natural width function, but volumes
+    inflated by EF5's scheme as above.
+
+  The style follows the CAMELS mean slope (< 15 m/km plains, < 60 hills, else mountains). The
+  cell size is then rescaled (fixed-point steps, same cells) until EF5's cell areas
   (``(0.01 deg * 110574 m)^2 cos(lat)``, :mod:`hydroagent_hpc.sim.network`) add up to the
   gauge's drainage area (``area_gages2``, else the forcing header's area) to 0.01 %. The gauge
   cell's centre is at the gauge's latitude and longitude. It is NOT the real river: timing
@@ -52,13 +65,13 @@ from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
 from hydroagent_hpc.sim.manifest import write_manifest
 from hydroagent_hpc.sim.network import build_network
-from hydroagent_hpc.sim.terrain import NODATA, TERRAIN_STYLES, cell_km, make_terrain
+from hydroagent_hpc.sim.terrain import NODATA, TERRAIN_STYLES, Terrain, cell_km, make_terrain
 
 log = logging.getLogger(__name__)
 
 __all__ = ["write_camels_basin", "load_camels_inputs", "WRITER_VERSION", "A_PRIORI"]
 
-WRITER_VERSION = "1"
+WRITER_VERSION = "2"  # 2: the comb network template by default
 CONTROL_NAME = "control.txt"
 A_PRIORI = {"b": 0.5, "im": 0.01, "leaki": 0.1, "alpha": 1.6, "beta": 0.6, "alpha0": 0.8}
 _GRID_FILES = {"wm": "wm.tif", "b": "b.tif", "im": "im.tif", "fc": "ksat.tif", "leaki": "leaki.tif",
@@ -126,12 +139,54 @@ def _style(attrs) -> str:
     return "plains" if slope < 15 else "hills" if slope < 60 else "mountains"
 
 
-def _template(gid: str, area_km2: float, lat: float, lon: float, target_cells: int, style: str):
+NETWORKS = ("comb", "valley")
+
+
+def comb_terrain(target_cells: int, cellsize_deg: float, lat: float, lon: float, style: str) -> Terrain:
+    """A comb network with only cardinal flow directions (see the module docstring).
+
+    ``nrows`` (odd) x ``ncols`` basin cells, about 1:1.5; the middle row is the main channel
+    flowing east (ESRI D8 code 1), rows above flow south (4), rows below north (64). One cell
+    east of the gauge, outside the basin, receives the outflow (EF5 needs the cell below the
+    gauge). FAM counts upstream cells without the cell itself (SELFFAM=false).
+    """
+    nrows = max(3, int(round(math.sqrt(target_cells / 1.5))) | 1)
+    ncols = max(3, int(round(target_cells / nrows)))
+    mid = nrows // 2
+    st = TERRAIN_STYLES[style]
+    dy, dx = cell_km(cellsize_deg, lat)
+    rows = np.arange(nrows)[:, None]
+    cols = np.arange(ncols + 1)[None, :]
+    fall = st.gradient_m_per_km * dx * (ncols - cols)  # the channel falls towards the outlet (east)
+    side = st.gradient_m_per_km * st.side_ratio * dy * np.abs(rows - mid) + 1.0 * (rows != mid)
+    dem = st.base_m + fall + side
+    ddm = np.where(rows < mid, 4, np.where(rows > mid, 64, 1)) * np.ones((1, ncols + 1))
+    fam = np.where(rows < mid, rows, nrows - 1 - rows) * np.ones((1, ncols + 1))
+    fam[mid, :] = (nrows - 1) * (cols[0] + 1) + cols[0]
+    basin = np.ones((nrows, ncols + 1), dtype=bool)
+    basin[:, ncols] = False
+    ddm[:, ncols] = NODATA
+    fam[:, ncols] = NODATA
+    ddm[mid, ncols] = 1  # the cell below the gauge
+    fam[mid, ncols] = nrows * ncols
+    xll = lon - (ncols - 1 + 0.5) * cellsize_deg
+    yll = lat - (nrows - 1 - mid + 0.5) * cellsize_deg
+    return Terrain(dem=dem.astype(float), ddm=ddm.astype(float), fam=fam.astype(float), basin=basin,
+                   gauge=(mid, ncols - 1), xll=xll, yll=yll, cellsize=cellsize_deg, target_cells=float(target_cells))
+
+
+def _template(gid: str, area_km2: float, lat: float, lon: float, target_cells: int, style: str,
+              network: str = "comb"):
     """Terrain with about ``target_cells`` cells, its cell size rescaled so EF5's area is ``area_km2``."""
     dy, dx = cell_km(1.0, lat)
     cs0 = math.sqrt(area_km2 / target_cells / (dy * dx))
-    terrain = make_terrain(np.random.default_rng(int(gid)), area_km2=area_km2, cellsize_deg=cs0, lat=lat, lon=lon,
-                           style=TERRAIN_STYLES[style])
+    if network == "comb":
+        terrain = comb_terrain(target_cells, cs0, lat, lon, style)
+    elif network == "valley":
+        terrain = make_terrain(np.random.default_rng(int(gid)), area_km2=area_km2, cellsize_deg=cs0, lat=lat,
+                               lon=lon, style=TERRAIN_STYLES[style])
+    else:
+        raise ValueError(f"--network {network!r}: choose one of {', '.join(NETWORKS)}")
     gr, gc = terrain.gauge
     nrows = terrain.shape[0]
     cs = terrain.cellsize
@@ -187,7 +242,7 @@ def _a_priori(attrs) -> dict[str, float]:
 
 def write_camels_basin(out_dir, *, root, gauge_id: str, start, end, warmup_days: int = 365, forcing: str = "nldas",
                        attributes=None, spinup: str = "none", precip_column: str = "prcp", target_cells: int = 150,
-                       command: str | None = None) -> Path:
+                       network: str = "comb", command: str | None = None) -> Path:
     """Write one CAMELS gauge as a daily EF5 basin in ``out_dir``; return its control file.
 
     ``start``/``end``: first and last scored day (inclusive); ``forcing``: nldas, daymet,
@@ -235,11 +290,12 @@ def write_camels_basin(out_dir, *, root, gauge_id: str, start, end, warmup_days:
                              f"({flow.dates[0]}..{flow.dates[-1]})")
     style = _style(attrs)
     terrain, (dem, ddm, fam), net, model_area = _template(gid, float(area), float(lat), float(lon),
-                                                          int(target_cells), style)
+                                                          int(target_cells), style, network)
     settings = {"module": __name__, "version": WRITER_VERSION, "gauge_id": gid, "root": str(Path(root).resolve()),
                 "forcing": forcing, "precip_column": precip_column if forcing == "model_output" else "prcp",
                 "attributes": str(Path(attributes).resolve()) if attributes else None, "start": str(first),
-                "end": str(last), "warmup_days": warmup_days, "spinup": spinup, "target_cells": int(target_cells)}
+                "end": str(last), "warmup_days": warmup_days, "spinup": spinup, "target_cells": int(target_cells),
+                "network": network}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -275,8 +331,9 @@ def write_camels_basin(out_dir, *, root, gauge_id: str, start, end, warmup_days:
                            "river-network template of the right area",
             "lat": float(lat), "lon": float(lon), "area_km2": round(model_area, 3), "area_km2_source": area_src,
             "area_km2_requested": float(area), "huc02": attrs.huc02 if attrs else None,
-            "network": {"kind": "synthetic template (hydroagent_hpc.sim.terrain.make_terrain)", "style": style,
-                        "seed": int(gid), "cells": int(net.n), "cellsize_deg": dem.cellsize,
+            "network": {"kind": ("synthetic template: cardinal comb (camels_basin.comb_terrain)" if network == "comb"
+                                 else "synthetic template: D8 valley (hydroagent_hpc.sim.terrain.make_terrain)"),
+                        "style": style, "seed": int(gid) if network == "valley" else None, "cells": int(net.n), "cellsize_deg": dem.cellsize,
                         "grid": {"nrows": dem.nrows, "ncols": dem.ncols, "xllcorner": dem.xll, "yllcorner": dem.yll}},
             "timestep": "1d", "time_convention": "stamps mark the end of the day: the step, forcing files and "
                                                  "observation stamped D 00:00 are CAMELS day D-1",
