@@ -1,130 +1,16 @@
-"""The ``hydroagent`` command.
-
-Subcommands: ``simulate`` (a drop-in for ``ef5 control.txt``), ``basin synth`` (a synthetic twin
-basin in EF5 layout), ``demo`` (the embedded default end to end), ``report`` (a campaign's
-Markdown/HTML report). Errors in the input print one clear message (file:line, key, fix) and
-exit with status 2; no traceback unless ``--debug``.
-"""
+"""``hydroagent calibrate``, ``campaign run|merge|status``, ``submit campaign``, ``demo`` and ``report``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import math
 import sys
-import time
 from pathlib import Path
 
-from hydroagent_hpc import __version__
-from hydroagent_hpc.params import PARAMS, PARAM_NAMES
 from hydroagent_hpc.sim.errors import HydroAgentError
 
 log = logging.getLogger("hydroagent")
-
-
-def _parse_set(items: list[str] | None) -> dict[str, float]:
-    """``--set NAME=VALUE`` pairs -> {name: float}, strictly."""
-    out: dict[str, float] = {}
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        name = name.strip().lower()
-        if not sep or not name:
-            raise HydroAgentError(f"--set {item!r}: expected NAME=VALUE", fix="e.g. --set wm=2.5")
-        if name not in PARAMS:
-            raise HydroAgentError(f"--set {item!r}: unknown parameter {name!r}", fix=f"use one of: {', '.join(PARAM_NAMES)}")
-        try:
-            v = float(value)
-        except ValueError:
-            raise HydroAgentError(f"--set {item!r}: {value!r} is not a number", fix=f"e.g. --set {name}=1.5") from None
-        if not math.isfinite(v):
-            raise HydroAgentError(f"--set {item!r}: the value must be finite", fix="give a finite number")
-        out[name] = v
-    return out
-
-
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.sim import open_simulator
-    from hydroagent_hpc.sim.outputs import write_run
-
-    overrides = _parse_set(args.set)
-    t0 = time.perf_counter()
-    if args.backend == "ef5":
-        sim = open_simulator(args.control, "ef5", task=args.task, binary=args.ef5, timeout_s=args.timeout)
-        out_dir = Path(args.output) if args.output else sim.task.output
-        result = sim.run(overrides, copy_outputs_to=out_dir)
-    else:
-        sim = open_simulator(args.control, "embedded", task=args.task, cache_dir=False if args.no_cache else None)
-        out_dir = Path(args.output) if args.output else sim.task.output
-        result = sim.run(overrides, keep_states=sim.task.states is not None)
-        write_run(sim, result, out_dir, time.perf_counter() - t0, states_dir=Path(args.output) if args.output else None)
-    if result.missing_precip:
-        log.warning("%d precipitation file(s) were missing and read as zero (missingQPE in results.json)",
-                    result.missing_precip)
-    summary = {"backend": result.backend, "output": str(out_dir), "gauge": result.gauge,
-               "wall_time_s": round(time.perf_counter() - t0, 4), "missingQPE": result.missing_precip}
-    mask = result.evaluation_mask()
-    if args.metrics and mask.sum() >= 2:
-        from hydroagent_hpc.metrics import evaluate
-
-        m = evaluate(result.observed, result.discharge, result.times, mask=mask)
-        summary.update({k: (round(float(m[k]), 4) if isinstance(m[k], float) else m[k])
-                        for k in ("NSE", "KGE", "PBIAS", "peak_error_pct", "peak_lag_h", "n_points", "nse_band")})
-    summary["peak_q"] = round(float(result.discharge[~result.warmup].max()), 3)
-    print(json.dumps(summary))
-    return 0
-
-
-def cmd_basin_synth(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.sim.synthetic import synthesize_basin
-
-    control = synthesize_basin(args.out, name=args.name, area_km2=args.area_km2, window_days=args.window_days,
-                               warmup_days=args.warmup_days, seed=args.seed, cellsize_deg=args.cellsize,
-                               start=args.start)
-    print(control)
-    return 0
-
-
-def _command_line() -> str:
-    import shlex
-
-    return "hydroagent " + shlex.join(sys.argv[1:])
-
-
-def cmd_basin_from_camels(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.datasets.camels_basin import write_camels_basin
-
-    control = write_camels_basin(args.out, root=args.root, gauge_id=args.basin, start=args.start, end=args.end,
-                                 warmup_days=args.warmup_days, forcing=args.forcing, attributes=args.attributes,
-                                 spinup=args.spinup, precip_column=args.precip_column, target_cells=args.cells,
-                                 network=args.network, command=_command_line())
-    print(control)
-    return 0
-
-
-def cmd_data_usgs(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.datasets.usgs import download_hourly
-
-    meta = download_hourly(args.site, args.start, args.end, args.out, base_url=args.base_url)
-    print(json.dumps({k: meta[k] for k in ("site", "start_utc", "end_utc", "hours", "missing_hours", "kept",
-                                           "rejected_by_qualifier", "duplicate_rows")} | {"out": str(args.out)}))
-    return 0
-
-
-def cmd_data_verify(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.sim.manifest import verify_manifest, write_manifest
-
-    if args.write:
-        path = write_manifest(args.dir, source={"recorded_by": "hydroagent data verify --write"},
-                              command=_command_line())
-        print(path)
-        return 0
-    problems = verify_manifest(args.dir, required=True)
-    for line in problems:
-        print(line)
-    if not problems:
-        print(f"{args.dir}: every file matches its manifest")
-    return 1 if problems else 0
 
 
 def _env_overrides(args: argparse.Namespace) -> dict:
@@ -303,83 +189,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hydroagent", description=__doc__.splitlines()[0])
-    p.add_argument("--version", action="version", version=f"hydroagent-hpc {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    p.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
-    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    s = sub.add_parser("simulate", help="run an EF5 control file (drop-in for `ef5 control.txt`)",
-                       description="Run an EF5 control file's SIMU task and write what EF5 writes: "
-                                   "ts.<gauge>.crest.csv, results.json and state grids.")
-    s.add_argument("control", help="EF5 control file")
-    s.add_argument("--backend", choices=("embedded", "ef5"), default="embedded",
-                   help="embedded: our in-process engine (default); ef5: the EF5 binary in $HYDROAGENT_EF5")
-    s.add_argument("--set", action="append", metavar="NAME=VALUE",
-                   help=f"override a multiplier of the task's parameter sets (names: {', '.join(PARAM_NAMES)})")
-    s.add_argument("--output", help="output folder (default: the task's OUTPUT); created if missing")
-    s.add_argument("--task", help="task to run (default: the first in [Execute])")
-    s.add_argument("--ef5", help="EF5 binary for --backend ef5 (default: $HYDROAGENT_EF5)")
-    s.add_argument("--timeout", type=float, default=600.0, help="seconds before an EF5 run is killed (default 600)")
-    s.add_argument("--no-cache", action="store_true", help="do not read or write the forcing cache")
-    s.add_argument("--metrics", action="store_true", help="add NSE, KGE and peak errors against OBS to the summary line")
-    s.set_defaults(func=cmd_simulate)
-
-    b = sub.add_parser("basin", help="basin tools").add_subparsers(dest="basin_command", required=True)
-    sy = b.add_parser("synth", help="write a synthetic twin basin in EF5 layout",
-                      description="Write DEM/DDM/FAM, parameter grids, hourly storms, PET, a control file and "
-                                  "'observed' discharge from hidden true multipliers (stored in truth.json).")
-    sy.add_argument("--name", required=True)
-    sy.add_argument("--area-km2", type=float, required=True)
-    sy.add_argument("--window-days", type=int, default=60)
-    sy.add_argument("--warmup-days", type=int, default=30)
-    sy.add_argument("--seed", type=int, default=0)
-    sy.add_argument("--cellsize", type=float, default=None, help="cell size in degrees (default: chosen from the area)")
-    sy.add_argument("--start", default="2021-06-01", help="first scored day, YYYY-MM-DD (warm-up precedes it)")
-    sy.add_argument("--out", required=True, help="folder to write the basin into")
-    sy.set_defaults(func=cmd_basin_synth)
-    fc = b.add_parser("from-camels", help="write a CAMELS-US gauge as a daily EF5 basin",
-                      description="Real daily basin-mean forcing (PET derived where the file has none) and USGS "
-                                  "discharge on a synthetic river-network template of the gauge's area; "
-                                  "TIMESTEP=1d. See hydroagent_hpc/datasets/camels_basin.py.")
-    fc.add_argument("--root", required=True, help="CAMELS folder (basin_mean_forcing/, usgs_streamflow/, "
-                                                  "camels_attributes_v2.0/) or a model_output folder")
-    fc.add_argument("--basin", required=True, help="8-digit gauge id, e.g. 01013500")
-    fc.add_argument("--start", required=True, help="first scored day, YYYY-MM-DD")
-    fc.add_argument("--end", required=True, help="last scored day, YYYY-MM-DD")
-    fc.add_argument("--warmup-days", type=int, default=365, help="days simulated before --start, not scored")
-    fc.add_argument("--forcing", default="nldas",
-                    choices=("nldas", "daymet", "maurer", "maurer_extended", "model_output"))
-    fc.add_argument("--attributes", help="camels_attributes_v2.0 folder (default: the one under --root)")
-    fc.add_argument("--spinup", choices=("none", "repeat"), default="none",
-                    help="repeat: fill warm-up days before the record with the forcing a year later")
-    fc.add_argument("--precip-column", choices=("prcp", "raim"), default="prcp",
-                    help="with --forcing model_output: PRCP (precipitation) or RAIM (rain + Snow-17 melt)")
-    fc.add_argument("--cells", type=int, default=150, help="cells of the network template (default 150)")
-    fc.add_argument("--network", choices=("comb", "valley"), default="comb",
-                    help="network template: comb (cardinal flow directions; EF5's kinematic wave conserves volume "
-                         "on it, default) or valley (a D8 valley DEM; EF5's scheme inflates volume on diagonal steps)")
-    fc.add_argument("--out", required=True, help="folder to write the basin into")
-    fc.set_defaults(func=cmd_basin_from_camels)
-
-    da = sub.add_parser("data", help="data tools").add_subparsers(dest="data_command", required=True)
-    us = da.add_parser("usgs", help="hourly USGS discharge (UTC, m3/s) as an EF5 observation CSV",
-                       description="Fetch instantaneous discharge (parameter 00060) with dataretrieval's Water Data "
-                                   "API, convert to m3/s and UTC, drop ice/equipment values and duplicates, average "
-                                   "to hours ending at the stamp; missing hours get no row.")
-    us.add_argument("--site", required=True, help="8-digit USGS site id")
-    us.add_argument("--start", required=True, help="first hour, YYYY-MM-DD (00:00 UTC) or 'YYYY-MM-DD HH:00'")
-    us.add_argument("--end", required=True, help="last hour, YYYY-MM-DD (23:00 UTC) or 'YYYY-MM-DD HH:00'")
-    us.add_argument("--out", required=True, help="CSV to write (a .json with counts is written beside it)")
-    us.add_argument("--base-url", help="Water Data API root instead of the USGS one (a mirror or a replay server)")
-    us.set_defaults(func=cmd_data_usgs)
-    dv = da.add_parser("verify", help="check a basin folder against its manifest.json (exit 1 on any difference)")
-    dv.add_argument("dir", help="basin folder")
-    dv.add_argument("--write", action="store_true", help="record the folder's current files in a new manifest.json")
-    dv.set_defaults(func=cmd_data_verify)
-
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """The calibrate, campaign, submit, demo and report subcommands."""
     c = sub.add_parser("calibrate", help="run one calibration episode and store it in HDF5",
                        description="Run one episode of an agent on a basin folder and append it to an HDF5 store.")
     c.add_argument("--basin", required=True, help="basin folder (control.txt, obs; e.g. from `basin synth`)")
@@ -488,34 +299,3 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report the committed episodes of a store a campaign is still writing (or a killed one left)")
     r.add_argument("--no-precip", action="store_true", help="do not read the basins' forcing for the hydrographs")
     r.set_defaults(func=cmd_report)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    try:
-        return int(args.func(args) or 0)
-    except HydroAgentError as exc:
-        if args.debug:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as exc:
-        if args.debug:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # the store's own errors: one line; a merge that is incomplete exits 1
-        from hydroagent_hpc.store import MergeError, StoreError
-
-        if args.debug or not isinstance(exc, StoreError):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, MergeError) else 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The ``hydroagent`` command.
+
+Subcommands, wired here and defined in :mod:`hydroagent_hpc.cli.basins` (``simulate``, a drop-in
+for ``ef5 control.txt``; ``basin synth|from-camels``; ``data usgs|verify``) and
+:mod:`hydroagent_hpc.cli.runs` (``calibrate``; ``campaign run|merge|status``; ``submit campaign``;
+``demo``; ``report``). Errors in the input print one clear message (file:line, key, fix) and exit
+with status 2 (an incomplete merge exits 1); no traceback unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from hydroagent_hpc import __version__
+from hydroagent_hpc.cli import basins, runs
+from hydroagent_hpc.sim.errors import HydroAgentError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hydroagent", description="Calibrate CREST/EF5 with agents, on a laptop or a Slurm cluster.")
+    p.add_argument("--version", action="version", version=f"hydroagent-hpc {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    p.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = p.add_subparsers(dest="command", required=True)
+    basins.add_parsers(sub)
+    runs.add_parsers(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return int(args.func(args) or 0)
+    except HydroAgentError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the store's own errors: one line; a merge that is incomplete exits 1
+        from hydroagent_hpc.store import MergeError, StoreError
+
+        if args.debug or not isinstance(exc, StoreError):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, MergeError) else 2
+
