@@ -181,6 +181,9 @@ def run_status(spec: CampaignSpec, run_dir: str | Path) -> dict[str, Any]:
     from hydroagent_hpc.store.view import superblock_dirty
 
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"--run-dir {run_dir}: no such run folder (give the RUN_DIR the campaign was "
+                                f"submitted with)")
     tasks = expand(spec)
     agent_of = {t.episode_id: t.agent.name for t in tasks}
     best: dict[str, float] = {}

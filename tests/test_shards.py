@@ -130,6 +130,8 @@ def test_status_of_a_run_folder_while_and_after_it_runs(tmp_path, small_basin_di
 
     spec = load_campaign(write_campaign(tmp_path, small_basin_dir, seeds=2, sims=12))
     run = tmp_path / "run"
+    with pytest.raises(FileNotFoundError, match="no such run folder"):
+        run_status(spec, run)
     run.mkdir()
     empty = run_status(spec, run)
     assert empty["done"] == 0 and empty["missing"] == 4 and empty["files"] == []
