@@ -50,8 +50,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
 from datetime import date, datetime, timedelta
 from pathlib import Path
 
@@ -60,11 +58,14 @@ import numpy as np
 from hydroagent_hpc.datasets import attributes as attr_mod
 from hydroagent_hpc.datasets import camels, model_output, pet
 from hydroagent_hpc.params import DEFAULTS
-from hydroagent_hpc.sim.controlfile import Gauge
+from hydroagent_hpc.sim.controlfile import Forcing, Gauge
 from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
+from hydroagent_hpc.sim.landscape import GRID_FILES
 from hydroagent_hpc.sim.manifest import write_manifest
 from hydroagent_hpc.sim.network import build_network
+from hydroagent_hpc.sim.staging import staged_folder
+from hydroagent_hpc.sim.templates import basin_control_text
 from hydroagent_hpc.sim.terrain import NODATA, TERRAIN_STYLES, Terrain, cell_km, make_terrain
 
 log = logging.getLogger(__name__)
@@ -74,10 +75,6 @@ __all__ = ["write_camels_basin", "load_camels_inputs", "WRITER_VERSION", "A_PRIO
 WRITER_VERSION = "2"  # 2: the comb network template by default
 CONTROL_NAME = "control.txt"
 A_PRIORI = {"b": 0.5, "im": 0.01, "leaki": 0.1, "alpha": 1.6, "beta": 0.6, "alpha0": 0.8}
-_GRID_FILES = {"wm": "wm.tif", "b": "b.tif", "im": "im.tif", "fc": "ksat.tif", "leaki": "leaki.tif",
-               "alpha": "alpha.tif", "beta": "beta.tif", "alpha0": "alpha0.tif"}
-
-
 def _day(text, name: str) -> date:
     try:
         return date.fromisoformat(str(text).strip()[:10])
@@ -210,25 +207,11 @@ def _asc_1x1(path: Path, geo: tuple, value: float, fmt: str) -> None:
 
 def _control_text(gid: str, cell: tuple[int, int], begin: datetime, warm: datetime | None, end: datetime,
                   header: str) -> str:
-    d = DEFAULTS
-    lines = [
-        f"# {header}", "# written by hydroagent_hpc.datasets.camels_basin; all paths relative: cd here && ef5 control.txt",
-        "", "[Basic]", "DEM=basic/dem.asc", "DDM=basic/ddm.asc", "FAM=basic/fam.asc", "PROJ=geographic",
-        "ESRIDDM=true", "SELFFAM=false",
-        "", "[PrecipForcing PRECIP]", "TYPE=ASC", "UNIT=mm/d", "FREQ=1d", "LOC=precip", "NAME=P.YYYYMMDD.asc",
-        "", "[PETForcing PET]", "TYPE=ASC", "UNIT=mm/d", "FREQ=1d", "LOC=pet", "NAME=PET.YYYYMMDD.asc",
-        "", f"[Gauge {gid}]", f"CELLX={cell[1]}", f"CELLY={cell[0]}", "OBS=obs/obs.csv", "OUTPUTTS=TRUE",
-        "", "[Basin BASIN]", f"GAUGE={gid}",
-        "", "[CrestParamSet CRESTPARAMS]", *(f"{k}_grid=params/{_GRID_FILES[k]}" for k in ("wm", "b", "im", "fc")),
-        f"GAUGE={gid}", *(f"{k.upper()}={float(d[k])!r}" for k in ("wm", "b", "im", "ke", "fc", "iwu")),
-        "", "[KWParamSet KWPARAMS]", *(f"{k}_grid=params/{_GRID_FILES[k]}" for k in ("leaki", "alpha", "beta", "alpha0")),
-        f"GAUGE={gid}", *(f"{k.upper()}={float(d[k])!r}" for k in ("under", "leaki", "th", "isu", "alpha", "beta", "alpha0")),
-        "", "[Task RUN]", "STYLE=SIMU", "MODEL=CREST", "ROUTING=KW", "BASIN=BASIN", "PRECIP=PRECIP", "PET=PET",
-        "OUTPUT=output", "PARAM_SET=CRESTPARAMS", "ROUTING_PARAM_SET=KWPARAMS", "TIMESTEP=1d",
-        f"TIME_BEGIN={begin:%Y%m%d%H%M}", *([f"TIME_WARMEND={warm:%Y%m%d%H%M}"] if warm else []),
-        f"TIME_END={end:%Y%m%d%H%M}", "", "[Execute]", "TASK=RUN", "",
-    ]
-    return "\n".join(lines)
+    return basin_control_text(
+        header=[header, "written by hydroagent_hpc.datasets.camels_basin; all paths relative: cd here && ef5 control.txt"],
+        gauge=gid, cell=cell, precip=Forcing("PRECIP", "ASC", "mm/d", "1d", Path("precip"), "P.YYYYMMDD.asc"),
+        pet=Forcing("PET", "ASC", "mm/d", "1d", Path("pet"), "PET.YYYYMMDD.asc"), timestep="1d", begin=begin, warm=warm, end=end,
+        grid_files=GRID_FILES, scalars=DEFAULTS)
 
 
 def _a_priori(attrs) -> dict[str, float]:
@@ -296,17 +279,14 @@ def write_camels_basin(out_dir, *, root, gauge_id: str, start, end, warmup_days:
                 "attributes": str(Path(attributes).resolve()) if attributes else None, "start": str(first),
                 "end": str(last), "warmup_days": warmup_days, "spinup": spinup, "target_cells": int(target_cells),
                 "network": network}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with staged_folder(out) as tmp:
         for sub in ("basic", "params", "precip", "pet", "obs", "output"):
             (tmp / sub).mkdir(parents=True)
         write_asc(tmp / "basic" / "dem.asc", dem, fmt="%.2f")
         write_asc(tmp / "basic" / "ddm.asc", ddm, fmt="%d")
         write_asc(tmp / "basic" / "fam.asc", fam, fmt="%d")
         prior = _a_priori(attrs)
-        for key, fname in _GRID_FILES.items():
+        for key, fname in GRID_FILES.items():
             write_tif(tmp / "params" / fname, Grid(np.full(dem.data.shape, prior[key]), dem.xll, dem.yll, dem.cellsize,
                                                    NODATA))
         size = (max(dem.nrows, dem.ncols) + 2) * dem.cellsize
@@ -352,12 +332,6 @@ def write_camels_basin(out_dir, *, root, gauge_id: str, start, end, warmup_days:
                                     "attributes": attrs.sources if attrs else [],
                                     "writer": f"{__name__} v{WRITER_VERSION}"},
                        command=command or f"write_camels_basin({settings})", basin=out.name)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("wrote CAMELS basin %s: %d cells, %.1f km2, %d days (%d spin-up), PET %s", out, net.n, model_area,
              len(days), spun, pet_method)
     return out / CONTROL_NAME

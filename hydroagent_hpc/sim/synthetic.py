@@ -31,9 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -47,7 +45,9 @@ from hydroagent_hpc.sim.evaporation import make_pet
 from hydroagent_hpc.sim.forcing import forcing_file_names, step_times
 from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
 from hydroagent_hpc.sim.landscape import GRID_FILES, make_parameter_grids
+from hydroagent_hpc.sim.templates import basin_control_text
 from hydroagent_hpc.sim.manifest import MANIFEST_NAME, write_manifest
+from hydroagent_hpc.sim.staging import staged_folder
 from hydroagent_hpc.sim.storms import CLIMATES, make_rainfall
 from hydroagent_hpc.sim.terrain import NODATA, TERRAIN_STYLES, cell_km, make_terrain
 from hydroagent_hpc.sim.truth import TRUTH_RANGES, draw_truth, implausibility, nse, observe
@@ -210,29 +210,13 @@ def _num(v: float) -> str:
 
 
 def _control_text(s: dict, gauge: str, cell: tuple[int, int], begin, warm, end) -> str:
-    d = DEFAULTS
-    crest_grids = [f"{k}_grid=params/{GRID_FILES[k]}" for k in ("wm", "b", "im", "fc")]
-    kw_grids = [f"{k}_grid=params/{GRID_FILES[k]}" for k in ("leaki", "alpha", "beta", "alpha0")]
-    lines = [
-        f"# {s['name']}: {s['description'] or 'synthetic basin'}",
-        f"# written by hydroagent_hpc.sim.synthetic v{GENERATOR_VERSION}, seed {s['seed']}; the true multipliers are",
-        "# in truth.json. Every path is relative: cd <this folder> && ef5 control.txt (output/ exists).",
-        "", "[Basic]", "DEM=basic/dem.asc", "DDM=basic/ddm.asc", "FAM=basic/fam.asc", "PROJ=geographic",
-        "ESRIDDM=true", "SELFFAM=false",
-        "", "[PrecipForcing RAIN]", "TYPE=TIF", "UNIT=mm/h", "FREQ=1h", "LOC=precip", "NAME=rain.YYYYMMDDHH.tif",
-        "", "[PETForcing PET]", "TYPE=TIF", "UNIT=mm/d", "FREQ=1d", "LOC=pet", "NAME=PET.YYYYMMDD.tif",
-        "", f"[Gauge {gauge}]", f"CELLX={cell[1]}", f"CELLY={cell[0]}", "OBS=obs/obs.csv", "OUTPUTTS=TRUE",
-        "", "[Basin BASIN]", f"GAUGE={gauge}",
-        "", "[CrestParamSet CRESTPARAMS]", *crest_grids, f"GAUGE={gauge}",
-        *(f"{k.upper()}={_num(d[k])}" for k in ("wm", "b", "im", "ke", "fc", "iwu")),
-        "", "[KWParamSet KWPARAMS]", *kw_grids, f"GAUGE={gauge}",
-        *(f"{k.upper()}={_num(d[k])}" for k in ("under", "leaki", "th", "isu", "alpha", "beta", "alpha0")),
-        "", "[Task RUN]", "STYLE=SIMU", "MODEL=CREST", "ROUTING=KW", "BASIN=BASIN", "PRECIP=RAIN", "PET=PET",
-        "OUTPUT=output", "PARAM_SET=CRESTPARAMS", "ROUTING_PARAM_SET=KWPARAMS", "TIMESTEP=1h",
-        f"TIME_BEGIN={begin:%Y%m%d%H%M}", f"TIME_WARMEND={warm:%Y%m%d%H%M}", f"TIME_END={end:%Y%m%d%H%M}",
-        "", "[Execute]", "TASK=RUN", "",
-    ]
-    return "\n".join(lines)
+    return basin_control_text(
+        header=[f"{s['name']}: {s['description'] or 'synthetic basin'}",
+                f"written by hydroagent_hpc.sim.synthetic v{GENERATOR_VERSION}, seed {s['seed']}; the true multipliers are",
+                "in truth.json. Every path is relative: cd <this folder> && ef5 control.txt (output/ exists)."],
+        gauge=gauge, cell=cell, precip=Forcing("RAIN", "TIF", "mm/h", "1h", Path("precip"), "rain.YYYYMMDDHH.tif"),
+        pet=Forcing("PET", "TIF", "mm/d", "1d", Path("pet"), "PET.YYYYMMDD.tif"), timestep="1h", begin=begin, warm=warm, end=end,
+        grid_files=GRID_FILES, scalars=DEFAULTS)
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -255,7 +239,7 @@ def _write_inputs(folder: Path, s: dict, rngs) -> dict:
     rain, events = make_rainfall(r_rain, terrain, len(steps), s["warmup_days"] * 24, CLIMATES[s["climate"]],
                                  s["area_km2"], begin.timetuple().tm_yday + begin.hour / 24.0)
     grids = make_parameter_grids(r_params, terrain)
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     for sub in ("basic", "params", "precip", "pet", "obs", "output"):
         (folder / sub).mkdir()
     geo = (terrain.xll, terrain.yll, terrain.cellsize, NODATA)
@@ -381,18 +365,9 @@ def synthesize_basin(out_dir, *, name: str, area_km2: float, window_days: int = 
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not _is_synthetic(out))):
         raise ValueError(f"out_dir={str(out)!r} exists and is not a synthetic basin; give a new or empty folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()
-    try:
+    with staged_folder(out) as tmp:
         _write_basin(tmp, s)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("wrote synthetic basin %s in %.1f s", out, time.perf_counter() - t0)
     return out / CONTROL_NAME
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Mapping
 
-__all__ = ["TEMPLATE_DIR", "placeholders", "fill_template"]
+from hydroagent_hpc.sim.controlfile import Forcing
+
+__all__ = ["TEMPLATE_DIR", "placeholders", "fill_template", "basin_control_text"]
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "ef5" / "templates"
 _FIELD = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
@@ -53,3 +56,35 @@ def fill_template(template: str | Path, values: Mapping[str, object]) -> str:
     lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     rendered = {k: _render(k, v) for k, v in values.items()}
     return "\n".join(_FIELD.sub(lambda m: rendered[m.group(1)], line) for line in lines).strip() + "\n"
+
+
+def basin_control_text(*, header: list[str], gauge: str, cell: tuple[int, int], precip: Forcing, pet: Forcing,
+                       timestep: str, begin: datetime, warm: datetime | None, end: datetime,
+                       grid_files: Mapping[str, str], scalars: Mapping[str, float]) -> str:
+    """The control file of a basin folder in our layout (``basic/``, ``params/``, forcing folders, ``obs/``).
+
+    Every path is relative to the folder (a forcing's ``loc`` too); ``header`` lines become ``#`` comments; ``cell`` is
+    (row, col) of the gauge; ``grid_files`` names the parameter grids in ``params/``; ``scalars``
+    gives the multiplier of every parameter (written with ``repr``). Used by the synthetic and the
+    CAMELS basin writers, so both produce the same layout.
+    """
+    crest, kw = ("wm", "b", "im", "ke", "fc", "iwu"), ("under", "leaki", "th", "isu", "alpha", "beta", "alpha0")
+    lines = [*(f"# {h}" for h in header),
+             "", "[Basic]", "DEM=basic/dem.asc", "DDM=basic/ddm.asc", "FAM=basic/fam.asc", "PROJ=geographic",
+             "ESRIDDM=true", "SELFFAM=false"]
+    for kind, f in (("PrecipForcing", precip), ("PETForcing", pet)):
+        lines += ["", f"[{kind} {f.name}]", f"TYPE={f.type}", f"UNIT={f.unit}", f"FREQ={f.freq}",
+                  f"LOC={f.loc.as_posix()}", f"NAME={f.pattern}"]
+    lines += [
+        "", f"[Gauge {gauge}]", f"CELLX={cell[1]}", f"CELLY={cell[0]}", "OBS=obs/obs.csv", "OUTPUTTS=TRUE",
+        "", "[Basin BASIN]", f"GAUGE={gauge}",
+        "", "[CrestParamSet CRESTPARAMS]", *(f"{k}_grid=params/{grid_files[k]}" for k in ("wm", "b", "im", "fc")),
+        f"GAUGE={gauge}", *(f"{k.upper()}={float(scalars[k])!r}" for k in crest),
+        "", "[KWParamSet KWPARAMS]", *(f"{k}_grid=params/{grid_files[k]}" for k in ("leaki", "alpha", "beta", "alpha0")),
+        f"GAUGE={gauge}", *(f"{k.upper()}={float(scalars[k])!r}" for k in kw),
+        "", "[Task RUN]", "STYLE=SIMU", "MODEL=CREST", "ROUTING=KW", "BASIN=BASIN", f"PRECIP={precip.name}",
+        f"PET={pet.name}", "OUTPUT=output", "PARAM_SET=CRESTPARAMS", "ROUTING_PARAM_SET=KWPARAMS",
+        f"TIMESTEP={timestep}", f"TIME_BEGIN={begin:%Y%m%d%H%M}", *([f"TIME_WARMEND={warm:%Y%m%d%H%M}"] if warm else []),
+        f"TIME_END={end:%Y%m%d%H%M}", "", "[Execute]", "TASK=RUN", "",
+    ]
+    return "\n".join(lines)
