@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hydroagent_hpc.bench.timing import median_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 _SIM: dict[str, Any] = {}
@@ -150,19 +151,12 @@ def slurm_latency(repeats: int = 3) -> list[dict[str, Any]] | None:
     with tempfile.TemporaryDirectory(prefix="hydroagent-bench-") as tmp:
         for cluster in ("local", "slurm"):
             ex = make_executor(Path(tmp) / cluster, site, cluster, name="bench-latency")
-            times = []
-            for i in range(repeats):
-                t0 = time.perf_counter()
-                ex.submit(trivial, i).result()
-                times.append(time.perf_counter() - t0)
-            rows.append({"path": f"submitit {cluster}", "median_s": float(np.median(times))})
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            subprocess.run(["sbatch", "--wait", "--quiet", "-o", "/dev/null", "--wrap", "true"], check=True,
-                           timeout=300, cwd=tmp)
-            times.append(time.perf_counter() - t0)
-        rows.append({"path": "sbatch --wait --wrap true", "median_s": float(np.median(times))})
+            seconds = median_seconds(lambda: ex.submit(trivial, 0).result(), repeats, warm_up=False)
+            rows.append({"path": f"submitit {cluster}", "median_s": seconds})
+        sbatch = ["sbatch", "--wait", "--quiet", "-o", "/dev/null", "--wrap", "true"]
+        seconds = median_seconds(lambda: subprocess.run(sbatch, check=True, timeout=300, cwd=tmp), repeats,
+                                 warm_up=False)
+        rows.append({"path": "sbatch --wait --wrap true", "median_s": seconds})
     base = rows[0]["median_s"]
     for r in rows:
         r["ratio_vs_submitit_local"] = r["median_s"] / base

@@ -8,14 +8,12 @@ a bare ``metrics.nse`` call on the same data, and reports the ratio.
 from __future__ import annotations
 
 import logging
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from hydroagent_hpc import metrics
+from hydroagent_hpc.bench.timing import median_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -39,16 +37,6 @@ def synthetic_pair(n: int = N_HOURS, seed: int = 0) -> tuple[np.ndarray, np.ndar
     return obs, sim, times
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # warm-up: imports, caches
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
 def run(repeats: int = 200) -> list[dict[str, Any]]:
     """Time ``evaluate`` (clean and with 5 % gaps) against a bare NSE call; median per call."""
     obs, sim, times = synthetic_pair()
@@ -56,7 +44,7 @@ def run(repeats: int = 200) -> list[dict[str, Any]]:
     gappy[np.random.default_rng(1).random(obs.size) < 0.05] = np.nan
     gappy[:48] = -999.0  # EF5 sentinel over the first two days
 
-    base_s = _median_seconds(lambda: metrics.nse(obs, sim), repeats)
+    base_s = median_seconds(lambda: metrics.nse(obs, sim), repeats)
     rows: list[dict[str, Any]] = [
         {"name": f"metrics.nse {N_HOURS} h", "baseline": BASELINE,
          "seconds_per_call": base_s, "ratio_vs_baseline": 1.0},
@@ -66,7 +54,7 @@ def run(repeats: int = 200) -> list[dict[str, Any]]:
         def call(o: np.ndarray = o) -> None:
             metrics.evaluate(o, sim, times)
 
-        seconds = _median_seconds(call, repeats)
+        seconds = median_seconds(call, repeats)
         rows.append({"name": name, "baseline": BASELINE, "seconds_per_call": seconds,
                      "ratio_vs_baseline": seconds / base_s})
     for row in rows:

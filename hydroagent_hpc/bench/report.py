@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from hydroagent_hpc.metrics import evaluate
 from hydroagent_hpc.params import DEFAULTS, PARAMS, TUNABLE
 from hydroagent_hpc.store import EpisodeWriter, read_episodes, read_sims
 from hydroagent_hpc.types import Basin, Episode, SimRecord
+from hydroagent_hpc.bench.timing import median_seconds
 
 __all__ = ["synthetic_campaign", "run", "main", "AGENTS", "BASINS"]
 
@@ -121,16 +120,6 @@ def _episode(basin: Basin, agent: str, a: int, seed: int, sims: int, times: np.n
         times=times, observed=obs, warmup=warm)
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # warm-up: imports, page cache
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
 def run(episodes: int = 1000, repeats: int = 3, workdir: Path | None = None) -> list[dict[str, Any]]:
     """Time a report over a synthetic store of about ``episodes`` episodes against its reads."""
     from hydroagent_hpc.report import write_report
@@ -142,9 +131,9 @@ def run(episodes: int = 1000, repeats: int = 3, workdir: Path | None = None) -> 
         store = synthetic_campaign(root / "bench.h5", seeds=seeds, truth_root=root / "basins")
         write_s = time.perf_counter() - t0
         n = len(AGENTS) * 5 * seeds
-        read_s = _median_seconds(lambda: read_episodes(store), repeats)
-        reads_s = _median_seconds(lambda: (read_episodes(store), read_sims(store)), repeats)
-        report_s = _median_seconds(lambda: write_report(store, root / "report", precip=False), repeats)
+        read_s = median_seconds(lambda: read_episodes(store), repeats)
+        reads_s = median_seconds(lambda: (read_episodes(store), read_sims(store)), repeats)
+        report_s = median_seconds(lambda: write_report(store, root / "report", precip=False), repeats)
         size_mb = store.stat().st_size / 1e6
     common = {"episodes": n, "simulations": n * 20, "store_mb": size_mb, "write_s": write_s}
     return [

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+from hydroagent_hpc.bench.timing import median_seconds
 
 __all__ = ["CaseTiming", "bench_case"]
 
@@ -53,21 +53,12 @@ class CaseTiming:
         return self.batch8_s / self.run_s
 
 
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _process_time(cmd: list[str], env: dict[str, str], repeats: int, cwd: str | None = None) -> float:
     def once():
         proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cmd[0]} failed: {proc.stderr[-500:]}")
-    return _median_time(once, repeats)
+    return median_seconds(once, repeats, warm_up=False)
 
 
 def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
@@ -76,14 +67,14 @@ def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
     t0 = time.perf_counter()
     sim = EmbeddedSimulator(control, cache_dir=cache)
     cold = time.perf_counter() - t0
-    warm = _median_time(lambda: EmbeddedSimulator(control, cache_dir=cache), 3)
+    warm = median_seconds(lambda: EmbeddedSimulator(control, cache_dir=cache), 3, warm_up=False)
     params = typical_params(Path(control))
     sim.run(params)  # compile or load the compiled kernel
-    run = _median_time(lambda: sim.run(params), repeats)
+    run = median_seconds(lambda: sim.run(params), repeats, warm_up=False)
     rng = np.random.default_rng(0)
     sets = [{**params, "wm": float(rng.uniform(0.5, 2.0)), "alpha": float(rng.uniform(0.5, 2.0))} for _ in range(8)]
     sim.run_batch(sets)
-    batch = _median_time(lambda: sim.run_batch(sets), max(3, repeats // 2))
+    batch = median_seconds(lambda: sim.run_batch(sets), max(3, repeats // 2), warm_up=False)
     out = tempfile.mkdtemp(prefix="hydroagent-bench-out-")
     env = {**os.environ, "HYDROAGENT_CACHE": cache}
     proc = _process_time([sys.executable, "-m", "hydroagent_hpc.cli", "-q", "simulate", str(control), "--output", out],
@@ -96,7 +87,7 @@ def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
 
         esim = EF5Simulator(control)
         esim.run()
-        timing.ef5_run_s = _median_time(esim.run, 3)
+        timing.ef5_run_s = median_seconds(esim.run, 3, warm_up=False)
         run_dir = Path(tempfile.mkdtemp(prefix="hydroagent-bench-ef5-"))
         (run_dir / "output").mkdir()
         from hydroagent_hpc.sim.controlfile import render_control
