@@ -35,7 +35,7 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
-from hydroagent_hpc.hpc.pool import ProcessPool, TaskResult
+from hydroagent_hpc.hpc.pool import ProcessPool, TaskResult, release
 
 log = logging.getLogger(__name__)
 
@@ -129,13 +129,8 @@ class MPIPool:
                     if not ok:
                         log.warning("task %d failed: %s", index, error.splitlines()[0] if error else "")
                     done[index] = TaskResult(index, ok, value, error, seconds)
-                if not ordered:
-                    for index in sorted(done):
-                        next_out += 1
-                        yield done.pop(index)
-                while ordered and next_out in done:
-                    yield done.pop(next_out)
-                    next_out += 1
+                ready, next_out = release(done, next_out, ordered)
+                yield from ready
         finally:
             for fut in pending:  # the consumer stopped early: drop what has not started
                 fut.cancel()

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TaskResult", "SerialPool", "ProcessPool", "open_pool", "BACKENDS"]
+__all__ = ["TaskResult", "SerialPool", "ProcessPool", "open_pool", "release", "BACKENDS"]
 
 BACKENDS = ("serial", "processes", "mpi")
 
@@ -40,6 +40,21 @@ class TaskResult:
     value: Any = None
     error: str = ""
     seconds: float = 0.0
+
+
+def release(done: dict[int, TaskResult], next_out: int, ordered: bool) -> tuple[list[TaskResult], int]:
+    """Take the finished results a ``map`` may hand out now; return them and the new count handed out.
+
+    Unordered: every finished result. Ordered: the unbroken run from index ``next_out`` on.
+    """
+    if ordered:
+        ready = []
+        while next_out in done:
+            ready.append(done.pop(next_out))
+            next_out += 1
+        return ready, next_out
+    ready = [done.pop(i) for i in sorted(done)]
+    return ready, next_out + len(ready)
 
 
 class SerialPool:
@@ -176,13 +191,8 @@ class ProcessPool:
                         results[slot.task] = TaskResult(slot.task, False, error=failure, seconds=now - slot.started)
                         self._retire(slot)
                         self._slots[k] = self._spawn()
-                if not ordered:
-                    for index in sorted(results):
-                        next_out += 1
-                        yield results.pop(index)
-                while ordered and next_out in results:
-                    yield results.pop(next_out)
-                    next_out += 1
+                ready, next_out = release(results, next_out, ordered)
+                yield from ready
         finally:
             for slot in self._slots:
                 if slot.task is not None:  # abandoned mid-task (the consumer stopped): kill
