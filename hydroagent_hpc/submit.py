@@ -24,26 +24,56 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hydroagent_hpc.campaign import CampaignError, check_requirements, load_campaign, run_campaign, worker_init
+from hydroagent_hpc.campaign import (CampaignError, CampaignSpec, check_requirements, load_campaign, run_campaign,
+                                     worker_init)
 from hydroagent_hpc.hpc.slurm import SiteSettings, allocation_cpus, array_id, make_executor
 from hydroagent_hpc.shards import MERGED, IncompleteMergeError, merge_run, shard_path, skip_stores, write_run_record
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_shard", "ShardJob", "MergeJob", "submit_campaign", "array_active", "defer_merge", "POOLS"]
+__all__ = ["choose_pool", "run_on_pool", "run_shard", "ShardJob", "MergeJob", "submit_campaign", "array_active", "defer_merge", "POOLS"]
 
 POOLS = ("auto", "serial", "processes", "mpi")
 
 
-def _choose_pool(pool: str, workers: int | None) -> tuple[str, int]:
+def choose_pool(pool: str, workers: int | None, default_workers: int | None = None) -> tuple[str, int]:
+    """The backend and worker count for ``pool`` ("auto", "serial", "processes", "mpi").
+
+    Without ``workers``: ``default_workers``, or the CPUs this task may use (``SLURM_CPUS_PER_TASK``)
+    when none is given or the pool is "processes". "auto" takes MPI under an MPI launcher, else
+    processes when there is more than one worker, else serial.
+    """
     from hydroagent_hpc.hpc.mpi import in_mpi_world
 
     if pool not in POOLS:
         raise ValueError(f"pool={pool!r}: choose one of {', '.join(POOLS)}")
-    n = workers if workers is not None else allocation_cpus()
+    if workers is None:
+        workers = default_workers if default_workers is not None and pool != "processes" else allocation_cpus()
+    if pool == "mpi" and not in_mpi_world():
+        raise ValueError("--pool mpi: this process was not started by an MPI launcher; run under "
+                         "`mpiexec -n N hydroagent ...` or `srun --mpi=pmi2 -n N ...`")
     if pool == "auto":
-        pool = "mpi" if in_mpi_world() else ("processes" if n > 1 else "serial")
-    return pool, n
+        pool = "mpi" if in_mpi_world() else ("processes" if workers > 1 else "serial")
+    return pool, workers
+
+
+def run_on_pool(spec: CampaignSpec, out: str | Path, pool: str = "auto", workers: int | None = None,
+                default_workers: int | None = None, max_in_flight: int = 32, timeout_s: float | None = None,
+                progress: bool = True, **campaign: Any) -> dict[str, Any] | None:
+    """:func:`run_campaign` on the pool chosen by :func:`choose_pool`; ``None`` on MPI worker ranks.
+
+    ``campaign`` passes on ``shard``, ``skip_stores`` and ``limit``.
+    """
+    backend, n = choose_pool(pool, workers, default_workers)
+    if backend == "mpi":
+        from hydroagent_hpc.hpc.mpi import mpi_pool
+
+        with mpi_pool(max_in_flight=max_in_flight, timeout_s=timeout_s, initializer=worker_init) as p:
+            if p is None:
+                return None
+            return run_campaign(spec, out, pool=p, progress=progress, **campaign)
+    return run_campaign(spec, out, workers=n if backend == "processes" else 1, timeout_s=timeout_s,
+                        progress=progress, **campaign)
 
 
 def run_shard(campaign: str | Path, run_dir: str | Path, index: int, count: int, pool: str = "auto",
@@ -54,20 +84,10 @@ def run_shard(campaign: str | Path, run_dir: str | Path, index: int, count: int,
     ``pool="auto"`` takes the MPI pool when launched with several MPI ranks (``srun --mpi=pmi2``,
     ``mpiexec``), else local processes over the task's CPUs (``SLURM_CPUS_PER_TASK``).
     """
-    spec = load_campaign(campaign)
-    out = shard_path(run_dir, index, count)
-    skip = skip_stores(run_dir, count)
-    backend, n = _choose_pool(pool, workers)
-    progress = sys.stderr.isatty() if progress is None else progress
-    if backend == "mpi":
-        from hydroagent_hpc.hpc.mpi import mpi_pool
-
-        with mpi_pool(max_in_flight=max_in_flight, timeout_s=timeout_s, initializer=worker_init) as p:
-            if p is None:
-                return None
-            return run_campaign(spec, out, pool=p, shard=(index, count), skip_stores=skip, progress=progress)
-    return run_campaign(spec, out, workers=n if backend == "processes" else 1, shard=(index, count),
-                        skip_stores=skip, timeout_s=timeout_s, progress=progress)
+    return run_on_pool(load_campaign(campaign), shard_path(run_dir, index, count), pool, workers,
+                       max_in_flight=max_in_flight, timeout_s=timeout_s,
+                       progress=sys.stderr.isatty() if progress is None else progress,
+                       shard=(index, count), skip_stores=skip_stores(run_dir, count))
 
 
 class ShardJob:

@@ -70,50 +70,30 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_campaign_run(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.campaign import load_campaign, run_campaign
-    from hydroagent_hpc.submit import run_shard
+    from hydroagent_hpc.campaign import load_campaign
+    from hydroagent_hpc.submit import run_on_pool, run_shard
 
     if (args.out is None) == (args.run_dir is None):
         raise HydroAgentError("campaign run: give exactly one of --out FILE or --run-dir DIR",
                               fix="--out for one HDF5 file; --run-dir (with --shard I/N) for cluster shards")
+    progress = not args.no_progress
     if args.run_dir is not None:
         from hydroagent_hpc.shards import parse_shard
 
         index, count = parse_shard(args.shard or "0/1")
         summary = run_shard(args.file, args.run_dir, index, count, pool=args.pool, workers=args.workers,
                             max_in_flight=args.max_in_flight, timeout_s=args.timeout,
-                            progress=not args.no_progress and sys.stderr.isatty())
-        if summary is None:  # an MPI worker rank: the root reports
-            return 0
+                            progress=progress and sys.stderr.isatty())
+    elif args.shard:
+        raise HydroAgentError("--shard needs --run-dir", fix="shards are written as RUN_DIR/shards/shard-I-of-N.h5")
     else:
-        if args.shard:
-            raise HydroAgentError("--shard needs --run-dir", fix="shards are written as RUN_DIR/shards/shard-I-of-N.h5")
-        spec = load_campaign(args.file)
-        if args.pool in ("mpi", "auto") and _mpi_world():
-            from hydroagent_hpc.campaign import worker_init
-            from hydroagent_hpc.hpc.mpi import mpi_pool
-
-            with mpi_pool(max_in_flight=args.max_in_flight, timeout_s=args.timeout, initializer=worker_init) as pool:
-                if pool is None:
-                    return 0
-                summary = run_campaign(spec, args.out, pool=pool, progress=not args.no_progress, limit=args.limit)
-        elif args.pool == "mpi":
-            raise HydroAgentError("--pool mpi: this process was not started by an MPI launcher",
-                                  fix="run under `mpiexec -n N hydroagent ...` or `srun --mpi=pmi2 -n N ...`")
-        else:
-            from hydroagent_hpc.hpc.slurm import allocation_cpus
-
-            workers = {"serial": 1, "processes": args.workers or allocation_cpus()}.get(args.pool, args.workers or 1)
-            summary = run_campaign(spec, args.out, workers=workers, progress=not args.no_progress, limit=args.limit,
-                                   timeout_s=args.timeout)
+        summary = run_on_pool(load_campaign(args.file), args.out, args.pool, args.workers, default_workers=1,
+                              max_in_flight=args.max_in_flight, timeout_s=args.timeout, progress=progress,
+                              limit=args.limit)
+    if summary is None:  # an MPI worker rank: the root reports
+        return 0
     print(json.dumps(summary))
     return 0 if not summary["failed"] else 1
-
-
-def _mpi_world() -> bool:
-    from hydroagent_hpc.hpc.mpi import in_mpi_world
-
-    return in_mpi_world()
 
 
 def cmd_campaign_merge(args: argparse.Namespace) -> int:
