@@ -38,7 +38,7 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def small_basin_dir(tmp_path_factory) -> Path:
     """A small synthetic basin (about 80 km2, 10 days + 3 days warm-up), built once per session."""
-    from hydroagent_hpc.sim.synthetic import synthesize_basin
+    from hydroagent_hpc.sim.synth.basins import synthesize_basin
 
     control = synthesize_basin(tmp_path_factory.mktemp("basins") / "syn_small", name="syn_small", area_km2=80.0,
                                window_days=10, warmup_days=3, seed=7, start="2021-07-01")

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from hydroagent_hpc.config import PRESETS, ConfigError, RewardConfig, load_config, to_dict
-from hydroagent_hpc.rewards import RewardLedger
+from hydroagent_hpc.env.rewards import RewardLedger
 
 
 def test_presets_differ_where_the_paper_and_the_code_differ():

@@ -107,12 +107,12 @@ def test_daily_step_agrees_with_an_hourly_run_of_the_same_forcing(basin, sim, tm
 
 
 def test_environment_and_diagnostics_at_a_daily_step(basin, sim):
-    from hydroagent_hpc.agents.optimizers import make_optimizer_policy
-    from hydroagent_hpc.basin import load_basin
+    from hydroagent_hpc.agents.optimizers.policy import make_optimizer_policy
+    from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.config import preset
-    from hydroagent_hpc.env import CalibrationEnv
-    from hydroagent_hpc.prompts import format_timestep
-    from hydroagent_hpc.rollout import run_episode
+    from hydroagent_hpc.env.environment import CalibrationEnv
+    from hydroagent_hpc.env.prompts import format_timestep
+    from hydroagent_hpc.env.episode import run_episode
 
     b = load_basin(basin)
     assert b.timestep == "1d" and b.window_start == "1996-10-02 00:00" and b.area_km2 == pytest.approx(142.18, rel=1e-5)

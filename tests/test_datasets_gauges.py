@@ -7,10 +7,10 @@ import csv
 import pytest
 
 from conftest import SHARED
-from hydroagent_hpc.basin import CANONICAL_GAUGE, CANONICAL_TARGET, DEFAULT_TARGET
+from hydroagent_hpc.sim.basin import CANONICAL_GAUGE, CANONICAL_TARGET, DEFAULT_TARGET
 from hydroagent_hpc.datasets.gauges import COLUMNS, DEFAULT_FILE, load_paper_gauges, paper_gauge
 from hydroagent_hpc.sim.errors import InputError
-from hydroagent_hpc.sim.synthetic import DEMO_BASINS
+from hydroagent_hpc.sim.synth.basins import DEMO_BASINS
 
 
 def test_fourteen_gauges_four_held_out_ids_as_strings():

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from hydroagent_hpc.agents.scripted import ScriptedPolicy
-from hydroagent_hpc.basin import load_basin
+from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
-from hydroagent_hpc.env import CalibrationEnv
-from hydroagent_hpc.rollout import run_episode
-from hydroagent_hpc.sim.synthetic import read_truth
-from hydroagent_hpc.toolcalls import render_hermes, render_tool_response
+from hydroagent_hpc.env.environment import CalibrationEnv
+from hydroagent_hpc.env.episode import run_episode
+from hydroagent_hpc.sim.synth.basins import read_truth
+from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response
 from hydroagent_hpc.types import ToolCall
 
 SET = "set_parameters"

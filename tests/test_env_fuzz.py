@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hydroagent_hpc.basin import load_basin
+from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
-from hydroagent_hpc.env import CalibrationEnv
+from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.params import PARAMS, PARAM_NAMES
 from hydroagent_hpc.sim.controlfile import parse_control, render_control
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from hydroagent_hpc.agents.factory import make_agent
-from hydroagent_hpc.basin import load_basin
+from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.campaign import AgentSpec
 from hydroagent_hpc.config import preset
-from hydroagent_hpc.env import CalibrationEnv
-from hydroagent_hpc.rollout import run_episode
+from hydroagent_hpc.env.environment import CalibrationEnv
+from hydroagent_hpc.env.episode import run_episode
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
-from hydroagent_hpc.basin import load_basin
+from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
-from hydroagent_hpc.env import CalibrationEnv
-from hydroagent_hpc.rollout import run_episode
-from hydroagent_hpc.toolcalls import parse_message
+from hydroagent_hpc.env.environment import CalibrationEnv
+from hydroagent_hpc.env.episode import run_episode
+from hydroagent_hpc.env.toolcalls import parse_message
 
 
 @pytest.fixture(scope="module")

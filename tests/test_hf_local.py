@@ -26,13 +26,13 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from hydroagent_hpc.agents.base import Policy  # noqa: E402
-from hydroagent_hpc.agents.hf_local import HFLocalPolicy, turn_seed  # noqa: E402
-from hydroagent_hpc.basin import load_basin  # noqa: E402
+from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy, turn_seed  # noqa: E402
+from hydroagent_hpc.sim.basin import load_basin  # noqa: E402
 from hydroagent_hpc.config import preset  # noqa: E402
-from hydroagent_hpc.env import CalibrationEnv  # noqa: E402
-from hydroagent_hpc.models import tiny  # noqa: E402
-from hydroagent_hpc.rollout import run_episode  # noqa: E402
-from hydroagent_hpc.toolcalls import render_hermes, render_tool_response, tool_schemas  # noqa: E402
+from hydroagent_hpc.env.environment import CalibrationEnv  # noqa: E402
+from hydroagent_hpc.train import tiny  # noqa: E402
+from hydroagent_hpc.env.episode import run_episode  # noqa: E402
+from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response, tool_schemas  # noqa: E402
 from hydroagent_hpc.types import ToolCall  # noqa: E402
 
 
@@ -377,7 +377,7 @@ def test_end_to_end_random_model_records_parse_failures(tok, model, basin, small
 
 def test_context_overflow_at_start_ends_cleanly(tok, model, basin, small_sim, caplog):
     policy = HFLocalPolicy(model, tok, max_new_tokens=16, max_context_tokens=200)
-    with caplog.at_level(logging.INFO, logger="hydroagent_hpc.agents.hf_local"):
+    with caplog.at_level(logging.INFO, logger="hydroagent_hpc.agents.llm.hf_local"):
         ep = run_episode(policy, _env(basin, small_sim))
     assert ep.stop_reason.startswith("context_length") and ep.turns == []
     assert policy.stop_reason.startswith("context_length: prompt ") and "at turn 0" in policy.stop_reason
@@ -404,7 +404,7 @@ def test_edited_history_is_re_rendered(tok, model, caplog):
     reply = p.act(msgs)
     edited = msgs + [{"role": "assistant", "content": "(edited) " + reply},
                      {"role": "tool", "content": render_tool_response({"status": "ok"})}]
-    with caplog.at_level(logging.WARNING, logger="hydroagent_hpc.agents.hf_local"):
+    with caplog.at_level(logging.WARNING, logger="hydroagent_hpc.agents.llm.hf_local"):
         p.act(edited)
     assert p.trace[1].rerendered and any("re-rendering" in r.getMessage() for r in caplog.records)
     assert p.trace[1].prompt_ids == _encode(tok, p.render(edited))
@@ -414,7 +414,7 @@ def test_edited_history_is_re_rendered(tok, model, caplog):
 
 
 def test_modules_import_without_torch():
-    code = ("import sys; import hydroagent_hpc.agents.hf_local, hydroagent_hpc.models; "
+    code = ("import sys; import hydroagent_hpc.agents.llm.hf_local, hydroagent_hpc.train; "
             "bad = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

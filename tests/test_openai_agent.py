@@ -1,7 +1,7 @@
 """OpenAIAgent end to end: the real ``openai`` client against the loopback replay server.
 
 No network and no mock of the client: every request goes over HTTP to
-:class:`~hydroagent_hpc.agents.replay_server.ReplayServer` on 127.0.0.1, which answers from the
+:class:`~hydroagent_hpc.agents.llm.replay_server.ReplayServer` on 127.0.0.1, which answers from the
 hand-written recordings in ``tests/data/recorded/`` (native function calls, Hermes text, a
 malformed call, a 429, a 503, a response that arrives after the client's timeout, a final
 message without tool calls).
@@ -25,18 +25,18 @@ import pytest
 pytest.importorskip("openai")
 
 from hydroagent_hpc.agents.base import Policy  # noqa: E402
-from hydroagent_hpc.agents.llm_client import (ChatClient, LLMRequestError, RateLimiter,  # noqa: E402
+from hydroagent_hpc.agents.llm.client import (ChatClient, LLMRequestError, RateLimiter,  # noqa: E402
                                               parse_retry_after)
-from hydroagent_hpc.agents.models_file import (MissingAPIKeyError, ModelSpec, ModelsFileError,  # noqa: E402
+from hydroagent_hpc.agents.llm.models_file import (MissingAPIKeyError, ModelSpec, ModelsFileError,  # noqa: E402
                                                get_model, load_models)
-from hydroagent_hpc.agents.openai_api import (OpenAIAgent, make_openai_agent, native_calls_to_text,  # noqa: E402
+from hydroagent_hpc.agents.llm.openai_api import (OpenAIAgent, make_openai_agent, native_calls_to_text,  # noqa: E402
                                              with_changes)
-from hydroagent_hpc.agents.replay_server import ReplayServer, check_tool_messages  # noqa: E402
-from hydroagent_hpc.basin import load_basin  # noqa: E402
+from hydroagent_hpc.agents.llm.replay_server import ReplayServer, check_tool_messages  # noqa: E402
+from hydroagent_hpc.sim.basin import load_basin  # noqa: E402
 from hydroagent_hpc.config import preset  # noqa: E402
-from hydroagent_hpc.env import CalibrationEnv  # noqa: E402
-from hydroagent_hpc.rollout import run_episode  # noqa: E402
-from hydroagent_hpc.toolcalls import (from_openai_tool_calls, parse_message, render_hermes,  # noqa: E402
+from hydroagent_hpc.env.environment import CalibrationEnv  # noqa: E402
+from hydroagent_hpc.env.episode import run_episode  # noqa: E402
+from hydroagent_hpc.env.toolcalls import (from_openai_tool_calls, parse_message, render_hermes,  # noqa: E402
                                       render_tool_response, tool_schemas)
 from hydroagent_hpc.types import ToolCall  # noqa: E402
 
@@ -506,7 +506,7 @@ def test_replay_server_is_bounded_and_strict():
 def test_replay_server_command_line(tmp_path):
     path = tmp_path / "script.json"
     path.write_text(json.dumps(bodies("hermes_episode.json")[:1]))
-    proc = subprocess.Popen([sys.executable, "-m", "hydroagent_hpc.agents.replay_server", "--script", str(path),
+    proc = subprocess.Popen([sys.executable, "-m", "hydroagent_hpc.agents.llm.replay_server", "--script", str(path),
                              "--port", "0"], stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         line, deadline = "", time.monotonic() + 30

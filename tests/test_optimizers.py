@@ -10,18 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hydroagent_hpc.agents.base import DirectPolicy
-from hydroagent_hpc.agents.dds import DDS, dds_initial_count, dds_perturb, dds_probability
-from hydroagent_hpc.agents.dream import DREAM, nse_log_likelihood
-from hydroagent_hpc.agents.optimizers import (OPTIMIZERS, OptimizerPolicy, make_optimizer, make_optimizer_policy,
+from hydroagent_hpc.agents.optimizers.dds import DDS, dds_initial_count, dds_perturb, dds_probability
+from hydroagent_hpc.agents.optimizers.dream import DREAM, nse_log_likelihood
+from hydroagent_hpc.agents.optimizers.policy import (OPTIMIZERS, OptimizerPolicy, make_optimizer, make_optimizer_policy,
                                               simulation_budget)
-from hydroagent_hpc.agents.sampling import LatinHypercubeSearch
-from hydroagent_hpc.agents.sceua import SCEUA, trapezoidal_probabilities
-from hydroagent_hpc.agents.space import ParameterSpace, clean_score, reflect
-from hydroagent_hpc.basin import load_basin
+from hydroagent_hpc.agents.optimizers.sampling import LatinHypercubeSearch
+from hydroagent_hpc.agents.optimizers.sceua import SCEUA, trapezoidal_probabilities
+from hydroagent_hpc.agents.optimizers.space import ParameterSpace, clean_score, reflect
+from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
-from hydroagent_hpc.env import CalibrationEnv
+from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.params import PARAMS, TUNABLE
-from hydroagent_hpc.rollout import run_episode
+from hydroagent_hpc.env.episode import run_episode
 from hydroagent_hpc.sim.errors import HydroAgentError
 
 SPACE = ParameterSpace()
@@ -325,7 +325,7 @@ def basin(small_basin_dir):
 
 @pytest.fixture(scope="module")
 def default_nse(small_sim):
-    from hydroagent_hpc.diagnostics import evaluate_run
+    from hydroagent_hpc.env.observations import evaluate_run
 
     return evaluate_run(small_sim.run({}))["NSE"]
 

@@ -12,7 +12,7 @@ from hydroagent_hpc.campaign import load_campaign, run_campaign
 from hydroagent_hpc.metrics import nse
 from hydroagent_hpc.report import write_report
 from hydroagent_hpc.report.recovery import recovery_error
-from hydroagent_hpc.sim.synthetic import read_truth
+from hydroagent_hpc.sim.synth.basins import read_truth
 from hydroagent_hpc.store import read_episodes, read_series, read_sims
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from hpc_helpers import BIN, assert_same_episodes, job_env, write_campaign
 from hydroagent_hpc.campaign import expand, load_campaign, run_campaign, shard_of
-from hydroagent_hpc.shards import list_shards, merge_run, parse_shard, shard_path, skip_stores
+from hydroagent_hpc.campaign.shards import list_shards, merge_run, parse_shard, shard_path, skip_stores
 from hydroagent_hpc.store import MergeError, stored_ids
 
 
@@ -126,7 +126,7 @@ def test_submit_through_submitit_local_executor(tmp_path, small_basin_dir):
 
 
 def test_status_of_a_run_folder_while_and_after_it_runs(tmp_path, small_basin_dir):
-    from hydroagent_hpc.shards import run_status
+    from hydroagent_hpc.campaign.shards import run_status
 
     spec = load_campaign(write_campaign(tmp_path, small_basin_dir, seeds=2, sims=12))
     run = tmp_path / "run"

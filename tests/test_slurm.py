@@ -16,7 +16,7 @@ import pytest
 from hpc_helpers import ROOT, assert_same_episodes, job_env, write_campaign
 from hydroagent_hpc.campaign import expand, load_campaign, run_campaign
 from hydroagent_hpc.hpc.slurm import SiteSettings, slurm_available
-from hydroagent_hpc.shards import shard_path
+from hydroagent_hpc.campaign.shards import shard_path
 from hydroagent_hpc.store import stored_ids
 
 pytestmark = pytest.mark.slurm
@@ -153,7 +153,7 @@ def test_sbatch_task_requeued_halfway_completes_each_episode_once(tmp_path, smal
     wait_for(lambda: _stored(shard0) >= 1, 120, "shard 0 to store its first episode")
     before = _stored(shard0)
     assert before < 8, "the shard finished before the requeue; make the episodes longer"
-    from hydroagent_hpc.shards import run_status
+    from hydroagent_hpc.campaign.shards import run_status
 
     live = run_status(load_campaign(camp), run)  # read beside the writing tasks
     assert 1 <= live["done"] < 16 and any(f["state"].startswith("open") for f in live["files"])
@@ -170,7 +170,7 @@ def test_sbatch_task_requeued_halfway_completes_each_episode_once(tmp_path, smal
 
 
 def test_submitit_preempted_shard_is_requeued_and_resumes(tmp_path, small_basin_dir):
-    from hydroagent_hpc.submit import submit_campaign
+    from hydroagent_hpc.campaign.submit import submit_campaign
 
     camp = write_campaign(tmp_path, small_basin_dir, seeds=8, sims=60)
     run = tmp_path / "run"
@@ -196,7 +196,7 @@ def test_submitit_preempted_shard_is_requeued_and_resumes(tmp_path, small_basin_
 
 def test_submitit_mpi_ranks_inside_the_allocation(tmp_path, small_basin_dir):
     """``--ntasks 2``: submitit starts 2 ranks with srun --mpi=pmi2; rank 0 coordinates the MPI pool."""
-    from hydroagent_hpc.submit import submit_campaign
+    from hydroagent_hpc.campaign.submit import submit_campaign
 
     camp = write_campaign(tmp_path, small_basin_dir, seeds=2, sims=20)
     run = tmp_path / "run"

@@ -98,7 +98,7 @@ def test_sbatch_accepts_the_scripts(tmp_path, script, arg):
 
 
 def test_run_record_is_json_with_commit(tmp_path):
-    from hydroagent_hpc.shards import write_run_record
+    from hydroagent_hpc.campaign.shards import write_run_record
 
     write_run_record(tmp_path, {"array": 2})
     write_run_record(tmp_path, {"array": 3})  # a resubmission keeps the earlier record

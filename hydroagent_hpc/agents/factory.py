@@ -17,7 +17,7 @@ __all__ = ["make_agent", "simulation_budget"]
 
 def simulation_budget(env: EnvConfig) -> int:
     """The number of simulations an optimizer may plan for under this environment (200 if unlimited)."""
-    from hydroagent_hpc.agents.optimizers import simulation_budget as limit
+    from hydroagent_hpc.agents.optimizers.policy import simulation_budget as limit
 
     return limit(env) or 200
 
@@ -37,7 +37,7 @@ def make_agent(spec, seed: int, env: EnvConfig):
 
         return HeuristicHydrologist(seed=seed, name=spec.name, **_take(opts, {"step0", "min_step", "max_restarts"}, kind))
     if kind in ("dds", "sceua", "lhs", "random", "dream"):
-        from hydroagent_hpc.agents.optimizers import make_optimizer_policy
+        from hydroagent_hpc.agents.optimizers.policy import make_optimizer_policy
 
         policy = make_optimizer_policy(kind, seed=seed, budget=simulation_budget(env), **opts)
         policy.name = spec.name
@@ -48,11 +48,11 @@ def make_agent(spec, seed: int, env: EnvConfig):
         return HybridPolicy(seed=seed, budget=simulation_budget(env), name=spec.name,
                             **_take(opts, {"warm_start", "warm_simulations"}, kind))
     if kind == "openai":
-        from hydroagent_hpc.agents.openai_api import make_openai_agent
+        from hydroagent_hpc.agents.llm.openai_api import make_openai_agent
 
         return make_openai_agent(seed=seed, name=spec.name, **opts)
     if kind == "hf_local":
-        from hydroagent_hpc.agents.hf_local import HFLocalPolicy
+        from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 
         o = _take(opts, {"path", "temperature", "top_p", "greedy", "max_new_tokens", "max_context_tokens", "device"}, kind)
         path = o.pop("path", None)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from hydroagent_hpc.params import PARAMS, TUNABLE
-from hydroagent_hpc.toolcalls import render_hermes
+from hydroagent_hpc.env.toolcalls import render_hermes
 from hydroagent_hpc.types import ToolCall
 
 __all__ = ["HeuristicHydrologist"]

@@ -12,10 +12,10 @@ import logging
 import math
 from typing import Any
 
-from hydroagent_hpc.agents.dds import DDS
+from hydroagent_hpc.agents.optimizers.dds import DDS
 from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
-from hydroagent_hpc.agents.optimizers import OptimizerPolicy
-from hydroagent_hpc.toolcalls import render_tool_response
+from hydroagent_hpc.agents.optimizers.policy import OptimizerPolicy
+from hydroagent_hpc.env.toolcalls import render_tool_response
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from hydroagent_hpc.toolcalls import render_hermes
+from hydroagent_hpc.env.toolcalls import render_hermes
 from hydroagent_hpc.types import ToolCall
 
 __all__ = ["ScriptedPolicy", "load_script"]

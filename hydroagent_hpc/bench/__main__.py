@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     if ref.exists():
         cases.append(("ref dendritic/control_a", ref))
     if not args.skip_demo:
-        from hydroagent_hpc.sim.synthetic import build_demo_basins
+        from hydroagent_hpc.sim.synth.basins import build_demo_basins
 
         for control in build_demo_basins(args.basins):
             cases.append((f"demo {control.parent.name}", control))

@@ -10,7 +10,7 @@ and the two basins of ``shared/data/camels_us_model_output`` (their PRCP and PET
    so the validation continues the calibrated model's states. Where the record starts after the
    warm-up (the NLDAS sample starts 1993-09-29) the missing days repeat the following year
    (``spinup="repeat"``, counted in basin.json).
-2. DDS (:mod:`hydroagent_hpc.agents.dds`) with 200 simulations through the calibration
+2. DDS (:mod:`hydroagent_hpc.agents.optimizers.dds`) with 200 simulations through the calibration
    environment (``campaign.run_task``, paper preset with no target stop, no patience, no turn
    or wall-clock cap); calibration NSE = the episode's best.
 3. The best multipliers run on the validation basin; validation NSE from

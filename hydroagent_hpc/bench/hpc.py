@@ -189,7 +189,7 @@ def default_control() -> str:
     demo = ROOT / "results" / "demo" / "basins" / "syn_01403060" / "control.txt"
     if demo.exists():
         return str(demo)
-    from hydroagent_hpc.sim.synthetic import build_demo_basins
+    from hydroagent_hpc.sim.synth.basins import build_demo_basins
 
     return str(next(c for c in build_demo_basins(ROOT / "results" / "demo" / "basins")
                     if c.parent.name == "syn_01403060"))

@@ -1,8 +1,8 @@
 """Classic optimizers on synthetic basins: best NSE against simulations spent, and parameter recovery.
 
 ``python -m hydroagent_hpc.bench.optimizers --basins DIR [DIR ...]`` runs every optimizer
-(:data:`~hydroagent_hpc.agents.optimizers.OPTIMIZERS`) for each seed through
-:func:`~hydroagent_hpc.rollout.run_episode` on each basin (default: "turns" protocol, a
+(:data:`~hydroagent_hpc.agents.optimizers.policy.OPTIMIZERS`) for each seed through
+:func:`~hydroagent_hpc.env.episode.run_episode` on each basin (default: "turns" protocol, a
 200-simulation budget, no patience or turn cap, target NSE 0.999 so nothing stops early) and
 prints Markdown tables: the best NSE after 25/50/100/200 simulations (the environment's own
 record, full precision), and the best run's parameters against the basin's hidden truth
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from hydroagent_hpc.agents.optimizers import OPTIMIZERS, make_optimizer_policy
-from hydroagent_hpc.agents.space import ParameterSpace, clean_score
-from hydroagent_hpc.basin import load_basin
+from hydroagent_hpc.agents.optimizers.policy import OPTIMIZERS, make_optimizer_policy
+from hydroagent_hpc.agents.optimizers.space import ParameterSpace, clean_score
+from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
-from hydroagent_hpc.env import CalibrationEnv
-from hydroagent_hpc.rollout import run_episode
+from hydroagent_hpc.env.environment import CalibrationEnv
+from hydroagent_hpc.env.episode import run_episode
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
-from hydroagent_hpc.sim.synthetic import read_truth
+from hydroagent_hpc.sim.synth.basins import read_truth
 from hydroagent_hpc.types import Episode
 
 __all__ = ["OptimizerRun", "best_trace", "run_optimizer", "main"]

@@ -69,7 +69,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_basin_synth(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.sim.synthetic import synthesize_basin
+    from hydroagent_hpc.sim.synth.basins import synthesize_basin
 
     control = synthesize_basin(args.out, name=args.name, area_km2=args.area_km2, window_days=args.window_days,
                                warmup_days=args.warmup_days, seed=args.seed, cellsize_deg=args.cellsize,

@@ -30,7 +30,7 @@ def _env_overrides(args: argparse.Namespace) -> dict:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from hydroagent_hpc.campaign import AgentSpec, Task, run_task
-    from hydroagent_hpc.basin import load_basin
+    from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.config import load_config, preset
     from hydroagent_hpc.store import EpisodeWriter
 
@@ -71,14 +71,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_campaign_run(args: argparse.Namespace) -> int:
     from hydroagent_hpc.campaign import load_campaign
-    from hydroagent_hpc.submit import run_on_pool, run_shard
+    from hydroagent_hpc.campaign.submit import run_on_pool, run_shard
 
     if (args.out is None) == (args.run_dir is None):
         raise HydroAgentError("campaign run: give exactly one of --out FILE or --run-dir DIR",
                               fix="--out for one HDF5 file; --run-dir (with --shard I/N) for cluster shards")
     progress = not args.no_progress
     if args.run_dir is not None:
-        from hydroagent_hpc.shards import parse_shard
+        from hydroagent_hpc.campaign.shards import parse_shard
 
         index, count = parse_shard(args.shard or "0/1")
         summary = run_shard(args.file, args.run_dir, index, count, pool=args.pool, workers=args.workers,
@@ -98,14 +98,14 @@ def cmd_campaign_run(args: argparse.Namespace) -> int:
 
 def cmd_campaign_merge(args: argparse.Namespace) -> int:
     from hydroagent_hpc.campaign import load_campaign
-    from hydroagent_hpc.shards import merge_run
+    from hydroagent_hpc.campaign.shards import merge_run
 
-    from hydroagent_hpc.shards import IncompleteMergeError
+    from hydroagent_hpc.campaign.shards import IncompleteMergeError
 
     try:
         summary = merge_run(load_campaign(args.file), args.run_dir, allow_missing=args.allow_missing)
     except IncompleteMergeError:
-        from hydroagent_hpc.submit import array_active, defer_merge
+        from hydroagent_hpc.campaign.submit import array_active, defer_merge
 
         if not (args.after_array and array_active(args.after_array)):
             raise
@@ -115,7 +115,7 @@ def cmd_campaign_merge(args: argparse.Namespace) -> int:
         print(json.dumps({"deferred_to": job}))
         return 0
     if args.report:
-        from hydroagent_hpc.submit import write_run_report
+        from hydroagent_hpc.campaign.submit import write_run_report
 
         summary["report"] = write_run_report(args.run_dir)
     print(json.dumps(summary))
@@ -124,7 +124,7 @@ def cmd_campaign_merge(args: argparse.Namespace) -> int:
 
 def cmd_campaign_status(args: argparse.Namespace) -> int:
     from hydroagent_hpc.campaign import load_campaign
-    from hydroagent_hpc.shards import format_status, run_status
+    from hydroagent_hpc.campaign.shards import format_status, run_status
 
     status = run_status(load_campaign(args.file), args.run_dir)
     print(json.dumps(status) if args.json else format_status(status))
@@ -133,7 +133,7 @@ def cmd_campaign_status(args: argparse.Namespace) -> int:
 
 def cmd_submit_campaign(args: argparse.Namespace) -> int:
     from hydroagent_hpc.hpc.slurm import SiteSettings
-    from hydroagent_hpc.submit import submit_campaign
+    from hydroagent_hpc.campaign.submit import submit_campaign
 
     site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
                                  constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
@@ -148,7 +148,7 @@ def cmd_submit_campaign(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.demo import run_demo
+    from hydroagent_hpc.cli.demo import run_demo
 
     return run_demo(Path(args.out), workers=args.workers, campaign=not args.no_campaign)
 

@@ -15,7 +15,7 @@ recorded in ``basin.json``):
     ``Δx_east/Δy = cos(lat)``, so the comb returns 1 - (1 - cos(lat))/nrows of it (0.97 at 46° N;
     ``tests/test_datasets_basin.py``).
     Elevations fall along the channel at the CAMELS style's gradient and rise away from it.
-  - ``valley``: :func:`hydroagent_hpc.sim.terrain.make_terrain` draws a valley DEM (seed = the
+  - ``valley``: :func:`hydroagent_hpc.sim.synth.terrain.make_terrain` draws a valley DEM (seed = the
     gauge id), D8 directions and accumulation: a more natural width function, but volumes
     inflated by EF5's scheme as above.
 
@@ -61,12 +61,12 @@ from hydroagent_hpc.params import DEFAULTS
 from hydroagent_hpc.sim.controlfile import Forcing, Gauge
 from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
-from hydroagent_hpc.sim.landscape import GRID_FILES
+from hydroagent_hpc.sim.synth.landscape import GRID_FILES
 from hydroagent_hpc.sim.manifest import write_manifest
 from hydroagent_hpc.sim.network import build_network
 from hydroagent_hpc.sim.staging import staged_folder
 from hydroagent_hpc.sim.templates import basin_control_text
-from hydroagent_hpc.sim.terrain import NODATA, TERRAIN_STYLES, Terrain, cell_km, make_terrain
+from hydroagent_hpc.sim.synth.terrain import NODATA, TERRAIN_STYLES, Terrain, cell_km, make_terrain
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ def write_camels_basin(out_dir, *, root, gauge_id: str, start, end, warmup_days:
             "lat": float(lat), "lon": float(lon), "area_km2": round(model_area, 3), "area_km2_source": area_src,
             "area_km2_requested": float(area), "huc02": attrs.huc02 if attrs else None,
             "network": {"kind": ("synthetic template: cardinal comb (camels_basin.comb_terrain)" if network == "comb"
-                                 else "synthetic template: D8 valley (hydroagent_hpc.sim.terrain.make_terrain)"),
+                                 else "synthetic template: D8 valley (hydroagent_hpc.sim.synth.terrain.make_terrain)"),
                         "style": style, "seed": int(gid) if network == "valley" else None, "cells": int(net.n), "cellsize_deg": dem.cellsize,
                         "grid": {"nrows": dem.nrows, "ncols": dem.ncols, "xllcorner": dem.xll, "yllcorner": dem.yll}},
             "timestep": "1d", "time_convention": "stamps mark the end of the day: the step, forcing files and "

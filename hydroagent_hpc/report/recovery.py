@@ -1,7 +1,7 @@
 """Parameter recovery on synthetic basins: the best run's multipliers against the hidden truth.
 
 A synthetic basin's folder holds ``truth.json`` (the multipliers that made its "observed"
-discharge; :func:`hydroagent_hpc.sim.synthetic.read_truth`). The store records each basin's
+discharge; :func:`hydroagent_hpc.sim.synth.basins.read_truth`). The store records each basin's
 control file (``Basin.control``); the folder is its parent. The report reads the truth after the
 fact; agents never see it.
 """
@@ -17,7 +17,7 @@ import pandas as pd
 
 from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.report.results import is_true
-from hydroagent_hpc.sim.synthetic import read_truth
+from hydroagent_hpc.sim.synth.basins import read_truth
 
 __all__ = ["recovery_error", "load_truths", "recovery_table", "recovery_summary"]
 

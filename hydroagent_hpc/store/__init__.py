@@ -3,7 +3,7 @@
 Write with :class:`EpisodeWriter`; read with :func:`read_episodes`, :func:`read_sims`,
 :func:`read_turns`, :func:`read_basins`, :func:`read_series`, :func:`load_episode` and
 :func:`iter_episodes`; combine shards with :func:`merge`. The layout and the guarantees are in
-``hydroagent_hpc/store_schema.md``.
+``docs/store_schema.md``.
 """
 
 from hydroagent_hpc.store.errors import (CorruptStoreError, DuplicateEpisodeError, EpisodeNotFoundError, MergeError,

@@ -173,7 +173,7 @@ def create_layout(f: h5py.File) -> None:
     f.attrs["schema_version"] = SCHEMA_VERSION
     f.attrs["created_by"] = f"hydroagent_hpc {_PACKAGE_VERSION}"
     f.attrs["param_names"] = json.dumps(list(PARAM_NAMES))
-    f.attrs["doc"] = ("hydroagent_hpc episode store; layout in hydroagent_hpc/store_schema.md. An episode "
+    f.attrs["doc"] = ("hydroagent_hpc episode store; layout in docs/store_schema.md. An episode "
                       "exists when its row in episodes/rows has a matching crc.")
     for table in TABLES:
         g = f.create_group(table.name)

@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from hydroagent_hpc.config import EnvConfig, config_from_mapping, preset
-from hydroagent_hpc.types import Episode
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AgentSpec", "CampaignSpec", "Task", "load_campaign", "campaign_from_mapping", "expand", "run_task",
-           "run_campaign", "shard_of", "worker_init", "AGENT_KINDS"]
+__all__ = ["AgentSpec", "CampaignSpec", "CampaignError", "Task", "load_campaign", "campaign_from_mapping", "expand",
+           "shard_of", "check_requirements", "AGENT_KINDS"]
 
 AGENT_KINDS = ("heuristic", "dds", "sceua", "lhs", "random", "dream", "hybrid", "openai", "hf_local", "scripted")
 
@@ -158,41 +156,6 @@ def expand(spec: CampaignSpec) -> list[Task]:
     return tasks
 
 
-_SIMS: dict[str, Any] = {}
-
-
-def _simulator(basin_dir: str, backend: str = "embedded"):
-    """One simulator per basin per process (loading is the expensive part)."""
-    key = f"{backend}:{Path(basin_dir).resolve()}"
-    if key not in _SIMS:
-        from hydroagent_hpc.sim import open_simulator
-
-        _SIMS[key] = open_simulator(Path(basin_dir) / "control.txt", backend)
-    return _SIMS[key]
-
-
-def run_task(task: Task) -> Episode:
-    """Run one episode (in this process)."""
-    from hydroagent_hpc.agents.factory import make_agent
-    from hydroagent_hpc.basin import load_basin
-    from hydroagent_hpc.env import CalibrationEnv
-    from hydroagent_hpc.rollout import run_episode
-
-    basin = load_basin(task.basin_dir)
-    sim = _simulator(task.basin_dir, str(task.agent.options.get("backend", "embedded")))
-    env = CalibrationEnv(basin, sim, task.env, agent=task.agent.name, seed=task.seed, episode_id=task.episode_id)
-    policy = make_agent(task.agent, task.seed, task.env)
-    return run_episode(policy, env)
-
-
-def worker_init() -> None:
-    """Prepare a pool worker process: one numba thread (the pool is the parallelism), quiet logs."""
-    import numba
-
-    numba.set_num_threads(1)
-    logging.getLogger().setLevel(logging.WARNING)
-
-
 def shard_of(tasks: list[Task], shard: tuple[int, int] | None) -> list[Task]:
     """Shard ``i`` of ``n``: tasks ``i, i+n, i+2n, ...`` of the expansion (agents and basins mixed)."""
     if shard is None:
@@ -219,85 +182,3 @@ def check_requirements(spec: CampaignSpec) -> list[str]:
     return problems
 
 
-def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress: bool = True,
-                 limit: int | None = None, *, pool: Any = None, shard: tuple[int, int] | None = None,
-                 skip_stores: Iterable[str | Path] = (), timeout_s: float | None = None) -> dict[str, Any]:
-    """Run every episode (of ``shard``) not yet in ``out`` or in ``skip_stores``; returns counts and timings.
-
-    ``pool`` is an open simulation pool (:mod:`hydroagent_hpc.hpc`); without one, a serial pool
-    (``workers`` = 1) or a local process pool of ``workers`` is opened here. ``timeout_s`` caps
-    one episode (process and MPI pools); an episode that fails or times out is listed in
-    ``failed`` and stays missing, so a rerun tries it again.
-    """
-    from hydroagent_hpc.basin import load_basin
-    from hydroagent_hpc.hpc.pool import open_pool
-    from hydroagent_hpc.store import EpisodeWriter, stored_ids
-
-    problems = check_requirements(spec)
-    if problems:
-        raise CampaignError(f"campaign {spec.name!r} cannot start:\n  - " + "\n  - ".join(problems))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tasks = shard_of(expand(spec), shard)
-    done = set(stored_ids(out)) if out.exists() else set()
-    for other in skip_stores:
-        if Path(other).exists():
-            done.update(stored_ids(other))
-    todo = [t for t in tasks if t.episode_id not in done]
-    stored = len(tasks) - len(todo)
-    deferred = 0
-    if limit is not None:
-        deferred = max(0, len(todo) - limit)
-        todo = todo[:limit]
-    own_pool = pool is None
-    if own_pool:
-        pool = open_pool("serial" if workers <= 1 else "processes", workers, timeout_s=timeout_s,
-                         initializer=worker_init)
-    where = "" if shard is None else f" (shard {shard[0]} of {shard[1]})"
-    log.info("campaign %s%s: %d episodes, %d already stored, %d to run on the %s pool with %d worker(s)", spec.name,
-             where, len(tasks), stored, len(todo), pool.backend, pool.workers)
-    t0 = time.perf_counter()
-    bar = _progress(len(todo), spec.name, progress)
-    failed: list[str] = []
-    basins = {b: load_basin(b) for b in {t.basin_dir for t in todo}}
-    try:
-        with EpisodeWriter(out) as writer:
-            for r in pool.map(run_task, todo, ordered=False):
-                task = todo[r.index]
-                bar.update(1)
-                if not r.ok:
-                    log.error("episode %s failed: %s", task.episode_id, r.error)
-                    failed.append(task.episode_id)
-                    continue
-                ep = r.value
-                writer.write(ep, basins[task.basin_dir])
-                nse = ep.best_nse if ep.best_nse is None else round(ep.best_nse, 3)
-                bar.set_postfix_str(f"{ep.agent} {Path(ep.basin_id).name} NSE {nse}")
-    finally:
-        bar.close()
-        if own_pool:
-            pool.close()
-    return {"episodes": len(tasks), "ran": len(todo) - len(failed), "already_stored": stored, "deferred": deferred,
-            "failed": failed, "wall_s": round(time.perf_counter() - t0, 2), "out": str(out),
-            "pool": pool.backend, "workers": pool.workers}
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def set_postfix_str(self, s: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, name: str, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, desc=f"campaign {name}", unit="episode", dynamic_ncols=True)

@@ -7,7 +7,7 @@ and returns one observation per call or parse failure, the reward, and whether t
 is over. Code-driven agents call ``set_parameters(**values)``, ``run_simulation()`` and
 ``evaluate()`` directly; both paths share the same bookkeeping.
 
-Rewards come from the environment's own record (:mod:`hydroagent_hpc.rewards`): an evaluate is
+Rewards come from the environment's own record (:mod:`hydroagent_hpc.env.rewards`): an evaluate is
 credited only for a fresh successful run, and its NSE is the simulator's, scored by
 :func:`hydroagent_hpc.metrics.evaluate` on the post-warm-up steps with one joint mask.
 
@@ -28,12 +28,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from hydroagent_hpc import prompts, toolcalls
+from hydroagent_hpc.env import prompts
+from hydroagent_hpc.env import toolcalls
 from hydroagent_hpc.config import EnvConfig, to_dict
-from hydroagent_hpc.diagnostics import evaluate_run, evaluation_view, simulation_view
+from hydroagent_hpc.env.observations import evaluate_run, evaluation_view, simulation_view
 from hydroagent_hpc.params import PARAM_NAMES
 from hydroagent_hpc.provenance import provenance
-from hydroagent_hpc.rewards import Payment, RewardLedger
+from hydroagent_hpc.env.rewards import Payment, RewardLedger
 from hydroagent_hpc.sim.errors import HydroAgentError
 from hydroagent_hpc.types import Basin, Episode, SimRecord, ToolCall, Turn
 

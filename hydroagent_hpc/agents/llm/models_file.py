@@ -1,4 +1,4 @@
-"""The models file: which chat models an :class:`~hydroagent_hpc.agents.openai_api.OpenAIAgent` can use.
+"""The models file: which chat models an :class:`~hydroagent_hpc.agents.llm.openai_api.OpenAIAgent` can use.
 
 A YAML file (``data/models.yaml`` ships the paper's nine frontier models and local vLLM/SGLang
 servers) with a ``models`` mapping from a short name to one entry, and optional ``defaults``
@@ -141,7 +141,7 @@ def default_models_file() -> Path:
     env = os.environ.get("HYDROAGENT_MODELS")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "data" / "models.yaml"
+    return Path(__file__).resolve().parents[3] / "data" / "models.yaml"
 
 
 def resolve_api_key(spec: ModelSpec, environ: Mapping[str, str] | None = None) -> str:

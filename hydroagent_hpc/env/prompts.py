@@ -12,7 +12,7 @@ Presets:
 
 Wording is ours. Prompts stay compact (system under ~600 words, user under ~400) because a 4B
 model with an 8k context reads them; the tool-call example comes from
-:func:`hydroagent_hpc.toolcalls.format_example` so prompt and parser never drift. Only what the
+:func:`hydroagent_hpc.env.toolcalls.format_example` so prompt and parser never drift. Only what the
 basin declares about itself is shown (never hidden truth, never file paths).
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hydroagent_hpc.params import PARAMS, TUNABLE
-from hydroagent_hpc.toolcalls import describe_parameter, format_example
+from hydroagent_hpc.env.toolcalls import describe_parameter, format_example
 from hydroagent_hpc.types import Basin, ToolCall
 
 __all__ = ["PRESETS", "Budget", "system_prompt", "user_prompt", "render_messages", "format_coordinates",

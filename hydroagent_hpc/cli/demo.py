@@ -28,13 +28,13 @@ from hydroagent_hpc.provenance import provenance
 from hydroagent_hpc.report.recovery import recovery_error
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.outputs import write_run
-from hydroagent_hpc.sim.synthetic import DEMO_BASINS, build_demo_basins, read_truth
+from hydroagent_hpc.sim.synth.basins import DEMO_BASINS, build_demo_basins, read_truth
 
 log = logging.getLogger(__name__)
 
 __all__ = ["run_demo", "default_rows", "campaign_rows", "format_table", "DEMO_CAMPAIGN"]
 
-DEMO_CAMPAIGN = Path(__file__).resolve().parents[1] / "data" / "campaigns" / "demo.yaml"
+DEMO_CAMPAIGN = Path(__file__).resolve().parents[2] / "data" / "campaigns" / "demo.yaml"
 CHECKPOINTS = (25, 50, 100, 200)
 
 
@@ -124,7 +124,7 @@ def run_demo(out: Path, workers: int | None = None, campaign: bool = True) -> in
     tmp.replace(out / "summary.json")
     print(f"\nEF5-style outputs per basin: {out / 'runs'}")
     if campaign:
-        print(f"episodes (HDF5): {out / 'campaign.h5'}  (schema: hydroagent_hpc/store_schema.md)")
+        print(f"episodes (HDF5): {out / 'campaign.h5'}  (schema: docs/store_schema.md)")
     print(f"summary: {out / 'summary.json'}")
     if campaign:
         from hydroagent_hpc.report import write_report

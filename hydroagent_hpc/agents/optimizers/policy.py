@@ -19,9 +19,9 @@ The policy stops when the environment is done or when it has spent
 
 :func:`make_optimizer_policy` builds the five baselines by name (on a log scale for the
 wide-range multipliers unless ``scale="linear"``; see :func:`make_optimizer`): ``dds``
-(:class:`~hydroagent_hpc.agents.dds.DDS`), ``sceua`` (:class:`~hydroagent_hpc.agents.sceua.SCEUA`),
-``lhs`` and ``random`` (:mod:`hydroagent_hpc.agents.sampling`) and ``dream``
-(:class:`~hydroagent_hpc.agents.dream.DREAM`).
+(:class:`~hydroagent_hpc.agents.optimizers.dds.DDS`), ``sceua`` (:class:`~hydroagent_hpc.agents.optimizers.sceua.SCEUA`),
+``lhs`` and ``random`` (:mod:`hydroagent_hpc.agents.optimizers.sampling`) and ``dream``
+(:class:`~hydroagent_hpc.agents.optimizers.dream.DREAM`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Mapping
 
-from hydroagent_hpc.agents.dds import DDS
-from hydroagent_hpc.agents.dream import DREAM
-from hydroagent_hpc.agents.sampling import LatinHypercubeSearch, RandomSearch
-from hydroagent_hpc.agents.sceua import SCEUA
-from hydroagent_hpc.agents.space import Candidate, Optimizer, ParameterSpace, clean_score
+from hydroagent_hpc.agents.optimizers.dds import DDS
+from hydroagent_hpc.agents.optimizers.dream import DREAM
+from hydroagent_hpc.agents.optimizers.sampling import LatinHypercubeSearch, RandomSearch
+from hydroagent_hpc.agents.optimizers.sceua import SCEUA
+from hydroagent_hpc.agents.optimizers.space import Candidate, Optimizer, ParameterSpace, clean_score
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def make_optimizer(name: str, seed: int, budget: int, *, scale: str = "log", **o
     """The optimizer ``name`` (one of :data:`OPTIMIZERS`) with ``seed``, ``budget`` and its options.
 
     ``scale``: "log" (default: the wide-range multipliers wm, fc, iwu, under, leaki, alpha, beta
-    searched on a log scale, :meth:`~hydroagent_hpc.agents.space.ParameterSpace.log_scaled`) or
+    searched on a log scale, :meth:`~hydroagent_hpc.agents.optimizers.space.ParameterSpace.log_scaled`) or
     "linear" (the box exactly as the papers use it). On the synthetic twins, DDS reached NSE 0.94
     within 200 runs on every seed tried with "log", and stalled near NSE 0.03 on 2 of 5 seeds of
     syn_07144100 with "linear" (a flat "mean-flow" plateau at large beta); see the optimizers

@@ -4,11 +4,11 @@
 all paths are relative):
 
 * ``basic/dem.asc ddm.asc fam.asc``: generated terrain, pit-filled, D8 and accumulation by
-  pyflwdir (:mod:`hydroagent_hpc.sim.terrain`); ESRI codes, FAM excluding self, -9999 outside;
+  pyflwdir (:mod:`hydroagent_hpc.sim.synth.terrain`); ESRI codes, FAM excluding self, -9999 outside;
 * ``params/*.tif``: a-priori grids for wm, b, im, fc (ksat), leaki, alpha, beta, alpha0
-  (:mod:`hydroagent_hpc.sim.landscape`);
+  (:mod:`hydroagent_hpc.sim.synth.landscape`);
 * ``precip/rain.YYYYMMDDHH.tif``: hourly rain (mm/h) for every step, dry hours included
-  (:mod:`hydroagent_hpc.sim.storms`); ``pet/PET.YYYYMMDD.tif``: daily PET (mm/d), seasonal;
+  (:mod:`hydroagent_hpc.sim.synth.storms`); ``pet/PET.YYYYMMDD.tif``: daily PET (mm/d), seasonal;
 * ``control.txt``: one SIMU task, CREST + KW, TIMESTEP=1h, warm-up to TIME_WARMEND, every
   multiplier at HydroAgent's defaults (``params.DEFAULTS``);
 * ``obs/obs.csv``: the outlet discharge simulated with hidden true multipliers, plus a smooth
@@ -41,16 +41,16 @@ import numpy as np
 
 from hydroagent_hpc.params import DEFAULTS
 from hydroagent_hpc.sim.controlfile import Forcing
-from hydroagent_hpc.sim.evaporation import make_pet
+from hydroagent_hpc.sim.synth.evaporation import make_pet
 from hydroagent_hpc.sim.forcing import forcing_file_names, step_times
 from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
-from hydroagent_hpc.sim.landscape import GRID_FILES, make_parameter_grids
+from hydroagent_hpc.sim.synth.landscape import GRID_FILES, make_parameter_grids
 from hydroagent_hpc.sim.templates import basin_control_text
 from hydroagent_hpc.sim.manifest import MANIFEST_NAME, write_manifest
 from hydroagent_hpc.sim.staging import staged_folder
-from hydroagent_hpc.sim.storms import CLIMATES, make_rainfall
-from hydroagent_hpc.sim.terrain import NODATA, TERRAIN_STYLES, cell_km, make_terrain
-from hydroagent_hpc.sim.truth import TRUTH_RANGES, draw_truth, implausibility, nse, observe
+from hydroagent_hpc.sim.synth.storms import CLIMATES, make_rainfall
+from hydroagent_hpc.sim.synth.terrain import NODATA, TERRAIN_STYLES, cell_km, make_terrain
+from hydroagent_hpc.sim.synth.truth import TRUTH_RANGES, draw_truth, implausibility, nse, observe
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def _num(v: float) -> str:
 def _control_text(s: dict, gauge: str, cell: tuple[int, int], begin, warm, end) -> str:
     return basin_control_text(
         header=[f"{s['name']}: {s['description'] or 'synthetic basin'}",
-                f"written by hydroagent_hpc.sim.synthetic v{GENERATOR_VERSION}, seed {s['seed']}; the true multipliers are",
+                f"written by hydroagent_hpc.sim.synth.basins v{GENERATOR_VERSION}, seed {s['seed']}; the true multipliers are",
                 "in truth.json. Every path is relative: cd <this folder> && ef5 control.txt (output/ exists)."],
         gauge=gauge, cell=cell, precip=Forcing("RAIN", "TIF", "mm/h", "1h", Path("precip"), "rain.YYYYMMDDHH.tif"),
         pet=Forcing("PET", "TIF", "mm/d", "1d", Path("pet"), "PET.YYYYMMDD.tif"), timestep="1h", begin=begin, warm=warm, end=end,

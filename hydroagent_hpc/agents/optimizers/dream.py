@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import qmc
 
-from hydroagent_hpc.agents.space import AskTellOptimizer, ParameterSpace
+from hydroagent_hpc.agents.optimizers.space import AskTellOptimizer, ParameterSpace
 
 log = logging.getLogger(__name__)
 

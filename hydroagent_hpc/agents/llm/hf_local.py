@@ -54,7 +54,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hydroagent_hpc import toolcalls
+from hydroagent_hpc.env import toolcalls
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class HFLocalPolicy:
     set ``HF_HUB_OFFLINE=1`` where there is no hub), or a model object, with the tokenizer given
     by ``tokenizer`` or as ``(model, tokenizer)``. ``device`` "auto" picks CUDA when available
     (a model object stays where it is); ``dtype`` "auto" is bfloat16 on CUDA, float32 on CPU.
-    ``tools`` defaults to :func:`hydroagent_hpc.toolcalls.tool_schemas` (pass
+    ``tools`` defaults to :func:`hydroagent_hpc.env.toolcalls.tool_schemas` (pass
     ``tool_schemas(clip_out_of_bounds=...)`` matching the environment's config).
     ``chat_template`` overrides the tokenizer's. ``logits_processors`` are appended to the
     sampling chain (constrained decoding; tests force tokens with one). ``keep_trace=False``

@@ -1,7 +1,7 @@
 """One chat-completion request at a time, made robust: retries, backoff, rate limit, accounting.
 
 :class:`ChatClient` wraps the ``openai`` client (its own retries switched off, so every attempt
-is seen and counted here) for one :class:`~hydroagent_hpc.agents.models_file.ModelSpec`:
+is seen and counted here) for one :class:`~hydroagent_hpc.agents.llm.models_file.ModelSpec`:
 
 - a per-request timeout (``limits.timeout_s``);
 - retries on 429, 408, 409, 5xx, timeouts, connection errors and unusable bodies, at most
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
 
-from hydroagent_hpc.agents.models_file import PLACEHOLDER_KEY, ModelSpec, resolve_api_key
+from hydroagent_hpc.agents.llm.models_file import PLACEHOLDER_KEY, ModelSpec, resolve_api_key
 
 log = logging.getLogger(__name__)
 

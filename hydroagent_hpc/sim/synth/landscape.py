@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hydroagent_hpc.sim.terrain import Terrain, smooth_field
+from hydroagent_hpc.sim.synth.terrain import Terrain, smooth_field
 
 __all__ = ["GRID_FILES", "make_parameter_grids"]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hydroagent_hpc.sim.terrain import Terrain, cell_km, smooth_field
+from hydroagent_hpc.sim.synth.terrain import Terrain, cell_km, smooth_field
 
 __all__ = ["Climate", "CLIMATES", "StormEvent", "make_rainfall", "convective_probability"]
 

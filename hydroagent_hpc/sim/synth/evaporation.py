@@ -4,7 +4,7 @@ A seasonal cycle (``mean + amplitude * cos(2 pi (day - midsummer) / 365.25)``, f
 0.3 mm/d; midsummer is 15 July in the northern hemisphere), halved on days with 12 or more rainy
 hours (cloud), a day-to-day log-normal wiggle (sigma 0.1), and a fixed spatial pattern: 15 % lower
 at the basin's highest ground plus a faint random field. The climate's mean and amplitude come
-from :data:`hydroagent_hpc.sim.storms.CLIMATES`.
+from :data:`hydroagent_hpc.sim.synth.storms.CLIMATES`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hydroagent_hpc.sim.terrain import Terrain, smooth_field
+from hydroagent_hpc.sim.synth.terrain import Terrain, smooth_field
 
 __all__ = ["make_pet"]
 

@@ -15,7 +15,7 @@ evaluations, the initialisation included):
 3. ``x_new_j = x_best_j + σ_j·N(0, 1)`` with ``σ_j = r·(x_max_j - x_min_j)``, ``r = 0.2``
    (in the unit cube, ``σ = r``).
 4. Bounds by reflection: below ``x_min`` -> ``x_min + (x_min - x_new)``, and if that passes
-   ``x_max`` -> ``x_min``; above ``x_max`` symmetrically (:func:`hydroagent_hpc.agents.space.reflect`).
+   ``x_max`` -> ``x_min``; above ``x_max`` symmetrically (:func:`hydroagent_hpc.agents.optimizers.space.reflect`).
 5. Greedy acceptance: ``x_best <- x_new`` if ``F(x_new) >= F(x_best)`` (ties accepted, as in
    the paper, so DDS can move across flat regions; NSE observations are rounded to 4 decimals).
 
@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from hydroagent_hpc.agents.space import AskTellOptimizer, ParameterSpace, reflect
+from hydroagent_hpc.agents.optimizers.space import AskTellOptimizer, ParameterSpace, reflect
 
 log = logging.getLogger(__name__)
 

@@ -2,18 +2,18 @@
 
 Hosted frontier models (Anthropic, OpenAI, Google compatibility endpoints) and local vLLM or
 SGLang servers on a GPU node all go through the ``openai`` client; which one, and how, is an
-entry of the models file (:mod:`hydroagent_hpc.agents.models_file`). Requests, retries, rate
-limits and token/cost accounting are :class:`~hydroagent_hpc.agents.llm_client.ChatClient`'s.
+entry of the models file (:mod:`hydroagent_hpc.agents.llm.models_file`). Requests, retries, rate
+limits and token/cost accounting are :class:`~hydroagent_hpc.agents.llm.client.ChatClient`'s.
 
 Two tool modes:
 
 - ``native`` (function calling): the request carries ``tools=toolcalls.tool_schemas()``. The
   rollout hands ``env.step`` text, so the model's ``message.tool_calls`` are rendered as Hermes
   ``<tool_call>`` blocks, one per native call, in order: a well-formed call exactly as
-  :func:`~hydroagent_hpc.toolcalls.render_hermes` writes it ("<" escaped as ``\\u003c`` so no
+  :func:`~hydroagent_hpc.env.toolcalls.render_hermes` writes it ("<" escaped as ``\\u003c`` so no
   argument text can close a block), a broken one as a block holding its raw name and raw
   ``arguments`` string, which the environment's strict parser rejects for the
-  same reason :func:`~hydroagent_hpc.toolcalls.from_openai_tool_calls` gives (checked on every
+  same reason :func:`~hydroagent_hpc.env.toolcalls.from_openai_tool_calls` gives (checked on every
   message; a mismatch is logged). Tags inside the model's prose are defused (``[tool_call]``)
   so the environment executes exactly what the model called natively. The conversation sent
   back to the API keeps the native form: the assistant message with its ``tool_calls`` (echoed
@@ -39,9 +39,9 @@ import json
 import logging
 from typing import Any, Mapping, Sequence
 
-from hydroagent_hpc import toolcalls
-from hydroagent_hpc.agents.llm_client import ChatClient, Completion
-from hydroagent_hpc.agents.models_file import Limits, ModelSpec, ModelsFileError, Prices, Sampling, get_model
+from hydroagent_hpc.env import toolcalls
+from hydroagent_hpc.agents.llm.client import ChatClient, Completion
+from hydroagent_hpc.agents.llm.models_file import Limits, ModelSpec, ModelsFileError, Prices, Sampling, get_model
 from hydroagent_hpc.types import ToolCall
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import qmc
 
-from hydroagent_hpc.agents.space import AskTellOptimizer, ParameterSpace
+from hydroagent_hpc.agents.optimizers.space import AskTellOptimizer, ParameterSpace
 
 __all__ = ["RandomSearch", "LatinHypercubeSearch"]
 

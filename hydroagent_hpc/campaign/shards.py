@@ -9,7 +9,7 @@ tasks (or submitit jobs) keeps this layout::
       campaign.h5                    the merge: every episode of the campaign exactly once
       logs/                          scheduler and submitit logs
 
-Array task ``i`` of ``n`` runs shard ``i`` of ``n`` (:func:`hydroagent_hpc.campaign.shard_of`) and
+Array task ``i`` of ``n`` runs shard ``i`` of ``n`` (:func:`hydroagent_hpc.campaign.spec.shard_of`) and
 skips episodes already in its own shard, in ``campaign.h5`` and in shards of an earlier
 submission with another ``n``; so a requeued or resubmitted task resumes, and changing the array
 size between submissions repeats nothing. :func:`merge_run` checks that no episode sits in two

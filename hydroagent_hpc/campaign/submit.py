@@ -11,7 +11,7 @@ Two ways in, the same work:
 
 A shard task that reaches its time limit or is preempted is requeued by submitit (``ShardJob``
 has the ``checkpoint`` method submitit looks for) and resumes from its shard file, losing at
-most the episodes that were in flight. Layout of the run folder: :mod:`hydroagent_hpc.shards`.
+most the episodes that were in flight. Layout of the run folder: :mod:`hydroagent_hpc.campaign.shards`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 from hydroagent_hpc.campaign import (CampaignError, CampaignSpec, check_requirements, load_campaign, run_campaign,
                                      worker_init)
 from hydroagent_hpc.hpc.slurm import SiteSettings, allocation_cpus, array_id, make_executor
-from hydroagent_hpc.shards import MERGED, IncompleteMergeError, merge_run, shard_path, skip_stores, write_run_record
+from hydroagent_hpc.campaign.shards import MERGED, IncompleteMergeError, merge_run, shard_path, skip_stores, write_run_record
 
 log = logging.getLogger(__name__)
 

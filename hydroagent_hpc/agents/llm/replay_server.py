@@ -17,7 +17,7 @@ do not answer the ``tool_call_id``\\ s of the preceding assistant message or tha
 call unanswered. ``GET .../models`` lists the models the script names.
 
 Use it from Python (``with ReplayServer(script) as srv: OpenAI(base_url=srv.base_url, ...)``)
-or from a shell: ``python -m hydroagent_hpc.agents.replay_server --script FILE --port 8765``.
+or from a shell: ``python -m hydroagent_hpc.agents.llm.replay_server --script FILE --port 8765``.
 """
 
 from __future__ import annotations
@@ -371,8 +371,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hydroagent_hpc.agents.replay_server --script FILE [--port N] [--lenient]``."""
-    ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.agents.replay_server",
+    """``python -m hydroagent_hpc.agents.llm.replay_server --script FILE [--port N] [--lenient]``."""
+    ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.agents.llm.replay_server",
                                  description="Replay recorded chat-completion responses on a loopback port.")
     ap.add_argument("--script", required=True, help="JSON list of responses (see the module docstring)")
     ap.add_argument("--port", type=int, default=8765, help="port (0: any free port; default 8765)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from hydroagent_hpc.env import CalibrationEnv
-from hydroagent_hpc.toolcalls import render_tool_response
+from hydroagent_hpc.env.environment import CalibrationEnv
+from hydroagent_hpc.env.toolcalls import render_tool_response
 from hydroagent_hpc.types import Episode
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from hydroagent_hpc.agents.space import AskTellOptimizer, ParameterSpace
+from hydroagent_hpc.agents.optimizers.space import AskTellOptimizer, ParameterSpace
 
 log = logging.getLogger(__name__)
 
