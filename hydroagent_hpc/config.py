@@ -19,12 +19,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from hydroagent_hpc.errors import ConfigError
+
 __all__ = ["RewardConfig", "EnvConfig", "PRESETS", "preset", "config_from_mapping", "load_config", "ConfigError",
            "to_dict"]
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message names where and how to fix it."""
 
 
 @dataclass(frozen=True)

@@ -12,18 +12,19 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "hydroagent_hpc"
 
 ALLOWED = {
+    "errors": set(),
     "types": set(),
     "params": set(),
-    "metrics": {"metrics"},
-    "sim": {"types", "params", "metrics", "sim"},
-    "toolcalls": {"types", "params"},
-    "prompts": {"types", "params", "toolcalls"},
-    "rewards": {"config"},
-    "config": set(),
-    "store": {"types", "params", "store"},
-    "hpc": {"hpc"},  # generic: takes callables, never imports the domain
-    "report": {"types", "params", "metrics", "sim", "store", "report"},
-    "datasets": {"types", "params", "metrics", "sim", "datasets"},
+    "metrics": {"metrics", "errors"},
+    "sim": {"types", "params", "metrics", "sim", "errors"},
+    "toolcalls": {"types", "params", "errors"},
+    "prompts": {"types", "params", "toolcalls", "errors"},
+    "rewards": {"config", "errors"},
+    "config": {"errors"},
+    "store": {"types", "params", "store", "errors"},
+    "hpc": {"hpc", "errors"},  # generic: takes callables, never imports the domain
+    "report": {"types", "params", "metrics", "sim", "store", "report", "errors"},
+    "datasets": {"types", "params", "metrics", "sim", "datasets", "errors"},
 }
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hydroagent_hpc.config import EnvConfig, config_from_mapping, preset
+from hydroagent_hpc.errors import HydroAgentError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ __all__ = ["AgentSpec", "CampaignSpec", "CampaignError", "Task", "load_campaign"
 AGENT_KINDS = ("heuristic", "dds", "sceua", "lhs", "random", "dream", "hybrid", "openai", "hf_local", "scripted")
 
 
-class CampaignError(ValueError):
+class CampaignError(HydroAgentError, ValueError):
     """A campaign file that cannot be run; the message names the file, line and key."""
 
 

@@ -15,7 +15,7 @@ import sys
 
 from hydroagent_hpc import __version__
 from hydroagent_hpc.cli import basins, runs
-from hydroagent_hpc.sim.errors import HydroAgentError
+from hydroagent_hpc.errors import HydroAgentError
 
 __all__ = ["build_parser", "main"]
 
@@ -39,21 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         return int(args.func(args) or 0)
-    except HydroAgentError as exc:
+    except HydroAgentError as exc:  # every error raised on purpose: one message, no traceback
         if args.debug:
             raise
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except (ValueError, OSError) as exc:
         if args.debug:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # the store's own errors: one line; a merge that is incomplete exits 1
-        from hydroagent_hpc.store import MergeError, StoreError
-
-        if args.debug or not isinstance(exc, StoreError):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, MergeError) else 2
-

@@ -6,16 +6,9 @@ command line can print it without a traceback.
 
 from __future__ import annotations
 
+from hydroagent_hpc.errors import HydroAgentError
+
 __all__ = ["HydroAgentError", "InputError", "ControlFileError", "SimulationError"]
-
-
-class HydroAgentError(Exception):
-    """Base class of the errors the ``hydroagent`` command prints as one clear message."""
-
-    def __init__(self, message: str, fix: str = "") -> None:
-        self.message = message
-        self.fix = fix
-        super().__init__(f"{message}" + (f"\n  fix: {fix}" if fix else ""))
 
 
 class InputError(HydroAgentError):

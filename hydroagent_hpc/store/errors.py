@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from hydroagent_hpc.errors import HydroAgentError
+
 __all__ = ["StoreError", "SchemaError", "CorruptStoreError", "StoreLockedError", "DuplicateEpisodeError",
            "EpisodeNotFoundError", "MergeError"]
 
 
-class StoreError(Exception):
+class StoreError(HydroAgentError):
     """Base class of every error the store raises on purpose."""
 
 
@@ -35,3 +37,5 @@ class EpisodeNotFoundError(StoreError, KeyError):
 
 class MergeError(StoreError):
     """A merge would not hold every episode exactly once."""
+
+    exit_code = 1

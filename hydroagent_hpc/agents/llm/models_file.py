@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from hydroagent_hpc.errors import HydroAgentError
+
 __all__ = ["ModelSpec", "Sampling", "Prices", "Limits", "ModelsFileError", "MissingAPIKeyError", "PROVIDERS",
            "TOOL_MODES", "default_models_file", "load_models", "get_model", "resolve_api_key"]
 

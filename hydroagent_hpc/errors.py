@@ -1,0 +1,35 @@
+"""The one error base of the toolkit, and the exit status each kind of error maps to.
+
+Every error raised on purpose (bad input, a store that cannot be read, a campaign that cannot run,
+a failed simulation, an unusable models file) derives from :class:`HydroAgentError`, so the
+``hydroagent`` command has one error path: it prints the message (which names what is wrong, where,
+and the fix) on one line and exits with :attr:`HydroAgentError.exit_code`, without a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HydroAgentError", "ConfigError", "UsageError"]
+
+
+class HydroAgentError(Exception):
+    """Base class of the errors the ``hydroagent`` command prints as one clear message.
+
+    ``fix`` (optional) is printed on a second line as ``fix: ...``. ``exit_code`` is the status the
+    command exits with: 2 for input and usage errors (the default), 1 for a run that could not
+    complete (an incomplete merge, say).
+    """
+
+    exit_code: int = 2
+
+    def __init__(self, message: str = "", fix: str = "") -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(f"{message}" + (f"\n  fix: {fix}" if fix else ""))
+
+
+class ConfigError(HydroAgentError, ValueError):
+    """A configuration value that cannot be used; the message names where and how to fix it."""
+
+
+class UsageError(HydroAgentError, ValueError):
+    """A command-line argument that cannot be used; the message names the option."""
