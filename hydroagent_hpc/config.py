@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hydroagent_hpc.errors import ConfigError
+from hydroagent_hpc.registry import Registry
 
 __all__ = ["RewardConfig", "EnvConfig", "PRESETS", "preset", "config_from_mapping", "load_config", "ConfigError",
            "to_dict"]
@@ -109,20 +110,22 @@ class EnvConfig:
             raise ConfigError(f"wall_clock_s={self.wall_clock_s!r}: must be positive or null (off)")
 
 
-PRESETS: Mapping[str, EnvConfig] = types.MappingProxyType({
-    "paper": EnvConfig(preset="paper"),
-    "released": EnvConfig(
-        preset="released", stop_at_target=False, patience=None, wall_clock_s=None, observation="released",
-        rewards=RewardConfig(per_turn=False, delta_nse="previous", simulation_failed=-0.5),
-    ),
-})
+#: The named environment configurations (``preset: NAME`` in config and campaign files, ``--preset``).
+PRESETS: Registry[EnvConfig] = Registry("preset", where="hydroagent_hpc/config.py")
+PRESETS.register("paper", EnvConfig(preset="paper"))
+PRESETS.register("released", EnvConfig(
+    preset="released", stop_at_target=False, patience=None, wall_clock_s=None, observation="released",
+    rewards=RewardConfig(per_turn=False, delta_nse="previous", simulation_failed=-0.5),
+))
 
 
 def preset(name: str, **overrides: Any) -> EnvConfig:
-    """A preset with optional overrides (``rewards`` may be a mapping of reward overrides)."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
-    base = PRESETS[name]
+    """A preset with optional overrides (``rewards`` may be a mapping of reward overrides).
+
+    An unknown name raises :class:`~hydroagent_hpc.registry.UnknownNameError` (a
+    :class:`ConfigError`) listing the presets of :data:`PRESETS`.
+    """
+    base = PRESETS.lookup(name)
     if "rewards" in overrides and isinstance(overrides["rewards"], Mapping):
         overrides["rewards"] = replace(base.rewards, **overrides["rewards"])
     return replace(base, **overrides)

@@ -13,16 +13,17 @@ PKG = Path(__file__).resolve().parents[1] / "hydroagent_hpc"
 
 ALLOWED = {
     "errors": set(),
+    "registry": {"errors"},  # the one Registry type; each extension point keeps its own table
     "types": set(),
     "params": set(),
     "metrics": {"metrics", "errors"},
-    "sim": {"types", "params", "metrics", "sim", "errors"},
+    "sim": {"types", "params", "metrics", "sim", "errors", "registry"},
     "toolcalls": {"types", "params", "errors"},
     "prompts": {"types", "params", "toolcalls", "errors"},
     "rewards": {"config", "errors"},
-    "config": {"errors"},
+    "config": {"errors", "registry"},
     "store": {"types", "params", "store", "errors"},
-    "hpc": {"hpc", "errors"},  # generic: takes callables, never imports the domain
+    "hpc": {"hpc", "errors", "registry"},  # generic: takes callables, never imports the domain
     "report": {"types", "params", "metrics", "sim", "store", "report", "errors"},
     "datasets": {"types", "params", "metrics", "sim", "datasets", "errors"},
 }

@@ -1,15 +1,26 @@
-"""The policy protocol every agent follows.
+"""The protocols every agent follows: :class:`Policy` (text) and :class:`DirectPolicy` (code).
 
 A text policy reads the conversation (OpenAI-style message dicts: system, user, assistant, tool)
 and returns the next assistant message, or ``None`` to stop. Language models, the heuristic
-hydrologist and scripted replays all speak this protocol, so their episodes are alike.
+hydrologist and scripted replays all speak this protocol, so their episodes are alike. A direct
+policy (an optimizer) drives the environment's direct tools itself.
+
+The protocols are runtime-checkable: :func:`hydroagent_hpc.env.episode.run_episode` dispatches on
+``isinstance(policy, Policy)`` / ``isinstance(policy, DirectPolicy)``. :class:`StopsWithReason` and
+:class:`MetersUsage` are the optional extras an agent may offer (why it stopped; its token and cost
+accounting). The simulator and pool seams are :class:`hydroagent_hpc.sim.Simulator` and
+:class:`hydroagent_hpc.hpc.pool.Pool`.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
-__all__ = ["Policy", "DirectPolicy"]
+if TYPE_CHECKING:
+    from hydroagent_hpc.env.environment import CalibrationEnv
+
+__all__ = ["Policy", "DirectPolicy", "Agent", "StopsWithReason", "MetersUsage"]
 
 
 @runtime_checkable
@@ -32,5 +43,23 @@ class DirectPolicy(Protocol):
 
     name: str
 
-    def run(self, env) -> None:
+    def run(self, env: CalibrationEnv) -> None:
         ...
+
+
+#: Either kind of agent; what :func:`hydroagent_hpc.agents.factory.make_agent` returns.
+Agent = Union[Policy, DirectPolicy]
+
+
+@runtime_checkable
+class StopsWithReason(Protocol):
+    """An agent that says why it stopped (``stop_reason``; empty or ``None`` while it has not)."""
+
+    stop_reason: str | None
+
+
+@runtime_checkable
+class MetersUsage(Protocol):
+    """An agent that accounts for its tokens and cost (LLM agents); copied into the episode record."""
+
+    usage: Mapping[str, Any]

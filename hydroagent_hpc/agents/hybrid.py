@@ -12,6 +12,7 @@ import logging
 import math
 from typing import Any
 
+from hydroagent_hpc.agents.base import Policy
 from hydroagent_hpc.agents.optimizers.dds import DDS
 from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
 from hydroagent_hpc.agents.optimizers.policy import OptimizerPolicy
@@ -31,7 +32,7 @@ class HybridPolicy:
             raise ValueError(f"warm_simulations={warm_simulations}: must be at least 1 and below the budget {budget}")
         self.seed, self.budget, self.name = seed, int(budget), name
         self.warm = HeuristicHydrologist(seed=seed) if warm_start == "heuristic" else warm_start
-        if not hasattr(self.warm, "act"):
+        if not isinstance(self.warm, Policy):
             raise ValueError("warm_start must be 'heuristic' or a text policy with act(messages)")
         self.warm_simulations = int(warm_simulations)
         self.usage: dict[str, Any] = {}

@@ -12,20 +12,24 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from hydroagent_hpc.campaign.spec import CampaignError, CampaignSpec, Task, check_requirements, expand, shard_of
 from hydroagent_hpc.types import Episode
+
+if TYPE_CHECKING:  # the pool and simulator modules load when a campaign runs, not when this one is imported
+    from hydroagent_hpc.hpc.pool import Pool
+    from hydroagent_hpc.sim import Simulator
 
 log = logging.getLogger(__name__)
 
 __all__ = ["run_task", "run_campaign", "worker_init"]
 
 
-_SIMS: dict[str, Any] = {}
+_SIMS: dict[str, Simulator] = {}
 
 
-def _simulator(basin_dir: str, backend: str = "embedded"):
+def _simulator(basin_dir: str, backend: str = "embedded") -> Simulator:
     """One simulator per basin per process (loading is the expensive part)."""
     key = f"{backend}:{Path(basin_dir).resolve()}"
     if key not in _SIMS:
@@ -58,7 +62,7 @@ def worker_init() -> None:
 
 
 def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress: bool = True,
-                 limit: int | None = None, *, pool: Any = None, shard: tuple[int, int] | None = None,
+                 limit: int | None = None, *, pool: Pool | None = None, shard: tuple[int, int] | None = None,
                  skip_stores: Iterable[str | Path] = (), timeout_s: float | None = None) -> dict[str, Any]:
     """Run every episode (of ``shard``) not yet in ``out`` or in ``skip_stores``; returns counts and timings.
 

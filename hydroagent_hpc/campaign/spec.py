@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from hydroagent_hpc.agents.factory import AGENT_KINDS, check_agent_options
 from hydroagent_hpc.config import EnvConfig, config_from_mapping, preset
 from hydroagent_hpc.errors import HydroAgentError
 
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["AgentSpec", "CampaignSpec", "CampaignError", "Task", "load_campaign", "campaign_from_mapping", "expand",
            "shard_of", "check_requirements", "AGENT_KINDS"]
-
-AGENT_KINDS = ("heuristic", "dds", "sceua", "lhs", "random", "dream", "hybrid", "openai", "hf_local", "scripted")
 
 
 class CampaignError(HydroAgentError, ValueError):
@@ -127,15 +126,17 @@ def campaign_from_mapping(data: Any, base_dir: Path | None = None, source: str =
     seen = set()
     for i, a in enumerate(raw_agents):
         if not isinstance(a, Mapping) or "kind" not in a:
-            raise CampaignError(f"agents[{i}]: each agent needs at least kind (one of {', '.join(AGENT_KINDS)})")
+            raise CampaignError(f"agents[{i}]: each agent needs at least kind (one of {', '.join(AGENT_KINDS.names())})")
         kind = a["kind"]
         if kind not in AGENT_KINDS:
-            raise CampaignError(f"kind: agents[{i}] has unknown kind {kind!r}; use one of {', '.join(AGENT_KINDS)}")
+            raise CampaignError(f"kind: agents[{i}] has unknown kind {kind!r}; use one of {', '.join(AGENT_KINDS.names())}")
         aname = str(a.get("name", kind))
         if aname in seen or "/" in aname:
             raise CampaignError(f"name: agent name {aname!r} is repeated or contains '/'")
         seen.add(aname)
-        agents.append(AgentSpec(aname, kind, {k: v for k, v in a.items() if k not in ("name", "kind")}))
+        options = {k: v for k, v in a.items() if k not in ("name", "kind")}
+        check_agent_options(kind, options)  # unknown or missing options fail here, with the file's line
+        agents.append(AgentSpec(aname, kind, options))
     seeds = data.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise CampaignError(f"seeds: a non-empty list of whole numbers, got {seeds!r}")

@@ -26,6 +26,7 @@ from typing import Any
 
 from hydroagent_hpc.campaign import (CampaignError, CampaignSpec, check_requirements, load_campaign, run_campaign,
                                      worker_init)
+from hydroagent_hpc.hpc.pool import BACKENDS as POOL_BACKENDS
 from hydroagent_hpc.hpc.slurm import SiteSettings, allocation_cpus, array_id, make_executor
 from hydroagent_hpc.campaign.shards import MERGED, IncompleteMergeError, merge_run, shard_path, skip_stores, write_run_record
 
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["choose_pool", "run_on_pool", "run_shard", "ShardJob", "MergeJob", "submit_campaign", "array_active", "defer_merge", "POOLS"]
 
-POOLS = ("auto", "serial", "processes", "mpi")
+POOLS = ("auto", *POOL_BACKENDS.names())  # "auto" picks one of the registered backends
 
 
 def choose_pool(pool: str, workers: int | None, default_workers: int | None = None) -> tuple[str, int]:

@@ -49,6 +49,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         options["path"] = args.path
     if args.backend != "embedded":
         options["backend"] = args.backend
+    from hydroagent_hpc.agents.factory import check_agent_options
+
+    check_agent_options(args.kind or args.agent, options)  # an unknown kind or option fails before any work
     basin = load_basin(args.basin)
     episode_id = args.episode_id or f"calibrate/{basin.basin_id}/{args.agent}/{args.seed}"
     from hydroagent_hpc.store import stored_ids
@@ -171,20 +174,26 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """The calibrate, campaign, submit, demo and report subcommands."""
+    from hydroagent_hpc.agents.factory import AGENT_KINDS
+    from hydroagent_hpc.config import PRESETS
+    from hydroagent_hpc.hpc.pool import BACKENDS as POOL_BACKENDS
+    from hydroagent_hpc.sim import BACKENDS as SIM_BACKENDS
+
+    POOLS = ("auto", *POOL_BACKENDS.names())
     c = sub.add_parser("calibrate", help="run one calibration episode and store it in HDF5",
                        description="Run one episode of an agent on a basin folder and append it to an HDF5 store.")
     c.add_argument("--basin", required=True, help="basin folder (control.txt, obs; e.g. from `basin synth`)")
-    c.add_argument("--agent", required=True, help="agent name (also its kind unless --kind is given): heuristic, dds, "
-                                                   "sceua, lhs, random, dream, hybrid, openai, hf_local, scripted")
-    c.add_argument("--kind", help="agent kind when --agent is a free name")
-    c.add_argument("--preset", choices=("paper", "released"), default="paper")
+    kinds = AGENT_KINDS.names()  # the one table of agent kinds (agents/factory.py), read when the parser is built
+    c.add_argument("--agent", required=True, help=f"agent name (also its kind unless --kind is given): {', '.join(kinds)}")
+    c.add_argument("--kind", choices=kinds, help="agent kind when --agent is a free name")
+    c.add_argument("--preset", choices=PRESETS.names(), default="paper")
     c.add_argument("--config", help="environment config YAML (preset + overrides, strict)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--out", required=True, help="HDF5 file to append the episode to")
     c.add_argument("--script", help="JSON script for --agent scripted")
     c.add_argument("--model", help="model name from the models file for --agent openai")
     c.add_argument("--path", help="checkpoint folder for --agent hf_local")
-    c.add_argument("--backend", choices=("embedded", "ef5"), default="embedded")
+    c.add_argument("--backend", choices=SIM_BACKENDS.names(), default="embedded")
     c.add_argument("--protocol", choices=("turns", "rounds"))
     c.add_argument("--max-simulations", type=int)
     c.add_argument("--max-turns", type=int, help="tool-call cap (0 = off)")
@@ -203,7 +212,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cr.add_argument("--out", help="HDF5 file (episodes already in it are skipped)")
     cr.add_argument("--run-dir", help="run folder for cluster shards: writes RUN_DIR/shards/shard-I-of-N.h5")
     cr.add_argument("--shard", metavar="I/N", help="with --run-dir: run shard I (0-based) of N (default 0/1)")
-    cr.add_argument("--pool", choices=("auto", "serial", "processes", "mpi"), default="auto",
+    cr.add_argument("--pool", choices=POOLS, default="auto",
                     help="where episodes run: auto = MPI ranks under mpiexec/srun, else local processes when "
                          "--workers > 1 (with --run-dir: the task's CPUs), else this process")
     cr.add_argument("--workers", type=int, help="local worker processes (default 1; with --run-dir: SLURM_CPUS_PER_TASK)")
@@ -254,7 +263,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("--mem-gb", type=float)
     sc.add_argument("--array-parallelism", type=int, help="shard jobs running at once (default 64)")
     sc.add_argument("--module", action="append", help="environment module to load in each job (repeatable)")
-    sc.add_argument("--pool", choices=("auto", "serial", "processes", "mpi"), default="auto")
+    sc.add_argument("--pool", choices=POOLS, default="auto")
     sc.add_argument("--workers", type=int, help="worker processes per shard job (default: its CPUs)")
     sc.add_argument("--max-in-flight", type=int, default=32)
     sc.add_argument("--timeout", type=float, help="seconds one episode may run")

@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -35,12 +35,13 @@ from hydroagent_hpc.env.observations import evaluate_run, evaluation_view, simul
 from hydroagent_hpc.params import PARAM_NAMES
 from hydroagent_hpc.provenance import provenance
 from hydroagent_hpc.env.rewards import Payment, RewardLedger
+from hydroagent_hpc.sim import Simulator
 from hydroagent_hpc.sim.errors import HydroAgentError
-from hydroagent_hpc.types import Basin, Episode, SimRecord, ToolCall, Turn
+from hydroagent_hpc.types import Basin, Episode, SimRecord, SimulationResult, ToolCall, Turn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CalibrationEnv", "StepResult"]
+__all__ = ["CalibrationEnv", "StepResult", "ToolOutcome", "ObservedSeries"]
 
 
 @dataclass
@@ -51,11 +52,40 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What one tool call (or one parse failure) did, as the turn records it.
+
+    ``observation``: what the agent sees; ``payment``: the reward and its terms; ``ok``: whether
+    the call succeeded; ``error``: the reason when it did not; ``run_id``: the simulation it ran or
+    scored; ``arguments``: the arguments as recorded.
+    """
+
+    observation: dict[str, Any]
+    payment: Payment
+    ok: bool
+    error: str | None = None
+    run_id: int | None = None
+    arguments: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ObservedSeries:
+    """The basin's time axis, observed discharge and warm-up mask (from the first successful run)."""
+
+    times: np.ndarray
+    observed: np.ndarray
+    warmup: np.ndarray
+
+
 class CalibrationEnv:
     """Calibrate ``basin`` with ``simulator`` under ``config`` (see :class:`EnvConfig`)."""
 
-    def __init__(self, basin: Basin, simulator: Any, config: EnvConfig, *, agent: str = "unknown", seed: int = 0,
-                 episode_id: str | None = None, clock=time.monotonic) -> None:
+    def __init__(self, basin: Basin, simulator: Simulator, config: EnvConfig, *, agent: str = "unknown",
+                 seed: int = 0, episode_id: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        if not isinstance(simulator, Simulator):
+            raise TypeError(f"simulator: {type(simulator).__name__} is not a Simulator "
+                            "(base_params, run(params), run_batch(param_sets)); open one with sim.open_simulator")
         self.basin = basin
         self.sim = simulator
         self.config = config
@@ -89,7 +119,7 @@ class CalibrationEnv:
         self._t0 = self._clock()
         self._started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self._terminal: Payment | None = None
-        self._series = None  # (times, observed, warmup) of the basin, from the first successful run
+        self._series: ObservedSeries | None = None  # from the first successful run
         self.messages = prompts.render_messages(self.basin, self.config.preset, self._budget())
         return [dict(m) for m in self.messages]
 
@@ -132,17 +162,15 @@ class CalibrationEnv:
                 break
             t_start = self._clock()
             if isinstance(item, ToolCall):
-                obs, pay, ok, err, run_id, args = self._dispatch(item)
+                out = self._dispatch(item)
                 tool = item.name
             else:
-                obs, pay, ok, err, run_id, args = self._parse_failure(item.reason, item.detail)
+                out = self._parse_failure(item.reason, item.detail)
                 tool = None
-            kind = "parse_failure" if obs.get("error") == "parse_failure" else "tool"
-            self._record(kind, tool, args, obs, pay, ok, err if not ok else None, run_id, text if first else "",
-                         t_start)
+            self._record(tool, out, text if first else "", t_start)
             first = False
-            observations.append(obs)
-            reward += pay.reward
+            observations.append(out.observation)
+            reward += out.payment.reward
             self._check_stop()
         if not had_call and self.config.end_on_no_tool_call and not self.done:
             self._finish("no_tool_call")
@@ -166,14 +194,13 @@ class CalibrationEnv:
         self.message_index += 1
         self.counters["messages"] += 1
         t_start = self._clock()
-        obs, pay, ok, err, run_id, args = self._dispatch(call)
-        kind = "parse_failure" if obs.get("error") == "parse_failure" else "tool"
-        self._record(kind, call.name, args, obs, pay, ok, err if not ok else None, run_id, "", t_start)
+        out = self._dispatch(call)
+        self._record(call.name, out, "", t_start)
         self._check_stop()
-        return obs
+        return out.observation
 
     # ------------------------------------------------------------------ tools
-    def _dispatch(self, call: ToolCall):
+    def _dispatch(self, call: ToolCall) -> ToolOutcome:
         if call.name not in toolcalls.TOOL_NAMES:
             return self._parse_failure("unknown_tool", f"unknown tool {call.name!r}; the tools are "
                                                        f"{', '.join(toolcalls.TOOL_NAMES)}")
@@ -186,14 +213,14 @@ class CalibrationEnv:
             return self._tool_run()
         return self._tool_evaluate()
 
-    def _parse_failure(self, reason: str, detail: str, args: Mapping | None = None):
+    def _parse_failure(self, reason: str, detail: str, args: Mapping | None = None) -> ToolOutcome:
         self.counters["parse_failures"] += 1
         self.parse_streak += 1
         obs = {"status": "error", "error": "parse_failure", "reason": reason, "detail": detail,
                "hint": toolcalls.retry_hint([toolcalls.ParseFailure(reason, detail)])}
-        return obs, self.ledger.parse_failure(), False, reason, None, _safe_args(args)
+        return ToolOutcome(obs, self.ledger.parse_failure(), False, reason, None, _safe_args(args))
 
-    def _tool_set(self, v):
+    def _tool_set(self, v: toolcalls.Validated) -> ToolOutcome:
         self.parse_streak = 0
         self.params = dict(v.params)
         self.counters["clipped_values"] += len(v.clipped)
@@ -204,25 +231,25 @@ class CalibrationEnv:
             obs["clipped"] = {k: {"asked": a, "used": u} for k, (a, u) in v.clipped.items()}
             obs["message"] = "some values were outside their bounds and were clipped: " + ", ".join(
                 f"{k} {a:g} -> {u:g}" for k, (a, u) in v.clipped.items())
-        return obs, self.ledger.set_parameters(), True, None, None, dict(v.applied)
+        return ToolOutcome(obs, self.ledger.set_parameters(), True, None, None, dict(v.applied))
 
-    def _tool_run(self):
+    def _tool_run(self) -> ToolOutcome:
         self.parse_streak = 0
         c = self.config
         if c.max_simulations is not None and self.counters["simulations"] + len(self.pending) >= c.max_simulations:
-            return ({"status": "error", "message": f"the simulation budget ({c.max_simulations}) is spent"
-                                                   + ("; call evaluate to run the queued candidates" if self.pending else "")},
-                    self.ledger.nothing(), False, "budget", None, {})
+            return ToolOutcome({"status": "error", "message": f"the simulation budget ({c.max_simulations}) is spent"
+                                + ("; call evaluate to run the queued candidates" if self.pending else "")},
+                               self.ledger.nothing(), False, "budget", None, {})
         if c.protocol == "rounds":
             if len(self.pending) >= c.candidates_per_round:
-                return ({"status": "error", "message": f"round {self.round + 1} already has {c.candidates_per_round} "
-                                                       "candidates; call evaluate to run and score them"},
-                        self.ledger.nothing(), False, "round_full", None, {})
+                return ToolOutcome({"status": "error", "message": f"round {self.round + 1} already has "
+                                    f"{c.candidates_per_round} candidates; call evaluate to run and score them"},
+                                   self.ledger.nothing(), False, "round_full", None, {})
             self.pending.append(dict(self.params))
             obs = {"status": "ok", "message": f"queued as candidate {len(self.pending)} of round {self.round + 1}; "
                                               "evaluate runs and scores the round's candidates",
                    "round": self.round + 1, "candidate": len(self.pending)}
-            return obs, self.ledger.nothing(), True, None, None, {}
+            return ToolOutcome(obs, self.ledger.nothing(), True, None, None, {})
         rec = self._simulate([dict(self.params)])[0]
         if rec.ok:
             self.fresh_run = rec.run_id
@@ -230,9 +257,10 @@ class CalibrationEnv:
         else:
             self.fresh_run = None
             obs = {"status": "error", "run": rec.run_id, "message": f"simulation {rec.run_id} failed: {rec.error}"}
-        return obs, self.ledger.simulation(rec.ok), rec.ok, None if rec.ok else "simulation_failed", rec.run_id, {}
+        return ToolOutcome(obs, self.ledger.simulation(rec.ok), rec.ok, None if rec.ok else "simulation_failed",
+                           rec.run_id, {})
 
-    def _tool_evaluate(self):
+    def _tool_evaluate(self) -> ToolOutcome:
         self.parse_streak = 0
         self.counters["evaluations"] += 1
         if self.config.protocol == "rounds":
@@ -242,18 +270,18 @@ class CalibrationEnv:
             why = ("no simulation has run yet" if last is None else
                    f"simulation {last.run_id} failed" if not last.ok else
                    f"simulation {last.run_id} was already evaluated")
-            return ({"status": "error", "message": f"nothing new to evaluate: {why}; call run_simulation first"},
-                    self.ledger.nothing(), False, "no_fresh_run", None, {})
+            return ToolOutcome({"status": "error", "message": f"nothing new to evaluate: {why}; call run_simulation first"},
+                               self.ledger.nothing(), False, "no_fresh_run", None, {})
         rec = self.sims[self.fresh_run - 1]
         self.fresh_run = None
         pay, improved = self._credit(rec)
         obs = evaluation_view(rec, self, self.config, improved)
-        return obs, pay, True, None, rec.run_id, {}
+        return ToolOutcome(obs, pay, True, None, rec.run_id, {})
 
-    def _evaluate_round(self):
+    def _evaluate_round(self) -> ToolOutcome:
         if not self.pending:
-            return ({"status": "error", "message": "no candidates in this round; call run_simulation first"},
-                    self.ledger.nothing(), False, "no_fresh_run", None, {})
+            return ToolOutcome({"status": "error", "message": "no candidates in this round; call run_simulation first"},
+                               self.ledger.nothing(), False, "no_fresh_run", None, {})
         recs = self._simulate(self.pending, round_=self.round + 1)
         self.pending = []
         self.round += 1
@@ -274,7 +302,7 @@ class CalibrationEnv:
                "rounds_left": self.config.max_rounds - self.round}
         if not ok:
             obs["message"] = "every candidate of this round failed"
-        return obs, pay, bool(ok), None if ok else "simulation_failed", recs[-1].run_id, {}
+        return ToolOutcome(obs, pay, bool(ok), None if ok else "simulation_failed", recs[-1].run_id, {})
 
     def _credit(self, rec: SimRecord) -> tuple[Payment, bool]:
         rec.evaluated = True
@@ -299,8 +327,8 @@ class CalibrationEnv:
     def _simulate(self, param_sets: list[dict[str, float]], round_: int | None = None) -> list[SimRecord]:
         """Run parameter sets (batched when there are several) and score each at once."""
         t0 = time.perf_counter()
-        results: list[Any] = []
-        if len(param_sets) > 1 and hasattr(self.sim, "run_batch"):
+        results: list[SimulationResult | Exception] = []
+        if len(param_sets) > 1:
             try:
                 results = list(self.sim.run_batch(param_sets))
             except HydroAgentError:
@@ -324,7 +352,8 @@ class CalibrationEnv:
                 rec = SimRecord(run_id, dict(p), True, None, metrics, res.wall_time_s, round=round_,
                                 discharge=np.asarray(res.discharge, dtype=np.float32))
                 if self._series is None:
-                    self._series = (res.times, np.asarray(res.observed, dtype=np.float64), np.asarray(res.warmup))
+                    self._series = ObservedSeries(res.times, np.asarray(res.observed, dtype=np.float64),
+                                                  np.asarray(res.warmup))
             self.sims.append(rec)
             recs.append(rec)
         return recs
@@ -368,11 +397,14 @@ class CalibrationEnv:
         return self._terminal
 
     # ------------------------------------------------------------------ record
-    def _record(self, kind, tool, args, obs, pay: Payment, ok, err, run_id, text, t_start) -> None:
+    def _record(self, tool: str | None, out: ToolOutcome, text: str, t_start: float) -> None:
+        obs, pay = out.observation, out.payment
+        kind = "parse_failure" if obs.get("error") == "parse_failure" else "tool"
         self.counters["turns"] += 1
         self.turns.append(Turn(index=len(self.turns), message_index=self.message_index, kind=kind, tool=tool,
-                               arguments=args, observation=obs, reward=pay.reward, reward_terms=dict(pay.terms),
-                               ok=bool(ok), error=err, run_id=run_id, text=text,
+                               arguments=out.arguments, observation=obs, reward=pay.reward,
+                               reward_terms=dict(pay.terms), ok=bool(out.ok), error=None if out.ok else out.error,
+                               run_id=out.run_id, text=text,
                                started_s=t_start - self._t0, duration_s=self._clock() - t_start))
 
     def episode(self) -> Episode:
@@ -381,7 +413,7 @@ class CalibrationEnv:
             self.close("policy_stopped")
         term = self._terminal_payment()
         best = self.sims[self.best_run - 1] if self.best_run else None
-        times, observed, warmup = self._series if self._series else (None, None, None)
+        series = self._series
         return Episode(
             episode_id=self.episode_id, basin_id=self.basin.basin_id, agent=self.agent, preset=self.config.preset,
             protocol=self.config.protocol, seed=self.seed,
@@ -390,7 +422,8 @@ class CalibrationEnv:
             best_run=self.best_run, best_params=dict(best.params) if best else None, stop_reason=self.stop_reason,
             terminal_reward=term.reward, terminal_terms=dict(term.terms), counters=dict(self.counters),
             wall_time_s=self._clock() - self._t0, started_utc=self._started_utc, provenance=provenance(),
-            times=times, observed=observed, warmup=warmup)
+            times=series.times if series else None, observed=series.observed if series else None,
+            warmup=series.warmup if series else None)
 
 
 def _nse(rec: SimRecord) -> float:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+from hydroagent_hpc.agents.base import Agent, DirectPolicy, MetersUsage, Policy, StopsWithReason
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.toolcalls import render_tool_response
 from hydroagent_hpc.types import Episode
@@ -16,44 +16,58 @@ __all__ = ["run_episode", "ROLE_TOOL"]
 ROLE_TOOL = "tool"
 
 
-def run_episode(policy: Any, env: CalibrationEnv) -> Episode:
+def run_episode(policy: Agent, env: CalibrationEnv) -> Episode:
     """Alternate policy messages and environment steps until the episode ends.
 
-    A :class:`~hydroagent_hpc.agents.base.DirectPolicy` (``run(env)``) drives the direct tools
-    instead. The conversation holds the assistant messages and one ``tool`` message per observation, in
-    the order the calls ran. A policy that returns ``None`` ends the episode
-    ("policy_stopped"); one that raises ends it with "policy_error" and the error is logged.
+    A text :class:`~hydroagent_hpc.agents.base.Policy` (``act(messages)``) gets the conversation:
+    it holds the assistant messages and one ``tool`` message per observation, in the order the
+    calls ran. A :class:`~hydroagent_hpc.agents.base.DirectPolicy` (``run(env)``, and no ``act``)
+    drives the direct tools instead. A policy that returns ``None`` ends the episode (its
+    ``stop_reason`` if it has one, else "policy_stopped"); one that raises ends it with
+    "policy_error" and the error is logged. Anything else is a ``TypeError``.
     """
+    if not isinstance(policy, (Policy, DirectPolicy)):
+        raise TypeError(f"run_episode needs a Policy (name, act(messages)) or a DirectPolicy (name, run(env)); "
+                        f"got {type(policy).__name__}")
     messages: list[dict[str, str]] = env.reset()
-    if hasattr(policy, "run") and not hasattr(policy, "act"):
+    if isinstance(policy, Policy):
+        _converse(policy, env, messages)
+    else:
         try:
             policy.run(env)
         except Exception as exc:  # an agent's crash must not lose the episode record
-            log.exception("policy %s failed on %s", getattr(policy, "name", policy), env.basin.basin_id)
+            log.exception("policy %s failed on %s", policy.name, env.basin.basin_id)
             env.close(f"policy_error: {type(exc).__name__}")
         if not env.done:
-            env.close(getattr(policy, "stop_reason", None) or "policy_stopped")
-        return _with_usage(env.episode(), policy)
+            env.close(_stop_reason(policy))
+    return _with_usage(env.episode(), policy)
+
+
+def _converse(policy: Policy, env: CalibrationEnv, messages: list[dict[str, str]]) -> None:
     while not env.done:
         try:
             text = policy.act(messages)
         except Exception as exc:  # an agent's crash must not lose the episode record
-            log.exception("policy %s failed on %s", getattr(policy, "name", policy), env.basin.basin_id)
+            log.exception("policy %s failed on %s", policy.name, env.basin.basin_id)
             env.close(f"policy_error: {type(exc).__name__}")
             break
         if text is None:
-            env.close(getattr(policy, "stop_reason", None) or "policy_stopped")
+            env.close(_stop_reason(policy))
             break
         result = env.step(text)
         messages.append({"role": "assistant", "content": text})
         for obs in result.observations:
             messages.append({"role": ROLE_TOOL, "content": render_tool_response(obs)})
-    return _with_usage(env.episode(), policy)
 
 
-def _with_usage(episode: Episode, policy: Any) -> Episode:
+def _stop_reason(policy: Agent) -> str:
+    """The policy's own reason for stopping, or "policy_stopped"."""
+    reason = policy.stop_reason if isinstance(policy, StopsWithReason) else None
+    return reason or "policy_stopped"
+
+
+def _with_usage(episode: Episode, policy: Agent) -> Episode:
     """Copy the policy's token/cost accounting (LLM agents) into the episode."""
-    usage = getattr(policy, "usage", None)
-    if isinstance(usage, dict) and usage:
-        episode.usage = {str(k): v for k, v in usage.items()}
+    if isinstance(policy, MetersUsage) and isinstance(policy.usage, dict) and policy.usage:
+        episode.usage = {str(k): v for k, v in policy.usage.items()}
     return episode

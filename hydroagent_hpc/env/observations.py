@@ -97,10 +97,11 @@ def simulation_view(rec, env, config) -> dict[str, Any]:
     if config.observation == "released":
         return {"status": "ok", "message": f"Simulation completed successfully (run #{rec.run_id})",
                 "output_file": f"ts.{env.basin.basin_id.lower()}.crest.csv", "run_number": rec.run_id}
-    times, observed, warmup = env._series
+    series = env._series  # an ObservedSeries: set by the first successful run, which this one is or follows
     view = {"status": "ok", "run": rec.run_id,
             "message": f"simulation {rec.run_id} finished; call evaluate to score it",
-            "hydrograph": compact_hydrograph(times, observed, rec.discharge, warmup, config.hydrograph_points),
+            "hydrograph": compact_hydrograph(series.times, series.observed, rec.discharge, series.warmup,
+                                             config.hydrograph_points),
             "diagnostics": {k: _round(rec.metrics.get(k)) for k in DIAGNOSTIC_KEYS}}
     return view
 

@@ -1,8 +1,9 @@
 """A simulation pool: one interface over serial, local-process and MPI execution.
 
-``open_pool(backend, workers, max_in_flight, timeout_s)`` returns a pool whose ``map(fn, items)``
-yields one :class:`TaskResult` per item, in order (``ordered=False``: as each finishes, so a
-consumer can store it at once). Guarantees:
+``open_pool(backend, workers, max_in_flight, timeout_s)`` returns a :class:`Pool` whose
+``map(fn, items)`` yields one :class:`TaskResult` per item, in order (``ordered=False``: as each
+finishes, so a consumer can store it at once). The backends are the entries of :data:`BACKENDS`
+(``serial``, ``processes``, ``mpi``); the command line's ``--pool`` choices read it. Guarantees:
 
 * at most ``max_in_flight`` tasks run at once (32 by default, as the paper's GRPO setup used);
 * a task that runs longer than ``timeout_s`` is killed and becomes a failed result;
@@ -22,13 +23,14 @@ import multiprocessing.connection
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
+
+from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.registry import Registry
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TaskResult", "SerialPool", "ProcessPool", "open_pool", "release", "BACKENDS"]
-
-BACKENDS = ("serial", "processes", "mpi")
+__all__ = ["TaskResult", "Pool", "PoolError", "PoolFactory", "SerialPool", "ProcessPool", "open_pool", "release", "BACKENDS"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,31 @@ class TaskResult:
     value: Any = None
     error: str = ""
     seconds: float = 0.0
+
+
+class PoolError(HydroAgentError, ValueError):
+    """A pool that cannot be opened as asked (a worker count below 1, MPI outside a launcher)."""
+
+
+@runtime_checkable
+class Pool(Protocol):
+    """What a campaign needs of a pool (serial, local processes, MPI ranks).
+
+    ``backend`` names it, ``workers`` is how many tasks can run at once; ``map(fn, items)`` yields
+    one :class:`TaskResult` per item (in order, or as each finishes with ``ordered=False``) and
+    never raises for a task's failure; ``close()`` releases the workers. Pools are context managers.
+    """
+
+    backend: str
+    workers: int
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], ordered: bool = True) -> Iterator[TaskResult]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Pool: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 def release(done: dict[int, TaskResult], next_out: int, ordered: bool) -> tuple[list[TaskResult], int]:
@@ -81,10 +108,10 @@ class SerialPool:
     def close(self) -> None:
         pass
 
-    def __enter__(self):
+    def __enter__(self) -> Pool:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -127,9 +154,9 @@ class ProcessPool:
                  context: str = "spawn", initializer: Callable[[], None] | None = None,
                  log_failures: bool = True) -> None:
         if workers < 1:
-            raise ValueError(f"workers={workers}: need at least 1")
+            raise PoolError(f"workers={workers}: need at least 1")
         if max_in_flight < 1:
-            raise ValueError(f"max_in_flight={max_in_flight}: need at least 1")
+            raise PoolError(f"max_in_flight={max_in_flight}: need at least 1")
         self.workers = min(workers, max_in_flight)
         self.timeout_s = timeout_s
         self.initializer = initializer
@@ -210,21 +237,40 @@ class ProcessPool:
             self._retire(slot)
         self._slots = []
 
-    def __enter__(self):
+    def __enter__(self) -> Pool:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
+#: ``factory(workers, max_in_flight, timeout_s, initializer)`` opens one pool backend.
+PoolFactory = Callable[[int, int, float | None, Callable[[], None] | None], Pool]
+
+BACKENDS: Registry[PoolFactory] = Registry("pool backend", where="hydroagent_hpc/hpc/pool.py")
+
+
+@BACKENDS.register("serial")
+def _serial(workers: int, max_in_flight: int, timeout_s: float | None,
+            initializer: Callable[[], None] | None) -> Pool:
+    return SerialPool(timeout_s, initializer)
+
+
+@BACKENDS.register("processes")
+def _processes(workers: int, max_in_flight: int, timeout_s: float | None,
+               initializer: Callable[[], None] | None) -> Pool:
+    return ProcessPool(workers, max_in_flight, timeout_s, initializer=initializer)
+
+
+@BACKENDS.register("mpi")
+def _mpi(workers: int, max_in_flight: int, timeout_s: float | None, initializer: Callable[[], None] | None) -> Pool:
+    raise PoolError("the mpi pool needs every rank to take part: open it with "
+                    "hydroagent_hpc.hpc.mpi.mpi_pool() under mpiexec or srun --mpi=pmi2")
+
+
 def open_pool(backend: str = "serial", workers: int = 2, max_in_flight: int = 32, timeout_s: float | None = None,
-              initializer: Callable[[], None] | None = None):
-    """The pool for ``backend`` ("serial" or "processes"; "mpi" is opened with ``hpc.mpi.mpi_pool``)."""
-    if backend == "serial":
-        return SerialPool(timeout_s, initializer)
-    if backend == "processes":
-        return ProcessPool(workers, max_in_flight, timeout_s, initializer=initializer)
-    if backend == "mpi":
-        raise ValueError("the mpi pool needs every rank to take part: open it with "
-                         "hydroagent_hpc.hpc.mpi.mpi_pool() under mpiexec or srun --mpi=pmi2")
-    raise ValueError(f"unknown pool backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+              initializer: Callable[[], None] | None = None) -> Pool:
+    """The pool for ``backend``, an entry of :data:`BACKENDS` ("serial" or "processes"; "mpi" is
+    opened with ``hpc.mpi.mpi_pool`` on every rank). An unknown name raises
+    :class:`~hydroagent_hpc.registry.UnknownNameError` listing the valid ones."""
+    return BACKENDS.lookup(backend)(workers, max_in_flight, timeout_s, initializer)
