@@ -8,7 +8,7 @@ and the fix) on one line and exits with :attr:`HydroAgentError.exit_code`, witho
 
 from __future__ import annotations
 
-__all__ = ["HydroAgentError", "ConfigError", "UsageError"]
+__all__ = ["HydroAgentError", "ConfigError", "UsageError", "one_line"]
 
 
 class HydroAgentError(Exception):
@@ -25,6 +25,16 @@ class HydroAgentError(Exception):
         self.message = message
         self.fix = fix
         super().__init__(f"{message}" + (f"\n  fix: {fix}" if fix else ""))
+
+
+def one_line(exc: BaseException) -> str:
+    """The error's message (with its fix, and any message it wraps) as one line for the command line.
+
+    Line breaks become "; " (``"... \n  fix: ..."`` reads ``"...; fix: ..."``), so a log or a
+    terminal shows each error as exactly one line.
+    """
+    lines = [line.strip() for line in str(exc).splitlines()]
+    return "; ".join(line for line in lines if line) or type(exc).__name__
 
 
 class ConfigError(HydroAgentError, ValueError):

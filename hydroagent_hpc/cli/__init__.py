@@ -15,7 +15,7 @@ import sys
 
 from hydroagent_hpc import __version__
 from hydroagent_hpc.cli import basins, runs
-from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.errors import HydroAgentError, one_line
 
 __all__ = ["build_parser", "main"]
 
@@ -42,10 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     except HydroAgentError as exc:  # every error raised on purpose: one message, no traceback
         if args.debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except (ValueError, OSError) as exc:
         if args.debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2

@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
 
 from hydroagent_hpc.agents.llm.models_file import PLACEHOLDER_KEY, ModelSpec, resolve_api_key
+from hydroagent_hpc.errors import HydroAgentError
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,10 @@ RETRY_KINDS = ("rate_limit", "timeout", "connection", "server_error", "bad_respo
 _RETRY_STATUS = (408, 409)
 
 
-class LLMError(RuntimeError):
+class LLMError(HydroAgentError, RuntimeError):
     """A chat request that failed for good. ``kind``: a retry kind or ``http_<status>``."""
+
+    exit_code = 1  # a run that could not complete
 
     def __init__(self, message: str, *, kind: str = "", status: int | None = None, attempts: int = 0) -> None:
         super().__init__(message)

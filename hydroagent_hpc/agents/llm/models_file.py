@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.errors import ConfigError, HydroAgentError
 
 __all__ = ["ModelSpec", "Sampling", "Prices", "Limits", "ModelsFileError", "MissingAPIKeyError", "PROVIDERS",
            "TOOL_MODES", "default_models_file", "load_models", "get_model", "resolve_api_key"]
@@ -46,11 +46,11 @@ MAX_TOKENS_PARAMS = ("max_tokens", "max_completion_tokens")
 PLACEHOLDER_KEY = "EMPTY"  # what local servers without --api-key accept
 
 
-class ModelsFileError(ValueError):
+class ModelsFileError(ConfigError):
     """A models file that cannot be used; the message names the file, line, key and fix."""
 
 
-class MissingAPIKeyError(RuntimeError):
+class MissingAPIKeyError(HydroAgentError, RuntimeError):
     """The environment variable that should hold a model's API key is not set."""
 
 
