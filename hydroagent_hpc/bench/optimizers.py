@@ -6,8 +6,9 @@
 200-simulation budget, no patience or turn cap, target NSE 0.999 so nothing stops early) and
 prints Markdown tables: the best NSE after 25/50/100/200 simulations (the environment's own
 record, full precision), and the best run's parameters against the basin's hidden truth
-(``truth.json``, read here after the episode, never by the agent), as the mean absolute error in
-the unit cube of each parameter's bounds.
+(``truth.json``, read here after the episode, never by the agent), as the report's recovery error
+(:func:`hydroagent_hpc.report.recovery.recovery_error`: mean |log10(best/truth)| over the tunable
+multipliers; 0.3 is a factor of 2).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.episode import run_episode
+from hydroagent_hpc.report.recovery import recovery_error
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.synth.basins import read_truth
 from hydroagent_hpc.types import Episode
@@ -76,13 +78,6 @@ def run_optimizer(basin_dir: Path, sim, name: str, seed: int, budget: int, proto
                         ep.stop_reason)
 
 
-def recovery_error(params: dict[str, float] | None, truth: dict[str, float], space: ParameterSpace) -> float:
-    """Mean |u_best - u_truth| over the tunable parameters, in the unit cube of their bounds."""
-    if not params:
-        return float("nan")
-    return float(np.mean(np.abs(space.to_unit(params) - space.to_unit(truth))))
-
-
 def _f(x: float | None) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.3f}"
 
@@ -107,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         sim = EmbeddedSimulator(folder / "control.txt")
         out(f"\n## {folder.name} ({args.protocol}, {args.scale} scale, budget {args.budget}, seeds {args.seeds})\n\n")
         out("| optimizer | seed | " + " | ".join(f"best@{c}" for c in checkpoints) +
-            " | sims | wall s | recovery MAE (unit) |\n")
+            " | sims | wall s | recovery (mean abs log10) |\n")
         out("|---|---|" + "---|" * len(checkpoints) + "---|---|---|\n")
         best_of: dict[str, OptimizerRun] = {}
         for name in names:
@@ -116,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name not in best_of or r.trace[-1] > best_of[name].trace[-1]:
                     best_of[name] = r
                 out(f"| {name} | {seed} | " + " | ".join(_f(r.best_after(c)) for c in checkpoints) +
-                    f" | {len(r.trace)} | {r.wall_s:.1f} | {_f(recovery_error(r.best_params, truth, space))} |\n")
+                    f" | {len(r.trace)} | {r.wall_s:.1f} | {_f(recovery_error(r.best_params, truth) if r.best_params else None)} |\n")
                 sys.stdout.flush()
         out("\nBest run's parameters (best seed) against the truth:\n\n")
         out("| | " + " | ".join(space.names) + " |\n|---|" + "---|" * space.dim + "\n")

@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from hydroagent_hpc.datasets.camels import BasinForcing, Streamflow, bad_file, check_gauge_id
+from hydroagent_hpc.metrics import nse
 from hydroagent_hpc.sim.errors import InputError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModelOutput", "read_model_output", "find_model_output_file", "reference_nse", "forcing_from_model_output",
-           "nse"]
+__all__ = ["ModelOutput", "read_model_output", "find_model_output_file", "reference_nse", "forcing_from_model_output"]
 
 _HEADER = ("yr", "mnth", "dy", "hr", "swe", "prcp", "raim", "tair", "pet", "et", "mod_run", "obs_run")
 
@@ -86,17 +86,6 @@ def read_model_output(path) -> ModelOutput:
     return ModelOutput(gid, str(p), dates, {k: data[:, j] for j, k in enumerate(_HEADER) if j >= 4})
 
 
-def nse(sim, obs) -> float:
-    """Nash-Sutcliffe efficiency over the pairs where both are finite (NaN with fewer than 2)."""
-    s, o = np.asarray(sim, float), np.asarray(obs, float)
-    ok = np.isfinite(s) & np.isfinite(o)
-    if ok.sum() < 2:
-        return float("nan")
-    o, s = o[ok], s[ok]
-    den = float(np.sum((o - o.mean()) ** 2))
-    return float("nan") if den == 0.0 else 1.0 - float(np.sum((s - o) ** 2)) / den
-
-
 def reference_nse(mo: ModelOutput, start, end, streamflow: Streamflow | None = None) -> dict:
     """NSE of the published MOD_RUN against OBS_RUN over ``start..end`` (inclusive days).
 
@@ -112,8 +101,8 @@ def reference_nse(mo: ModelOutput, start, end, streamflow: Streamflow | None = N
     if keep.sum() < 2:
         raise ValueError(f"{mo.path}: no scored days between {a} and {b}; the file covers {mo.dates[0]}..{mo.dates[-1]}")
     days = mo.dates[keep]
-    return {"nse": nse(mo["mod_run"][keep], mo["obs_run"][keep]), "days": int(keep.sum()), "start": str(days[0]),
-            "end": str(days[-1])}
+    return {"nse": nse(mo["obs_run"][keep], mo["mod_run"][keep], min_points=2), "days": int(keep.sum()),
+            "start": str(days[0]), "end": str(days[-1])}
 
 
 def forcing_from_model_output(mo: ModelOutput, precip: str = "prcp") -> BasinForcing:

@@ -50,7 +50,8 @@ from hydroagent_hpc.sim.manifest import MANIFEST_NAME, write_manifest
 from hydroagent_hpc.sim.staging import staged_folder
 from hydroagent_hpc.sim.synth.storms import CLIMATES, make_rainfall
 from hydroagent_hpc.sim.synth.terrain import NODATA, TERRAIN_STYLES, cell_km, make_terrain
-from hydroagent_hpc.sim.synth.truth import TRUTH_RANGES, draw_truth, implausibility, nse, observe
+from hydroagent_hpc.metrics import nse
+from hydroagent_hpc.sim.synth.truth import TRUTH_RANGES, draw_truth, implausibility, observe
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +283,7 @@ def _write_truth(folder: Path, s: dict, r_truth, r_noise) -> dict:
         cand = draw_truth(r_truth)
         q = sim.run(cand).discharge
         # Identifiable but not absurd: the defaults should score between -10 and 0.85 against it.
-        fit = nse(q_default[keep], q[keep])
+        fit = nse(q[keep], q_default[keep], min_points=2)  # the candidate truth as the observations
         bad = implausibility(q, keep, area, base_flow=s["warmup_days"] > 0) + max(0.0, fit - 0.85, (-10.0 - fit) / 10.0)
         if best is None or bad < best[0]:
             best = (bad, cand, q)
@@ -301,8 +302,8 @@ def _write_truth(folder: Path, s: dict, r_truth, r_noise) -> dict:
         "area_km2_requested": s["area_km2"], "area_km2": round(area, 3), "cellsize_deg": s["cellsize_deg"],
         "cells": sim.net.n,
         "diagnostics": {
-            "nse_truth_vs_obs": round(nse(q_true[keep], obs[keep]), 4),
-            "nse_defaults_vs_obs": round(nse(q_default[keep], obs[keep]), 4),
+            "nse_truth_vs_obs": round(nse(obs[keep], q_true[keep], min_points=2), 4),
+            "nse_defaults_vs_obs": round(nse(obs[keep], q_default[keep], min_points=2), 4),
             "peak_q_m3s": round(float(q_true[keep].max()), 3), "mean_q_m3s": round(float(q_true[keep].mean()), 4),
             "min_q_m3s": round(float(q_true[keep].min()), 4), "truth_draws": tries},
     })

@@ -19,7 +19,7 @@ from scipy.ndimage import gaussian_filter1d
 
 from hydroagent_hpc.params import DEFAULTS, PARAM_NAMES, PARAMS
 
-__all__ = ["TRUTH_RANGES", "draw_truth", "implausibility", "observe", "nse"]
+__all__ = ["TRUTH_RANGES", "draw_truth", "implausibility", "observe"]
 
 # Where the hidden truth is drawn: a low and a high interval per multiplier (None = not used),
 # inside HydroAgent's bounds, away from them and from the default. Log-uniform within a side.
@@ -42,13 +42,6 @@ def draw_truth(rng: np.random.Generator) -> dict[str, float]:
         lo, hi = sides[int(rng.integers(len(sides)))]
         out[name] = round(float(math.exp(rng.uniform(math.log(lo), math.log(hi)))), 4)
     return out
-
-
-def nse(sim: np.ndarray, obs: np.ndarray) -> float:
-    """Nash-Sutcliffe efficiency, 1 - sum((sim - obs)^2) / sum((obs - mean(obs))^2) (NaN if obs is flat)."""
-    d = obs - obs.mean()
-    den = float(np.dot(d, d))
-    return float("nan") if den == 0 else 1.0 - float(np.sum((sim - obs) ** 2)) / den
 
 
 def implausibility(q: np.ndarray, keep: np.ndarray, area: float, base_flow: bool = True) -> float:
