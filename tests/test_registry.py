@@ -147,7 +147,8 @@ def test_a_new_kind_runs_through_the_campaign_path(toy_kind, small_basin_dir, tm
 def test_a_new_kinds_options_are_checked_when_the_campaign_is_read(toy_kind, small_basin_dir, tmp_path):
     path = _campaign(tmp_path, small_basin_dir, f"  - {{name: toy-a, kind: {toy_kind}}}\n"
                                                 f"  - {{name: toy-b, kind: {toy_kind},\n      wn: 3.5}}")
-    with pytest.raises(CampaignError, match=r"c\.yaml:6: wn: agent kind 'toy' takes no option 'wn'; options: backend, wm"):
+    where = r"c\.yaml:6: wn: agent kind 'toy' takes no option 'wn'; options: backend, wm"
+    with pytest.raises(CampaignError, match=where):
         load_campaign(path)
     with pytest.raises(CampaignError, match=r"unknown kind 'oracle'; use one of heuristic, .*, scripted, toy"):
         load_campaign(_campaign(tmp_path, small_basin_dir, "  - {name: x, kind: oracle}"))

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydroagent_hpc.agents.base import Policy
 from hydroagent_hpc.agents.optimizers.dds import DDS
 from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
 from hydroagent_hpc.agents.optimizers.policy import OptimizerPolicy
 from hydroagent_hpc.env.toolcalls import render_tool_response
+
+if TYPE_CHECKING:
+    from hydroagent_hpc.env.environment import CalibrationEnv
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +40,7 @@ class HybridPolicy:
         self.warm_simulations = int(warm_simulations)
         self.usage: dict[str, Any] = {}
 
-    def run(self, env) -> None:
+    def run(self, env: CalibrationEnv) -> None:
         messages = [dict(m) for m in env.messages]
         best, best_nse = None, -math.inf
         while not env.done and env.counters["simulations"] < self.warm_simulations:

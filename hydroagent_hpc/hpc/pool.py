@@ -30,7 +30,8 @@ from hydroagent_hpc.registry import Registry
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TaskResult", "Pool", "PoolError", "PoolFactory", "SerialPool", "ProcessPool", "open_pool", "release", "BACKENDS"]
+__all__ = ["TaskResult", "Pool", "PoolError", "PoolFactory", "SerialPool", "ProcessPool", "open_pool", "release",
+           "BACKENDS"]
 
 
 @dataclass(frozen=True)

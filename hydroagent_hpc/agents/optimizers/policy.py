@@ -27,13 +27,16 @@ wide-range multipliers unless ``scale="linear"``; see :func:`make_optimizer`): `
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from hydroagent_hpc.agents.optimizers.dds import DDS
 from hydroagent_hpc.agents.optimizers.dream import DREAM
 from hydroagent_hpc.agents.optimizers.sampling import LatinHypercubeSearch, RandomSearch
 from hydroagent_hpc.agents.optimizers.sceua import SCEUA
 from hydroagent_hpc.agents.optimizers.space import Candidate, Optimizer, ParameterSpace, clean_score
+
+if TYPE_CHECKING:
+    from hydroagent_hpc.env.environment import CalibrationEnv
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +86,10 @@ class OptimizerPolicy:
 
     def __init__(self, optimizer: Optimizer, name: str | None = None) -> None:
         self.optimizer = optimizer
-        self.name = name or getattr(optimizer, "name", "optimizer")
+        self.name: str = name or str(getattr(optimizer, "name", "optimizer"))
         self.simulations = 0  # simulations this policy caused in its last run
 
-    def run(self, env) -> None:
+    def run(self, env: CalibrationEnv) -> None:
         budget = self.optimizer.budget
         cap = simulation_budget(env.config)
         if cap is not None and cap < budget:
