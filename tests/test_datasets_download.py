@@ -205,7 +205,8 @@ def test_a_corrupt_or_foreign_archive_is_an_error_and_unpacks_nothing(tmp_path, 
         "deflate": (flipped(timeseries_zip), r"(fails its CRC check|cannot be decompressed)"),
         "truncated": (timeseries_zip[: len(timeseries_zip) // 2], r"not a readable zip archive"),
         "foreign": (_archive({"other/readme.txt": b"x"}), r"no 'basin_dataset_public_v1p2/' folder inside"),
-        "escape": (_archive({"basin_dataset_public_v1p2/a.txt": b"x", "../evil.txt": b"x"}), r"outside the destination"),
+        "escape": (_archive({"basin_dataset_public_v1p2/a.txt": b"x", "../evil.txt": b"x"}),
+                   r"outside the destination"),
     }
     for name, (data, message) in cases.items():
         archive = tmp_path / name / TIMESERIES_ZIP

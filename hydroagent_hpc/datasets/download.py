@@ -51,7 +51,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from hydroagent_hpc.errors import HydroAgentError
 
@@ -103,7 +103,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _open(url: str, start: int, timeout: float):
+def _open(url: str, start: int, timeout: float) -> Any:
     req = urllib.request.Request(url, headers={"User-Agent": "hydroagent-hpc (CAMELS download)"})
     if start:
         req.add_header("Range", f"bytes={start}-")
@@ -246,7 +246,7 @@ def _join(base_url: str, name: str) -> str:
 def download_camels(out: Path, *, base_url: str = OFFICIAL_BASE_URL, timeseries: bool = True,
                     attributes: bool = True, keep_archive: bool = False,
                     expected_sha256: Mapping[str, str] | None = None, timeout: float = 60.0,
-                    progress: Callable[[str, int, int | None], None] | None = None) -> dict:
+                    progress: Callable[[str, int, int | None], None] | None = None) -> dict[str, Any]:
     """Fetch and unpack CAMELS-US into ``out``; returns (and writes to ``camels_download.json``) the record.
 
     ``base_url`` is the folder holding :data:`TIMESERIES_ZIP` and :data:`ATTRIBUTE_FILES`
@@ -260,8 +260,9 @@ def download_camels(out: Path, *, base_url: str = OFFICIAL_BASE_URL, timeseries:
     if unknown:
         raise DownloadError(f"checksums given for unknown files {sorted(unknown)}",
                             fix=f"name one of {TIMESERIES_ZIP}, {', '.join(ATTRIBUTE_FILES)}")
-    record: dict = {"source": base_url, "dataset": "CAMELS-US (Newman et al. 2015; attributes Addor et al. 2017)",
-                    "doi": ["10.5065/D6MW2F4D", "10.5065/D6G73C3Q"], "files": []}
+    record: dict[str, Any] = {"source": base_url,
+                              "dataset": "CAMELS-US (Newman et al. 2015; attributes Addor et al. 2017)",
+                              "doi": ["10.5065/D6MW2F4D", "10.5065/D6G73C3Q"], "files": []}
 
     def note(f: Fetched) -> None:
         record["files"].append({"name": f.path.name, "url": f.url, "bytes": f.size, "sha256": f.sha256,
