@@ -1,7 +1,7 @@
 """Typed, strict configuration: the calibration environment, its rewards, and the two presets.
 
 ``paper`` is the recipe as the HydroAgent paper states it; ``released`` is what the authors'
-released code does (reference-implementation.md sections 5, 8 and 12). Every constant lives in
+released code does (docs/reference-implementation.md sections 5, 8 and 12). Every constant lives in
 a preset; nothing is hard-coded in the environment. Defects are fixed in both presets: rewards
 come from the environment's record, an evaluate is credited only after a fresh successful run,
 failed runs are failures, clipping is reported.

@@ -1,7 +1,7 @@
 """The 13 CREST/KW scalar multipliers an agent calibrates: order, bounds, defaults, fixed ones.
 
 EF5 order is CREST ``wm b im ke fc iwu`` then KW ``under leaki th isu alpha beta alpha0``
-(``ef5-crest-spec.md`` section 3). HydroAgent (li2026hydroagent) tunes 11 of them and fixes
+(``docs/ef5-crest-spec.md`` section 3). HydroAgent (li2026hydroagent) tunes 11 of them and fixes
 ``th = 10`` and ``isu = 0``; its bounds and defaults are below. A multiplier multiplies the
 parameter grid where the control file names one; without a grid it is the value itself (and IM
 is then a percentage).

@@ -1,15 +1,30 @@
-"""Shared fixtures: where ../shared is, and the golden EF5 reference cases."""
+"""Shared fixtures: the test data in ``tests/data`` (golden EF5 cases, the CAMELS-US subset).
+
+Every fixture the fidelity tests read is part of the repository (``tests/data/README.md``), so a
+clone alone runs them; a missing fixture is an error naming the file and how to restore it, never a
+skip. ``../shared`` is only for the benchmarks.
+"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("HYDROAGENT_SHARED", ROOT.parent / "shared"))
-REFERENCE = SHARED / "ef5-reference"
+TEST_DATA = ROOT / "tests" / "data"
+REFERENCE = TEST_DATA / "ef5-reference"
+#: The CAMELS-US test subset (see tests/data/camels/PROVENANCE.md).
+CAMELS = TEST_DATA / "camels"
+
+
+def require(path: Path) -> Path:
+    """``path`` if it exists; otherwise fail (never skip) with the file and how to get it back."""
+    if not path.exists():
+        rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        pytest.fail(f"test fixture {rel} is missing: it is part of the repository, restore it with "
+                    f"`git checkout -- {rel}` (provenance and regeneration: tests/data/README.md)", pytrace=False)
+    return path
 
 # (case, control file, expected folder)
 GOLDEN_CASES = [
@@ -24,8 +39,9 @@ GOLDEN_CASES = [
 
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
-    if not REFERENCE.is_dir():
-        pytest.skip(f"EF5 reference cases not found at {REFERENCE} (set HYDROAGENT_SHARED to the shared folder)")
+    for case, control, expected in GOLDEN_CASES:
+        require(REFERENCE / case / control)
+        require(REFERENCE / case / expected)
     return REFERENCE
 
 

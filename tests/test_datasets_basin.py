@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from conftest import SHARED
+from conftest import CAMELS, require
 from hydroagent_hpc.datasets import camels, pet
 from hydroagent_hpc.datasets.camels_basin import write_camels_basin
 from hydroagent_hpc.sim import forcing as forcing_mod
@@ -19,10 +19,9 @@ from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.sim.manifest import read_manifest, verify_manifest
 
-DATA = SHARED / "data"
-SAMPLE = DATA / "camels_us_nldas_sample"
-ATTRS = DATA / "camels_us_nh_testdata" / "camels_attributes_v2.0"
-MODEL_OUTPUT = DATA / "camels_us_model_output"
+SAMPLE = CAMELS / "camels_us_nldas_sample"
+ATTRS = CAMELS / "camels_us_nh_testdata" / "camels_attributes_v2.0"
+MODEL_OUTPUT = CAMELS / "camels_us_model_output"
 CFS = 0.028316846592
 
 
@@ -33,8 +32,7 @@ def _cli(*args, timeout=240):
 
 @pytest.fixture(scope="module")
 def basin(tmp_path_factory):
-    if not SAMPLE.is_dir():
-        pytest.skip(f"real data folder {SAMPLE} is absent (shared data is never copied into the repository)")
+    require(SAMPLE)
     out = tmp_path_factory.mktemp("camels") / "naselle"
     write_camels_basin(out, root=SAMPLE, gauge_id="12010000", start="1996-10-01", end="1998-09-30", warmup_days=365)
     return out
@@ -150,8 +148,7 @@ def test_forcing_finer_than_the_step_is_refused(basin, tmp_path):
 
 
 def test_warmup_before_the_record_needs_spinup(tmp_path):
-    if not SAMPLE.is_dir():
-        pytest.skip(f"real data folder {SAMPLE} is absent")
+    require(SAMPLE)
     kw = dict(root=SAMPLE, gauge_id="03439000", start="1993-10-01", end="1994-09-30", warmup_days=365)
     with pytest.raises(InputError, match="--spinup repeat"):
         write_camels_basin(tmp_path / "a", **kw)
@@ -170,8 +167,8 @@ def test_warmup_before_the_record_needs_spinup(tmp_path):
 
 
 def test_cli_from_model_output_simulates_and_verifies(tmp_path):
-    if not (MODEL_OUTPUT.is_dir() and ATTRS.is_dir()):
-        pytest.skip(f"real data folders {MODEL_OUTPUT} / {ATTRS} are absent")
+    require(MODEL_OUTPUT)
+    require(ATTRS)
     out = tmp_path / "minam"
     proc = _cli("basin", "from-camels", "--root", str(MODEL_OUTPUT), "--basin", "13331500", "--forcing", "model_output",
                 "--attributes", str(ATTRS), "--start", "2001-10-01", "--end", "2002-09-30", "--warmup-days", "365",

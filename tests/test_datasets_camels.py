@@ -1,23 +1,18 @@
-"""CAMELS-US readers, units, PET and the SAC-SMA reference, on the real files in ../shared/data."""
+"""CAMELS-US readers, units, PET and the SAC-SMA reference, on the real CAMELS files of the test subset
+(``tests/data/camels``, trimmed from the full data by ``tests/scripts/trim_camels.py``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from conftest import SHARED
+from conftest import CAMELS, require
 from hydroagent_hpc.datasets import attributes, camels, model_output, pet, units
 from hydroagent_hpc.sim.errors import InputError
 
-DATA = SHARED / "data"
-
 
 def _need(name: str):
-    path = DATA / name
-    if not path.is_dir():
-        pytest.skip(f"real data folder {path} is absent (the shared data is not copied into the repository; "
-                    "set HYDROAGENT_SHARED to the folder holding data/{name})")
-    return path
+    return require(CAMELS / name)
 
 
 @pytest.fixture(scope="module")
@@ -79,16 +74,18 @@ def test_every_forcing_variant_reads_and_gets_the_right_pet_method(nh, source, m
 
 def test_huc_subfolders_and_window(sample):
     f = camels.read_forcing(camels.find_forcing_file(sample, "12010000", "nldas"))
-    assert "17" in f.path and f.dates[0] == np.datetime64("1993-09-29") and f.dates[-1] == np.datetime64("2013-10-03")
-    w = f.window("2000-01-01", "2000-12-31")
+    assert "17" in f.path and f.dates[0] == np.datetime64("1993-09-29") and f.dates[-1] == np.datetime64("1998-12-31")
+    w = f.window("1996-01-01", "1996-12-31")
     assert w.dates.size == 366 and w.prcp.size == 366 and w.pet is None
 
 
 def test_streamflow_flags_missing_days_and_units(mo_dir):
     sf = camels.read_streamflow(camels.find_streamflow_file(mo_dir, "01031500"))
-    assert sf.flag_counts() == {"A": 9387, "A:e": 3305, "M": 92}
+    # the subset keeps water years 2013-2015 of the record (2012-10-01..2014-12-31), the last 92 days missing
+    assert sf.flag_counts() == {"A": 462, "A:e": 268, "M": 92}
+    assert sf.dates[0] == np.datetime64("2012-10-01") and sf.dates.size == 822
     assert np.isnan(sf.q_cfs[sf.flags == "M"]).all() and np.isfinite(sf.q_cfs[sf.flags != "M"]).all()
-    assert sf.q_m3s[0] == pytest.approx(170.0 * 0.028316846592)
+    assert sf.q_m3s[0] == pytest.approx(1500.0 * 0.028316846592)
 
 
 def test_obs_run_of_the_model_output_is_the_flow_over_the_forcing_header_area(mo_dir):
@@ -131,7 +128,7 @@ def test_published_sacsma_scores(mo_dir):
     assert r["end"] == "2010-12-31" and r["days"] == 2649 and r["nse"] == pytest.approx(0.704, abs=1e-3)
     mo1 = model_output.read_model_output(model_output.find_model_output_file(mo_dir, "01031500"))
     sf1 = camels.read_streamflow(camels.find_streamflow_file(mo_dir, "01031500"))
-    whole = model_output.reference_nse(mo1, "1980-10-01", "2014-12-31", sf1)
+    whole = model_output.reference_nse(mo1, "1980-10-01", "2014-12-31", sf1)  # the subset starts 2012-10-01
     assert whole["end"] == "2014-09-30"  # the zeros after the USGS record ends are not scored
     f = model_output.forcing_from_model_output(mo1, "raim")
     assert f.pet is not None and f.notes["precip_column"] == "RAIM" and f.prcp.sum() == pytest.approx(mo1["raim"].sum())

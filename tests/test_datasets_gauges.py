@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from conftest import SHARED
+from conftest import CAMELS, require
 from hydroagent_hpc.sim.basin import CANONICAL_GAUGE, CANONICAL_TARGET, DEFAULT_TARGET
 from hydroagent_hpc.datasets.gauges import COLUMNS, DEFAULT_FILE, load_paper_gauges, paper_gauge
 from hydroagent_hpc.sim.errors import InputError
@@ -37,9 +37,7 @@ def test_agrees_with_the_shared_metadata_and_the_demo_twins():
     for spec in DEMO_BASINS:
         g = paper_gauge(spec.gauge_id)
         assert (g.lat, g.lon, g.area_km2) == (spec.lat, spec.lon, spec.area_km2)
-    meta = SHARED / "data" / "paper_gauges_metadata" / "paper_gauges.csv"
-    if not meta.exists():
-        pytest.skip(f"{meta} is absent (shared data)")
+    meta = require(CAMELS / "paper_gauges_metadata" / "paper_gauges.csv")
     ours = {g.gauge_id: g for g in load_paper_gauges()}
     for row in csv.DictReader(meta.open()):
         g = ours[row["gauge_id"]]

@@ -1,4 +1,4 @@
-"""The local Hugging Face policy and the tiny offline Qwen3 model (rl-notes.md sections 1, 2, 8).
+"""The local Hugging Face policy and the tiny offline Qwen3 model (docs/rl-notes.md sections 1, 2, 8).
 
 Everything runs offline on a CPU: the model is a random tiny Qwen3, the tokenizer is trained on
 the spot. A random model writes garbage (the environment turns it into parse failures); the

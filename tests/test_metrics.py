@@ -162,7 +162,7 @@ def test_time_shifted_series_is_late():
 
 
 def test_spotpy_joint_mask_regression():
-    """metrics.md §9: a simulation failing at the flood peak must not be rewarded."""
+    """docs/metrics.md §9: a simulation failing at the flood peak must not be rewarded."""
     o = [1.0, 2.0, 3.0, 4.0, 9.0]
     s = [1.5, 2.5, 3.5, 3.0, np.nan]
     assert m.nse(o, s, min_points=2) == pytest.approx(0.65)

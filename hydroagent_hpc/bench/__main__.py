@@ -30,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     out = sys.stdout.write
 
     cases: list[tuple[str, Path]] = []
-    shared = Path(os.environ.get("HYDROAGENT_SHARED", ROOT.parent / "shared"))
-    ref = shared / "ef5-reference" / "dendritic" / "control_a.txt"
+    ref = ROOT / "tests" / "data" / "ef5-reference" / "dendritic" / "control_a.txt"  # the golden EF5 cases
     if ref.exists():
         cases.append(("ref dendritic/control_a", ref))
     if not args.skip_demo:

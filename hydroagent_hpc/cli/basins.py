@@ -1,4 +1,4 @@
-"""``hydroagent simulate``, ``basin synth|from-camels`` and ``data usgs|verify``: basins and their data."""
+"""``hydroagent simulate``, ``basin synth|from-camels`` and ``data usgs|camels|verify``: basins and their data."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from hydroagent_hpc.datasets.download import OFFICIAL_BASE_URL as OFFICIAL_CAMELS_URL
+from hydroagent_hpc.errors import UsageError
 from hydroagent_hpc.params import PARAMS, PARAM_NAMES
 from hydroagent_hpc.sim.errors import HydroAgentError
 
@@ -104,6 +106,25 @@ def cmd_data_usgs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_camels(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.datasets.download import download_camels
+
+    sums: dict[str, str] = {}
+    for item in args.sha256 or []:
+        name, sep, digest = item.partition("=")
+        if not sep or len(digest) != 64:
+            raise UsageError(f"--sha256 {item!r}: expected NAME=HEX with a 64-digit SHA-256",
+                             fix="e.g. --sha256 camels_topo.txt=<64 hex digits>")
+        sums[name] = digest
+    record = download_camels(Path(args.out), base_url=args.base_url, timeseries=not args.attributes_only,
+                             attributes=not args.timeseries_only, keep_archive=args.keep_archive,
+                             expected_sha256=sums, timeout=args.timeout)
+    print(json.dumps({"out": str(args.out), "source": record["source"],
+                      "files": [{k: f[k] for k in ("name", "bytes", "sha256", "reused") if k in f}
+                                for f in record["files"]]}))
+    return 0
+
+
 def cmd_data_verify(args: argparse.Namespace) -> int:
     from hydroagent_hpc.sim.manifest import verify_manifest, write_manifest
 
@@ -186,6 +207,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     us.add_argument("--out", required=True, help="CSV to write (a .json with counts is written beside it)")
     us.add_argument("--base-url", help="Water Data API root instead of the USGS one (a mirror or a replay server)")
     us.set_defaults(func=cmd_data_usgs)
+    ca = da.add_parser("camels", help="download CAMELS-US (time series and attributes) from NCAR and unpack it",
+                       description="Fetch basin_timeseries_v1p2_metForcing_obsFlow.zip (about 3.4 GB) and the "
+                                   "camels_attributes_v2.0 tables from NCAR's CAMELS pages, resume a broken "
+                                   "download, CRC-check and unpack atomically. The result is a --root for "
+                                   "`hydroagent basin from-camels`. See hydroagent_hpc/datasets/README.md.")
+    ca.add_argument("--out", required=True, help="folder to fill (basin_dataset_public_v1p2/, camels_attributes_v2.0/)")
+    ca.add_argument("--base-url", default=OFFICIAL_CAMELS_URL,
+                    help=f"folder URL holding the CAMELS files (default: NCAR's, {OFFICIAL_CAMELS_URL})")
+    part = ca.add_mutually_exclusive_group()
+    part.add_argument("--attributes-only", action="store_true", help="only the attribute tables (about 0.6 MB)")
+    part.add_argument("--timeseries-only", action="store_true", help="only the time-series archive")
+    ca.add_argument("--keep-archive", action="store_true", help="keep the zip under OUT/downloads/ after unpacking")
+    ca.add_argument("--sha256", action="append", metavar="NAME=HEX", help="expected SHA-256 of a file (repeatable)")
+    ca.add_argument("--timeout", type=float, default=60.0, help="seconds without data before giving up (default 60)")
+    ca.set_defaults(func=cmd_data_camels)
     dv = da.add_parser("verify", help="check a basin folder against its manifest.json (exit 1 on any difference)")
     dv.add_argument("dir", help="basin folder")
     dv.add_argument("--write", action="store_true", help="record the folder's current files in a new manifest.json")

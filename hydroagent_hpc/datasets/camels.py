@@ -1,7 +1,7 @@
 """CAMELS-US time series: basin-mean forcing and USGS daily streamflow, strictly read.
 
 File facts (Newman et al. 2014, doi:10.5065/D6MW2F4D; Newman et al. 2015, HESS 19, 209-223;
-see ``shared/data/*/PROVENANCE.md``):
+see ``tests/data/camels/PROVENANCE.md``):
 
 * Forcing ``basin_mean_forcing/<source>/[<HUC02>/]<id>_lump_<tag>_forcing_leap.txt`` with
   ``source``/``tag`` daymet/cida, nldas/nldas, maurer/maurer, maurer_extended/maurer: line 1

@@ -2,7 +2,7 @@
 
 ``data/paper_gauges.csv`` (facts only, each row naming its sources) has the columns
 ``gauge_id, split, name, name_source, lat, lon, area_km2, window_start_utc, window_end_utc,
-target_nse, source``. Rules the loader enforces (``reference-implementation.md`` section 9):
+target_nse, source``. Rules the loader enforces (``docs/reference-implementation.md`` section 9):
 
 * ids are 8-digit strings with their leading zeros (a spreadsheet that turned ``01403060``
   into ``1403060`` is caught, as is an id YAML would read as an octal number);

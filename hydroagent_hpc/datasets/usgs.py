@@ -26,7 +26,7 @@ Processing (:func:`to_hourly`), in order:
 5. hourly means over ``(H-1h, H]`` stamped ``H`` (EF5 stamps mark the end of a step), a plain
    mean of the samples in the hour;
 6. gaps: an hour without a kept sample is missing and gets NO row in the CSV (EF5 then reports
-   ``nan``; a -999 row would be copied through as a number, ``ef5-crest-spec.md`` section 5).
+   ``nan``; a -999 row would be copied through as a number, ``docs/ef5-crest-spec.md`` section 5).
 
 The CSV is ``Date,Discharge(m3/s)`` then ``YYYY-MM-DD HH:MM,value`` rows (what
 :func:`hydroagent_hpc.sim.forcing.read_observations` and EF5 read); a ``<file>.json`` beside

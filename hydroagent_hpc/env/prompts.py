@@ -8,7 +8,7 @@ Presets:
 - ``released``: the structure of the authors' released prompt (role, three tools, strict
   format rule, set -> run -> evaluate, a short diagnosis after each evaluate, one process at a
   time) with its defects fixed: the right hemisphere in the location, the target and the budget
-  stated, th and isu stated as fixed (reference-implementation.md, sections 4 and 11).
+  stated, th and isu stated as fixed (docs/reference-implementation.md, sections 4 and 11).
 
 Wording is ours. Prompts stay compact (system under ~600 words, user under ~400) because a 4B
 model with an 8k context reads them; the tool-call example comes from

@@ -4,7 +4,7 @@ Nothing here reads model text. The environment tells the ledger what happened (a
 set_parameters, a successful or failed run, a credited evaluation with the NSE the simulator's
 output gave, a parse failure) and the ledger pays what the preset says (``RewardConfig``).
 
-Terms (li2026hydroagent section 2.4; reference-implementation.md section 5):
+Terms (li2026hydroagent section 2.4; docs/reference-implementation.md section 5):
 
 * per turn: ``set_parameters_ok``, ``simulation_ok`` / ``simulation_failed``,
   ``parse_failure``, and on a credited evaluate

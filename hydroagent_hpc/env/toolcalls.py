@@ -9,7 +9,7 @@ Model output is untrusted. :func:`parse_message` reads Hermes blocks
 (``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``) strictly: a block that is
 not exactly one JSON object with ``name`` and ``arguments`` is a :class:`ParseFailure`, never a
 repaired call (the reference parser turned broken JSON into ``{}`` calls; see
-reference-implementation.md, section 4). NaN/Infinity literals, overflowing numbers and
+docs/reference-implementation.md, section 4). NaN/Infinity literals, overflowing numbers and
 duplicate keys are rejected. :func:`validate_arguments` then checks a call against the tool:
 only finite real numbers under tunable lower-case names reach the returned parameter dict, as
 Python floats.

@@ -2,7 +2,7 @@
 
 Same calling convention as :mod:`hydroagent_hpc.metrics.scores`: ``f(obs, sim, mask=None, *,
 reasons=None)`` on the joint mask; ``_name(o, s) -> (value, reason)`` on masked arrays. Sign
-convention (metrics.md §3): ME and PBIAS are **positive when the simulation is too high**.
+convention (docs/metrics.md §3): ME and PBIAS are **positive when the simulation is too high**.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def volume_ratio(
 ) -> float:
     """Volume ratio VR = sum(s) / sum(o) over the joint mask (= KGE's beta); NaN if sum(o) <= 0.
 
-    Equals 1 + PBIAS/100 with the project sign. Reference: metrics.md §3 (spotpy's
+    Equals 1 + PBIAS/100 with the project sign. Reference: docs/metrics.md §3 (spotpy's
     ``volume_error`` is VR - 1; HydroErr's ``ve`` is a different quantity).
     """
     ps = prepare(obs, sim, mask=mask)

@@ -1,6 +1,6 @@
 """Flood-event detector shared by the peak, time-to-peak and recession metrics.
 
-Project default (metrics.md §6, from the teacher framework); every duration is in hours and
+Project default (docs/metrics.md §6, from the teacher framework); every duration is in hours and
 converted to steps with the series' own time step:
 
 1. Smooth the flow with a centred moving average over ``smooth_h`` = 3 h (NaN-aware: gaps and
@@ -34,7 +34,7 @@ from hydroagent_hpc.metrics.series import BoolArray, FloatArray, TimesLike, sing
 
 @dataclass(frozen=True)
 class EventDetector:
-    """Parameters of the event detector, in hours and quantiles (defaults: metrics.md §6)."""
+    """Parameters of the event detector, in hours and quantiles (defaults: docs/metrics.md §6)."""
 
     smooth_h: float = 3.0
     threshold_quantile: float = 0.9
@@ -158,7 +158,7 @@ def detect_events(
     sentinel are always excluded. Returns events in chronological order (empty list when the
     series is too short or flat).
 
-    Reference: project detector (metrics.md §6); peak separation and threshold ideas follow
+    Reference: project detector (docs/metrics.md §6); peak separation and threshold ideas follow
     common practice in event-based evaluation, e.g. Kratzert et al. (2019)'s neuralhydrology
     peak-timing metric.
     """

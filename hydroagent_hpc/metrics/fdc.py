@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike
 
 from hydroagent_hpc.metrics.series import FloatArray, Scored, prepare, record, undefined
 
-#: Replacement for non-positive flows before logarithms (metrics.md §7).
+#: Replacement for non-positive flows before logarithms (docs/metrics.md §7).
 LOG_FLOOR = 1e-6
 
 
@@ -117,7 +117,7 @@ def fms(
 
     FMS = 100 * [(ln s_0.2 - ln s_0.7) - (ln o_0.2 - ln o_0.7)] / (ln o_0.2 - ln o_0.7), where
     q_p is the flow exceeded with probability p (the (1 - p) quantile, linear interpolation).
-    Signed difference over the observed slope, as in metrics.md §7. Reference: Yilmaz et al.
+    Signed difference over the observed slope, as in docs/metrics.md §7. Reference: Yilmaz et al.
     (2008), eq. A2, doi:10.1029/2007WR006716.
     """
     ps = prepare(obs, sim, mask=mask)

@@ -1,6 +1,6 @@
 """Peak magnitude and timing metrics: whole-window peak, windowed event timing, time to peak.
 
-Conventions (metrics.md §4): lags are ``t_sim - t_obs`` in hours read from the time stamps,
+Conventions (docs/metrics.md §4): lags are ``t_sim - t_obs`` in hours read from the time stamps,
 **positive = simulated peak late**. Whole-window peaks (HydroAgent's definition) compare the two
 maxima over the joint mask, which may belong to different events; the windowed metrics pair each
 observed event peak with the simulated maximum near it.
@@ -163,7 +163,7 @@ def peak_ratio(
 ) -> float:
     """Ratio of maxima over the joint mask, max(s) / max(o); NaN when max(o) <= 0.
 
-    Reference: HydroAgent's whole-window peak definition (metrics.md §4).
+    Reference: HydroAgent's whole-window peak definition (docs/metrics.md §4).
     """
     return record(reasons, "peak_ratio", _peak_values(prepare(obs, sim, mask=mask))["peak_ratio"])
 
@@ -174,7 +174,7 @@ def peak_error_pct(
 ) -> float:
     """Relative peak error in percent, 100 * (max s - max o) / max o = 100 * (peak_ratio - 1).
 
-    Reference: metrics.md §4 (whole-window maxima; positive = simulated peak too high).
+    Reference: docs/metrics.md §4 (whole-window maxima; positive = simulated peak too high).
     """
     ps = prepare(obs, sim, mask=mask)
     return record(reasons, "peak_error_pct", _peak_values(ps)["peak_error_pct"])
@@ -193,7 +193,7 @@ def peak_lag_h(
 
     Read from the time stamps, never from the index. Caveat: the two maxima can belong to
     different events; see :func:`peak_timing` for the event-paired version.
-    Reference: metrics.md §4.
+    Reference: docs/metrics.md §4.
     """
     ps = prepare(obs, sim, times, mask)
     return record(reasons, "peak_lag_h", _peak_values(ps)["peak_lag_h"])
@@ -243,7 +243,7 @@ def time_to_peak_h(
     TTP_obs = t_peak - t_start, with t_start where the detector's backward walk stopped (before
     padding). TTP_sim uses the same t_start and the simulated maximum inside the observed event's
     padded window, so it can be negative when the simulated peak comes before the observed rise.
-    Reference: project convention (metrics.md §4).
+    Reference: project convention (docs/metrics.md §4).
     """
     ps = prepare(obs, sim, times, mask)
     assert ps.t_h is not None

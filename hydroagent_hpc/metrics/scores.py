@@ -30,7 +30,7 @@ from hydroagent_hpc.metrics.series import (
     undefined,
 )
 
-#: Minimum number of high-flow steps for KGE_high (metrics.md §2).
+#: Minimum number of high-flow steps for KGE_high (docs/metrics.md §2).
 MIN_POINTS_HIGH = 10
 
 #: Moriasi et al. (2015) NSE bands for watershed-scale streamflow, as published (lower bounds,
@@ -220,7 +220,7 @@ def nse(
 
     NSE = 1 - sum((s - o)^2) / sum((o - mean(o))^2), range (-inf, 1]; 0 means as good as the
     observed mean. NaN when the observations have zero variance or fewer than ``min_points``
-    jointly valid points remain (project default 10; metrics.md §1).
+    jointly valid points remain (project default 10; docs/metrics.md §1).
 
     Reference: Nash, J. E. & Sutcliffe, J. V. (1970), J. Hydrol. 10(3), 282-290,
     doi:10.1016/0022-1694(70)90255-6.
@@ -281,7 +281,7 @@ def kge(
 
     KGE = 1 - sqrt((r - 1)^2 + (alpha - 1)^2 + (beta - 1)^2), with r the Pearson correlation,
     alpha = sigma_s / sigma_o (population standard deviations) and beta = mu_s / mu_o.
-    Project convention (metrics.md §2): a constant simulation with sigma_o > 0 gets r = 0
+    Project convention (docs/metrics.md §2): a constant simulation with sigma_o > 0 gets r = 0
     (reason recorded under ``KGE_r``), so the mean-flow simulation scores 1 - sqrt(2) ~ -0.414
     (Knoben et al. 2019) and zero flow 1 - sqrt(3). sigma_o = 0 or mu_o <= 0 gives NaN.
 
@@ -344,7 +344,7 @@ def kge_high(
     """KGE (2009) on the high-flow steps: those where o >= the 90th percentile of o.
 
     Time-paired subset of the joint mask; at least 10 steps, else NaN. Project convention
-    (metrics.md §2), built on Gupta et al. (2009), doi:10.1016/j.jhydrol.2009.08.003.
+    (docs/metrics.md §2), built on Gupta et al. (2009), doi:10.1016/j.jhydrol.2009.08.003.
     """
     ps = prepare(obs, sim, mask=mask)
     return record(reasons, "KGE_high", _kge_high(ps.o, ps.s, quantile))

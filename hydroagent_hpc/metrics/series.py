@@ -37,7 +37,7 @@ Scored = tuple[float, str | None]
 
 NAN = float("nan")
 
-#: Minimum number of jointly valid points for NSE-type scores (project convention, metrics.md §1).
+#: Minimum number of jointly valid points for NSE-type scores (project convention, docs/metrics.md §1).
 MIN_POINTS_NSE = 10
 #: Minimum number of points for correlation, KGE and the error/bias scores.
 MIN_POINTS = 2
@@ -213,7 +213,7 @@ def prepare(
 def record(reasons: dict[str, str] | None, key: str, scored: Scored) -> float:
     """Store ``scored``'s reason under ``key`` in ``reasons`` (if given) and return the value.
 
-    +-inf becomes NaN (metrics.md §1: never -inf), and a NaN always gets a reason.
+    +-inf becomes NaN (docs/metrics.md §1: never -inf), and a NaN always gets a reason.
     """
     value, reason = scored
     if not math.isfinite(value):

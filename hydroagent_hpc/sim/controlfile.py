@@ -1,6 +1,6 @@
 """EF5 control files: a strict reader, a typed model and a writer.
 
-Syntax (EF5 v1.2.3, ``ef5-crest-spec.md`` section 4): ``[SectionType name]`` headers, then
+Syntax (EF5 v1.2.3, ``docs/ef5-crest-spec.md`` section 4): ``[SectionType name]`` headers, then
 ``key=value`` pairs; a value ends at white space, so several pairs may share a line and paths
 cannot hold spaces; comments are ``#``, ``//`` and ``/* ... */``; keys, section types and section
 names are case-insensitive (names are lower-cased), paths keep their case.

@@ -1,6 +1,6 @@
 """Forcing as EF5 reads it: time-stamped grid files, units, frequencies, and the observation CSV.
 
-EF5 facts (``ef5-crest-spec.md`` section 5):
+EF5 facts (``docs/ef5-crest-spec.md`` section 5):
 
 * Forcing times are ``TIME_BEGIN + k*FREQ``; the step ending at ``t`` reads the file of the first
   forcing time ``>= t`` (time stamps mark the end of the interval a file covers). With a monthly
@@ -73,7 +73,7 @@ def step_times(begin: datetime, end: datetime, timestep: str) -> list[datetime]:
 
 
 def check_frequency(f: Forcing, timestep: str) -> None:
-    """EF5 needs every forcing's FREQ >= TIMESTEP (``ef5-crest-spec.md`` section 5).
+    """EF5 needs every forcing's FREQ >= TIMESTEP (``docs/ef5-crest-spec.md`` section 5).
 
     With a finer FREQ, EF5 reads only the file stamped at each step's end and silently skips the
     others (a daily run over hourly rain would see 1 hour in 24), so the engine refuses it.

@@ -1,6 +1,6 @@
 """Raster grids as EF5 reads and writes them: ESRI ASCII and single-band float32 GeoTIFF.
 
-EF5 facts this module follows (see ``ef5-crest-spec.md`` section 5):
+EF5 facts this module follows (see ``docs/ef5-crest-spec.md`` section 5):
 
 * ESRI ASCII: six header lines in a fixed order (ncols, nrows, xllcorner, yllcorner, cellsize,
   NODATA_value); the keyword text is not checked by EF5, only the order. Only corner-referenced

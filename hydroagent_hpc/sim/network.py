@@ -1,6 +1,6 @@
 """The river network EF5 builds from DEM, DDM and FAM: nodes, lengths, areas, slopes, gauges.
 
-Facts (EF5 v1.2.3, ``ef5-crest-spec.md`` section 2a, checked against the golden cases):
+Facts (EF5 v1.2.3, ``docs/ef5-crest-spec.md`` section 2a, checked against the golden cases):
 
 * Each gauge cell is located from CELLX/CELLY, or from LAT/LON with EF5's float32 cell lookup;
   with BASINAREA EF5 then searches a window of about 20 km for the cell whose FAM best matches

@@ -1,6 +1,6 @@
 """A tiny random Qwen3 model, a tokenizer trained on the spot, and a Qwen-style chat template.
 
-Everything here is built offline in well under a second on a CPU (rl-notes.md, section 8), so
+Everything here is built offline in well under a second on a CPU (docs/rl-notes.md, section 8), so
 tests of the local policy, the SFT and the GRPO trainers exercise the real Hugging Face code
 paths (``AutoModelForCausalLM``, ``apply_chat_template``, ``generate``, ``save_pretrained`` /
 ``from_pretrained``) without the hub:
@@ -14,7 +14,7 @@ paths (``AutoModelForCausalLM``, ``apply_chat_template``, ``generate``, ``save_p
 - :data:`CHAT_TEMPLATE`: Qwen3-Instruct's layout with tools, without thinking blocks (see its
   docstring-comment below); assistant text and its ``<|im_end|>`` sit inside
   ``{% generation %}`` so ``return_assistant_tokens_mask=True`` works for SFT masks.
-- :func:`build_tiny_qwen3`: ``Qwen3ForCausalLM`` with the sizes of rl-notes section 8 (0.92 M
+- :func:`build_tiny_qwen3`: ``Qwen3ForCausalLM`` with the sizes of docs/rl-notes.md section 8 (0.92 M
   parameters with the default 1024-token vocabulary), sized from ``len(tokenizer)``,
   initialised from a seed without touching the global RNG.
 - :func:`save_tiny` / :func:`load_tiny`: a ``save_pretrained`` folder (config, generation
@@ -54,11 +54,11 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", 
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 
-#: rl-notes.md section 8; ``vocab_size`` comes from the tokenizer.
+#: docs/rl-notes.md section 8; ``vocab_size`` comes from the tokenizer.
 TINY_QWEN3_SIZES = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4, "num_attention_heads": 4,
                     "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 32768}
 
-# A Qwen3-Instruct-2507-style template (rl-notes.md section 2), written to be prefix-stable:
+# A Qwen3-Instruct-2507-style template (docs/rl-notes.md section 2), written to be prefix-stable:
 # - with tools, the system turn is the system message, a blank line, then "# Tools" and one JSON
 #   schema per line inside <tools> ... </tools>, then the Hermes call instruction;
 # - turns are <|im_start|>{role}\n{content}<|im_end|>\n; the generation prompt is
@@ -190,7 +190,7 @@ def build_tiny_tokenizer(corpus_lines: Iterable[str] | None = None, *, vocab_siz
     """A byte-level BPE tokenizer trained on ``corpus_lines`` (default :func:`synthetic_corpus`).
 
     The default corpus fills the 1024 ids asked for, but the BPE trainer stops below
-    ``vocab_size`` on a smaller corpus (459 ids in rl-notes section 8): size models from
+    ``vocab_size`` on a smaller corpus (459 ids in docs/rl-notes.md section 8): size models from
     ``len(tokenizer)``, never from ``vocab_size``. Any text encodes (byte-level alphabet) and
     decodes back unchanged; :data:`SPECIAL_TOKENS` are the single special ids 0..6. Training is
     deterministic: the same lines give the same vocabulary.

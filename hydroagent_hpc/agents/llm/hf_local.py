@@ -6,7 +6,7 @@ tokenizer's chat template, the three tool schemas and the generation prompt, gen
 returns the new text up to the stop token. Hermes ``<tool_call>`` blocks survive decoding
 (special tokens are kept; only the stop token is cut), and the environment parses them.
 
-Token-exact sequences (rl-notes.md section 1). The policy keeps the episode as **one id
+Token-exact sequences (docs/rl-notes.md section 1). The policy keeps the episode as **one id
 sequence**: the first prompt, then per turn the sampled ids (including the ``<|im_end|>`` the
 model emitted) and the ids of the template glue + tool responses + next generation prompt. Only
 that suffix is tokenised each turn (it is the rendered conversation minus the text already
@@ -30,7 +30,7 @@ Context budget. Each turn needs ``prompt + max_new_tokens <= max_context_tokens`
 ``max_position_embeddings``). When the next prompt would overflow, :meth:`act` returns ``None``
 (the episode ends, "policy_stopped"), logs why and sets ``policy.stop_reason`` to
 ``"context_length: ..."``. Nothing is ever dropped from the conversation: the authors' loop
-dropped messages from index 1 on, so the **user prompt** went first (reference-implementation.md
+dropped messages from index 1 on, so the **user prompt** went first (docs/reference-implementation.md
 section 4); a calibration episode without its task is not one we want to score.
 
 Usage. ``policy.usage`` (reset at the first turn of each episode): ``prompt_tokens`` (summed

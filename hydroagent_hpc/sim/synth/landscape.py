@@ -2,7 +2,7 @@
 
 These play the role of the CONUS grids HydroAgent multiplies (``wm_usa``, ``ksat_usa`` ...): each
 is a plausible spatial field, so the scalar multipliers an agent tunes act on structured values.
-Ranges are close to the EF5 reference case ``dendritic`` (``shared/ef5-reference``):
+Ranges are close to the EF5 reference case ``dendritic`` (``tests/data/ef5-reference``):
 
 ============  ==============  ==============================================================
 grid          range           structure
