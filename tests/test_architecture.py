@@ -20,7 +20,8 @@ ALLOWED = {
     "toolcalls": {"types", "params", "errors"},
     "prompts": {"types", "params", "toolcalls", "errors"},
     "rewards": {"config", "errors"},
-    "config": {"errors"},
+    "config": {"errors", "yamlio"},
+    "yamlio": {"errors"},
     "store": {"types", "params", "store", "errors"},
     "hpc": {"hpc", "errors"},  # generic: takes callables, never imports the domain
     "report": {"types", "params", "metrics", "sim", "store", "report", "errors"},
