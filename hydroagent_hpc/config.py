@@ -13,6 +13,7 @@ the line, the dotted key and the fix.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -21,6 +22,7 @@ from typing import Any, Mapping
 
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.registry import Registry
+from hydroagent_hpc.yamlio import brief, load_strict, path_of
 
 __all__ = ["RewardConfig", "EnvConfig", "PRESETS", "preset", "config_from_mapping", "load_config", "ConfigError",
            "to_dict"]
@@ -99,15 +101,21 @@ class EnvConfig:
             raise ConfigError(f"protocol={self.protocol!r}: use 'turns' or 'rounds'")
         if self.observation not in ("paper", "released"):
             raise ConfigError(f"observation={self.observation!r}: use 'paper' or 'released'")
-        for name in ("max_turns", "max_rounds", "candidates_per_round", "hydrograph_points", "max_calls_per_message"):
+        for name in ("max_turns", "max_rounds", "candidates_per_round", "hydrograph_points", "max_calls_per_message",
+                     "max_message_chars"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be at least 1")
         for name in ("max_simulations", "patience", "max_consecutive_parse_failures"):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ConfigError(f"{name}={v!r}: must be >= 0 or null (off)")
-        if self.wall_clock_s is not None and self.wall_clock_s <= 0:
-            raise ConfigError(f"wall_clock_s={self.wall_clock_s!r}: must be positive or null (off)")
+        if self.wall_clock_s is not None and not 0 < self.wall_clock_s < math.inf:
+            raise ConfigError(f"wall_clock_s={self.wall_clock_s!r}: must be positive and finite, or null (off)")
+        if not 0 < self.simulation_timeout_s < math.inf:
+            raise ConfigError(f"simulation_timeout_s={self.simulation_timeout_s!r}: must be positive and finite")
+        if self.target_nse is not None and not -math.inf < self.target_nse <= 1.0:
+            raise ConfigError(f"target_nse={self.target_nse!r}: must be a finite NSE of at most 1, or null "
+                              "(the basin's own target)")
 
 
 #: The named environment configurations (``preset: NAME`` in config and campaign files, ``--preset``).
@@ -162,23 +170,27 @@ def _check_type(value: Any, tp: Any, where: str) -> Any:
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ConfigError(f"{where}: expected a list of {len(args)} numbers, got {value!r}")
+            raise ConfigError(f"{where}: expected a list of {len(args)} numbers, got {brief(value)}")
         return tuple(_check_type(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+            raise ConfigError(f"{where}: expected true or false, got {brief(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected a whole number, got {value!r}")
+            raise ConfigError(f"{where}: expected a whole number, got {brief(value)}")
+        if not -2**63 <= value < 2**63:
+            raise ConfigError(f"{where}: {brief(value)} is out of range (a whole number must fit in 64 bits)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
+            raise ConfigError(f"{where}: expected a number, got {brief(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a finite number, got {brief(value)}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected text, got {value!r}")
+            raise ConfigError(f"{where}: expected text, got {brief(value)}")
         return value
     if dataclasses.is_dataclass(tp):
         return config_from_mapping(tp, value, where)
@@ -191,7 +203,7 @@ def config_from_mapping(cls: type, data: Any, where: str = "", base: Any = None)
         raise ConfigError(f"{where or cls.__name__}: expected a mapping of keys, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
+    unknown = sorted((k for k in data if k not in known), key=str)
     if unknown:
         raise ConfigError(f"{where + '.' if where else ''}{unknown[0]}: unknown key; valid keys: {', '.join(sorted(known))}")
     values = {}
@@ -203,48 +215,30 @@ def config_from_mapping(cls: type, data: Any, where: str = "", base: Any = None)
             values[k] = _check_type(v, hints[k], sub)
     try:
         return replace(base, **values) if base is not None else cls(**values)
-    except ConfigError as exc:
-        raise ConfigError(f"{where + ': ' if where else ''}{exc}") from None
+    except ConfigError as exc:  # a check across fields (__post_init__): prefix the path, once
+        msg, tail = str(exc), where.rsplit(".", 1)[-1] + "."
+        raise ConfigError(f"{where}.{msg[len(tail):] if msg.startswith(tail) else msg}" if where else msg) from None
 
 
 def load_config(path: str | Path, key: str | None = None) -> EnvConfig:
     """Read an environment config from YAML: ``preset: NAME`` plus overrides, strictly.
 
-    Errors name the file and line of the offending key where YAML gives one.
+    Errors name the file and line of the offending key (:mod:`hydroagent_hpc.yamlio`: duplicate keys,
+    alias bombs and deep nesting are refused while reading).
     """
-    import yaml
-
-    p = Path(path)
-    text = p.read_text()
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    doc = load_strict(path, what="config file")
+    data = {} if doc.data is None else doc.data
+    prefix: tuple[str, ...] = ()
     if key is not None:
         data = data.get(key, {}) if isinstance(data, Mapping) else {}
+        prefix = (key,)
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{p}: the top level must be a mapping of keys")
+        raise ConfigError(f"{doc.where(prefix)}: the top level must be a mapping of keys, got {type(data).__name__}")
     name = data.get("preset", "paper")
     try:
+        if not isinstance(name, str) or name not in PRESETS:
+            raise ConfigError(f"preset: unknown preset {brief(name)}; choose one of: {', '.join(PRESETS)}")
         return config_from_mapping(EnvConfig, dict(data), base=preset(name))
     except ConfigError as exc:
-        line = _line_of(node, str(exc).split(":")[0].split(".")[-1].split("[")[0])
-        raise ConfigError(f"{p}{':' + str(line) if line else ''}: {exc}") from None
+        raise ConfigError(f"{doc.where(prefix + path_of(exc.message))}: {exc.message}", exc.fix) from None
 
-
-def _line_of(node: Any, key: str) -> int | None:
-    """The 1-based line of the first mapping key ``key`` in a composed YAML node tree."""
-    import yaml
-
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                if getattr(k, "value", None) == key:
-                    return k.start_mark.line + 1
-                stack.append(v)
-        elif isinstance(n, yaml.SequenceNode):
-            stack.extend(n.value)
-    return None

@@ -21,7 +21,8 @@ ALLOWED = {
     "toolcalls": {"types", "params", "errors"},
     "prompts": {"types", "params", "toolcalls", "errors"},
     "rewards": {"config", "errors"},
-    "config": {"errors", "registry"},
+    "config": {"errors", "registry", "yamlio"},
+    "yamlio": {"errors"},
     "store": {"types", "params", "store", "errors"},
     "hpc": {"hpc", "errors", "registry"},  # generic: takes callables, never imports the domain
     "report": {"types", "params", "metrics", "sim", "store", "report", "errors"},

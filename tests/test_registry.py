@@ -147,7 +147,7 @@ def test_a_new_kind_runs_through_the_campaign_path(toy_kind, small_basin_dir, tm
 def test_a_new_kinds_options_are_checked_when_the_campaign_is_read(toy_kind, small_basin_dir, tmp_path):
     path = _campaign(tmp_path, small_basin_dir, f"  - {{name: toy-a, kind: {toy_kind}}}\n"
                                                 f"  - {{name: toy-b, kind: {toy_kind},\n      wn: 3.5}}")
-    where = r"c\.yaml:6: wn: agent kind 'toy' takes no option 'wn'; options: backend, wm"
+    where = r"c\.yaml:6: agents\[1\]\.wn: agent kind 'toy' takes no option 'wn'; its options: wm \(and backend\)"
     with pytest.raises(CampaignError, match=where):
         load_campaign(path)
     with pytest.raises(CampaignError, match=r"unknown kind 'oracle'; use one of heuristic, .*, scripted, toy"):
@@ -169,6 +169,6 @@ def test_an_unknown_kind_on_the_command_line_is_one_line(small_basin_dir, tmp_pa
     code = main(["calibrate", "--basin", str(small_basin_dir), "--agent", "oracle", "--out", str(tmp_path / "x.h5")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and not (tmp_path / "x.h5").exists()
-    assert err.startswith("error: unknown agent kind 'oracle'; choose one of: heuristic, dds")
+    assert err.startswith("error: --agent 'oracle': unknown agent kind; use one of heuristic, dds")
     assert "; fix: use one of the names above, or register a new agent kind with one line in " \
            "hydroagent_hpc/agents/factory.py" in err

@@ -29,7 +29,7 @@ from hydroagent_hpc.config import EnvConfig
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.registry import Registry
 
-__all__ = ["AGENT_KINDS", "AgentKind", "AgentBuilder", "AgentOptionError", "COMMON_OPTIONS", "DEFAULT_BUDGET",
+__all__ = ["AGENT_KINDS", "AgentKind", "AgentBuilder", "AgentOptionError", "COMMON_OPTIONS", "DEFAULT_BUDGET", "allowed_options",
            "check_agent_options", "make_agent", "optimizer_budget"]
 
 #: Options every kind accepts; the campaign runner reads them, the builder never sees them.
@@ -217,3 +217,10 @@ AGENT_KINDS.register("hf_local", AgentKind(
     required={"path": "a local checkpoint folder"}, help="a local Hugging Face checkpoint"))
 AGENT_KINDS.register("scripted", AgentKind(
     _scripted, (), required={"script": "a JSON file of messages or tool calls"}, help="a replay of a JSON script"))
+
+
+def allowed_options(kind: str) -> dict[str, bool]:
+    """The options agent kind ``kind`` takes, each mapped to whether it is required (``backend``, the
+    simulator's option shared by every kind, is not listed). Read from :data:`AGENT_KINDS`."""
+    entry = AGENT_KINDS.lookup(kind)
+    return {name: name in entry.required for name in sorted(entry.allowed())}

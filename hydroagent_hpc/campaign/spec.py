@@ -27,14 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from hydroagent_hpc.agents.factory import AGENT_KINDS, check_agent_options
-from hydroagent_hpc.config import EnvConfig, config_from_mapping, preset
+from hydroagent_hpc.agents.factory import AGENT_KINDS
+from hydroagent_hpc.config import PRESETS, EnvConfig, config_from_mapping, preset
 from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.yamlio import brief, load_strict, path_of
 
 log = logging.getLogger(__name__)
 
 __all__ = ["AgentSpec", "CampaignSpec", "CampaignError", "Task", "load_campaign", "campaign_from_mapping", "expand",
-           "shard_of", "check_requirements", "AGENT_KINDS"]
+           "shard_of", "check_requirements", "AGENT_KINDS", "SEED_RANGE", "check_agent_options"]
+
+#: Seeds a campaign may use: numpy's generators refuse negative seeds and the store keeps seeds as int64
+#: (a larger seed would run its episode and then fail in the writer).
+SEED_RANGE = (0, 2**63 - 1)
 
 
 class CampaignError(HydroAgentError, ValueError):
@@ -68,53 +73,82 @@ class Task:
     env: EnvConfig
 
 
-def _line(node, key: str) -> int | None:
-    from hydroagent_hpc.config import _line_of
-
-    return _line_of(node, key)
+def _at(path: tuple, message: str, fix: str = "") -> CampaignError:
+    """A CampaignError that knows the key path it is about (``load_campaign`` turns it into file:line)."""
+    exc = CampaignError(message, fix)
+    exc.at = path  # type: ignore[attr-defined]
+    return exc
 
 
 def load_campaign(path: str | Path) -> CampaignSpec:
-    """Read and validate a campaign file."""
-    import yaml
+    """Read and validate a campaign file (strict YAML: see :mod:`hydroagent_hpc.yamlio`); nothing runs here.
 
+    Every error is a :class:`CampaignError` that starts with ``FILE:LINE`` of the offending key.
+    """
     p = Path(path)
+    doc = load_strict(p, error=CampaignError, what="campaign file")
     try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise CampaignError(f"campaign file not found: {p}") from None
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CampaignError(f"{p}: not valid YAML: {exc}") from None
-    try:
-        return campaign_from_mapping(data, base_dir=p.resolve().parent, source=str(p))
-    except (CampaignError, ValueError) as exc:
-        msg = str(exc)
-        key = msg.split(":")[0].split(".")[-1].split("[")[0].strip()
-        line = _line(node, key) if key else None
-        raise CampaignError(f"{p}{':' + str(line) if line else ''}: {msg}") from None
+        return campaign_from_mapping(doc.data, base_dir=p.resolve().parent, source=str(p))
+    except HydroAgentError as exc:
+        at = getattr(exc, "at", None) or path_of(exc.message)
+        raise CampaignError(f"{doc.where(at)}: {exc.message}", exc.fix) from None
+    except ValueError as exc:
+        raise CampaignError(f"{doc.where(path_of(str(exc)))}: {exc}") from None
+
+
+def _word(value: Any, path: tuple, what: str) -> str:
+    if not isinstance(value, str) or not value or any(c in value for c in "/\\") or any(c.isspace() for c in value):
+        raise _at(path, f"{what}: {brief(value)} must be a non-empty word without '/', '\\' or spaces")
+    return value
+
+
+def check_agent_options(kind: str, options: Mapping[str, Any], where: str = "") -> tuple[str, str] | None:
+    """The first problem with an agent's options, as ``(option, message)``, or None.
+
+    ``option`` is the option given but not taken, or (when it is not in ``options``) the one needed.
+
+    The options a kind takes (and which of them it needs) come from
+    :func:`hydroagent_hpc.agents.factory.allowed_options`; ``backend`` (the simulator) is shared by all kinds.
+    """
+    from hydroagent_hpc.agents.factory import allowed_options
+
+    allowed = allowed_options(kind)
+    for name in options:
+        if name == "backend":
+            if options[name] not in ("embedded", "ef5"):
+                return name, f"{where}backend: {brief(options[name])} is not a backend; use embedded or ef5"
+        elif name not in allowed:
+            return name, (f"{where}{name}: agent kind {kind!r} takes no option {name!r}; its options: "
+                          f"{', '.join(sorted(allowed)) or 'none'} (and backend)")
+    for name, required in allowed.items():
+        if required and name not in options:
+            return name, (f"{where.rstrip('.') or 'agent'}: agent kind {kind!r} needs option {name!r}; add "
+                          f"'{name}: ...' to the agent's entry")
+    return None
 
 
 def campaign_from_mapping(data: Any, base_dir: Path | None = None, source: str = "") -> CampaignSpec:
+    """Validate a campaign (the parsed file) completely; errors name the key path (``_at``)."""
     if not isinstance(data, Mapping):
-        raise CampaignError("the campaign must be a mapping with name, basins, agents, seeds, env")
+        raise _at((), f"the campaign must be a mapping with name, basins, agents, seeds, env; got "
+                      f"{type(data).__name__ if data is not None else 'an empty file'}")
     known = {"name", "basins", "agents", "seeds", "env", "description", "requires"}
-    unknown = sorted(set(data) - known)
+    unknown = sorted((k for k in data if k not in known), key=str)
     if unknown:
-        raise CampaignError(f"{unknown[0]}: unknown key; valid keys: {', '.join(sorted(known))}")
+        raise _at((unknown[0],), f"{unknown[0]}: unknown key; valid keys: {', '.join(sorted(known))}")
     for key in ("name", "basins", "agents"):
         if key not in data:
-            raise CampaignError(f"{key}: missing; a campaign needs name, basins and agents")
-    name = data["name"]
-    if not isinstance(name, str) or not name or any(c in name for c in "/\\ "):
-        raise CampaignError(f"name: {name!r} must be a non-empty word without '/', '\\' or spaces")
+            raise _at((), f"{key}: missing; a campaign needs name, basins and agents")
+    name = _word(data["name"], ("name",), "name")
+    if data.get("description") is not None and not isinstance(data["description"], str):
+        raise _at(("description",), f"description: expected text, got {brief(data['description'])}")
     basins = data["basins"]
-    if not isinstance(basins, list) or not basins or not all(isinstance(b, str) for b in basins):
-        raise CampaignError("basins: a non-empty list of basin folders")
+    if not isinstance(basins, list) or not basins:
+        raise _at(("basins",), f"basins: a non-empty list of basin folders, got {brief(basins)}")
     resolved = []
-    for b in basins:
+    for i, b in enumerate(basins):
+        if not isinstance(b, str) or not b.strip() or "\0" in b:
+            raise _at(("basins", i), f"basins[{i}]: {brief(b)} is not a folder name")
         bp = Path(b)
         if not bp.is_absolute() and base_dir is not None:
             bp = (base_dir / bp).resolve()
@@ -122,29 +156,55 @@ def campaign_from_mapping(data: Any, base_dir: Path | None = None, source: str =
     agents = []
     raw_agents = data["agents"]
     if not isinstance(raw_agents, list) or not raw_agents:
-        raise CampaignError("agents: a non-empty list of {name, kind, ...}")
-    seen = set()
+        raise _at(("agents",), f"agents: a non-empty list of {{name, kind, ...}}, got {brief(raw_agents)}")
+    seen: set[str] = set()
     for i, a in enumerate(raw_agents):
         if not isinstance(a, Mapping) or "kind" not in a:
-            raise CampaignError(f"agents[{i}]: each agent needs at least kind (one of {', '.join(AGENT_KINDS.names())})")
+            raise _at(("agents", i), f"agents[{i}]: each agent needs at least kind (one of {', '.join(AGENT_KINDS.names())})")
         kind = a["kind"]
-        if kind not in AGENT_KINDS:
-            raise CampaignError(f"kind: agents[{i}] has unknown kind {kind!r}; use one of {', '.join(AGENT_KINDS.names())}")
-        aname = str(a.get("name", kind))
-        if aname in seen or "/" in aname:
-            raise CampaignError(f"name: agent name {aname!r} is repeated or contains '/'")
+        if not isinstance(kind, str) or kind not in AGENT_KINDS:
+            raise _at(("agents", i, "kind"),
+                      f"kind: agents[{i}] has unknown kind {brief(kind)}; use one of {', '.join(AGENT_KINDS.names())}")
+        aname = _word(a["name"], ("agents", i, "name"), f"agents[{i}].name") if "name" in a else kind
+        if aname in seen:
+            raise _at(("agents", i, "name"), f"name: agent name {aname!r} is repeated",
+                      "give each agent entry its own name")
         seen.add(aname)
         options = {k: v for k, v in a.items() if k not in ("name", "kind")}
-        check_agent_options(kind, options)  # unknown or missing options fail here, with the file's line
+        problem = check_agent_options(kind, options, f"agents[{i}].")
+        if problem:
+            raise _at(("agents", i, problem[0]), problem[1])  # a missing option: the entry's line
         agents.append(AgentSpec(aname, kind, options))
     seeds = data.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise CampaignError(f"seeds: a non-empty list of whole numbers, got {seeds!r}")
-    env_data = dict(data.get("env") or {})
-    base = preset(env_data.pop("preset", "paper"))
-    env = config_from_mapping(EnvConfig, env_data, "env", base=base)
-    requires = tuple(str(r) for r in data.get("requires", []) or [])
-    return CampaignSpec(name, tuple(resolved), tuple(agents), tuple(seeds), env, source, requires)
+    if not isinstance(seeds, list) or not seeds:
+        raise _at(("seeds",), f"seeds: a non-empty list of whole numbers, got {brief(seeds)}")
+    lo, hi = SEED_RANGE
+    taken: set[int] = set()
+    for i, s in enumerate(seeds):
+        if isinstance(s, bool) or not isinstance(s, int) or not lo <= s <= hi:
+            raise _at(("seeds", i), f"seeds[{i}]: {brief(s)} is not a seed; seeds are whole numbers from {lo} to "
+                                    f"{hi} (2**63 - 1)")
+        if s in taken:
+            raise _at(("seeds", i), f"seeds[{i}]: seed {s} is repeated", "list each seed once")
+        taken.add(s)
+    env_data = data.get("env")
+    if env_data is None:
+        env_data = {}
+    if not isinstance(env_data, Mapping):
+        raise _at(("env",), f"env: expected a mapping of environment settings, got {brief(env_data)}")
+    env_data = dict(env_data)
+    preset_name = env_data.pop("preset", "paper")
+    if not isinstance(preset_name, str) or preset_name not in PRESETS:
+        raise _at(("env", "preset"), f"env.preset: unknown preset {brief(preset_name)}; choose one of: "
+                                     f"{', '.join(PRESETS.names())}")
+    env = config_from_mapping(EnvConfig, env_data, "env", base=preset(preset_name))
+    requires = data.get("requires") or []
+    if not isinstance(requires, list):
+        raise _at(("requires",), f"requires: a list such as [env:OPENAI_API_KEY], got {brief(requires)}")
+    for i, r in enumerate(requires):
+        if not isinstance(r, str) or not r:
+            raise _at(("requires", i), f"requires[{i}]: {brief(r)} is not text such as env:OPENAI_API_KEY")
+    return CampaignSpec(name, tuple(resolved), tuple(agents), tuple(seeds), env, source, tuple(requires))
 
 
 def expand(spec: CampaignSpec) -> list[Task]:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, seed
 from hydroagent_hpc.datasets.download import OFFICIAL_BASE_URL as OFFICIAL_CAMELS_URL
 from hydroagent_hpc.errors import UsageError
 from hydroagent_hpc.params import PARAMS, PARAM_NAMES
@@ -154,7 +155,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--output", help="output folder (default: the task's OUTPUT); created if missing")
     s.add_argument("--task", help="task to run (default: the first in [Execute])")
     s.add_argument("--ef5", help="EF5 binary for --backend ef5 (default: $HYDROAGENT_EF5)")
-    s.add_argument("--timeout", type=float, default=600.0, help="seconds before an EF5 run is killed (default 600)")
+    s.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before an EF5 run is killed (default 600)")
     s.add_argument("--no-cache", action="store_true", help="do not read or write the forcing cache")
     s.add_argument("--metrics", action="store_true", help="add NSE, KGE and peak errors against OBS to the summary line")
     s.set_defaults(func=cmd_simulate)
@@ -164,11 +165,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                       description="Write DEM/DDM/FAM, parameter grids, hourly storms, PET, a control file and "
                                   "'observed' discharge from hidden true multipliers (stored in truth.json).")
     sy.add_argument("--name", required=True)
-    sy.add_argument("--area-km2", type=float, required=True)
-    sy.add_argument("--window-days", type=int, default=60)
-    sy.add_argument("--warmup-days", type=int, default=30)
-    sy.add_argument("--seed", type=int, default=0)
-    sy.add_argument("--cellsize", type=float, default=None, help="cell size in degrees (default: chosen from the area)")
+    sy.add_argument("--area-km2", type=positive_float, required=True)
+    sy.add_argument("--window-days", type=positive_int, default=60)
+    sy.add_argument("--warmup-days", type=nonnegative_int, default=30)
+    sy.add_argument("--seed", type=seed, default=0)
+    sy.add_argument("--cellsize", type=positive_float, default=None, help="cell size in degrees (default: chosen from the area)")
     sy.add_argument("--start", default="2021-06-01", help="first scored day, YYYY-MM-DD (warm-up precedes it)")
     sy.add_argument("--out", required=True, help="folder to write the basin into")
     sy.set_defaults(func=cmd_basin_synth)
@@ -181,7 +182,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     fc.add_argument("--basin", required=True, help="8-digit gauge id, e.g. 01013500")
     fc.add_argument("--start", required=True, help="first scored day, YYYY-MM-DD")
     fc.add_argument("--end", required=True, help="last scored day, YYYY-MM-DD")
-    fc.add_argument("--warmup-days", type=int, default=365, help="days simulated before --start, not scored")
+    fc.add_argument("--warmup-days", type=nonnegative_int, default=365, help="days simulated before --start, not scored")
     fc.add_argument("--forcing", default="nldas",
                     choices=("nldas", "daymet", "maurer", "maurer_extended", "model_output"))
     fc.add_argument("--attributes", help="camels_attributes_v2.0 folder (default: the one under --root)")
@@ -189,7 +190,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="repeat: fill warm-up days before the record with the forcing a year later")
     fc.add_argument("--precip-column", choices=("prcp", "raim"), default="prcp",
                     help="with --forcing model_output: PRCP (precipitation) or RAIM (rain + Snow-17 melt)")
-    fc.add_argument("--cells", type=int, default=150, help="cells of the network template (default 150)")
+    fc.add_argument("--cells", type=positive_int, default=150, help="cells of the network template (default 150)")
     fc.add_argument("--network", choices=("comb", "valley"), default="comb",
                     help="network template: comb (cardinal flow directions; EF5's kinematic wave conserves volume "
                          "on it, default) or valley (a D8 valley DEM; EF5's scheme inflates volume on diagonal steps)")

@@ -8,6 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
+from hydroagent_hpc.cli.argtypes import nonnegative_int, nse_target, positive_float, positive_int, seed
+from hydroagent_hpc.errors import UsageError
 from hydroagent_hpc.sim.errors import HydroAgentError
 
 log = logging.getLogger("hydroagent")
@@ -28,30 +30,46 @@ def _env_overrides(args: argparse.Namespace) -> dict:
     return over
 
 
+_AGENT_FLAGS = {"script": "--script", "model": "--model", "path": "--path", "backend": "--backend"}
+
+
+def _agent_options(args: argparse.Namespace) -> dict:
+    """The agent options ``calibrate`` was given, checked against the kind (a UsageError naming the flag)."""
+    from hydroagent_hpc.campaign.spec import AGENT_KINDS, check_agent_options
+
+    kind = args.kind or args.agent
+    if kind not in AGENT_KINDS:
+        flag = "--kind" if args.kind else "--agent"
+        raise UsageError(f"{flag} {kind!r}: unknown agent kind; use one of {', '.join(AGENT_KINDS)}",
+                         fix="--agent NAME --kind KIND for a free name" if not args.kind else "")
+    options = {o: getattr(args, o) for o in _AGENT_FLAGS if getattr(args, o)}
+    if options.get("backend") == "embedded":
+        del options["backend"]
+    problem = check_agent_options(kind, options)
+    if problem:
+        flag = _AGENT_FLAGS.get(problem[0], problem[0])
+        if problem[0] in options:
+            raise UsageError(f"{flag}: agent kind {kind!r} does not take {flag}")
+        raise UsageError(f"{flag}: agent kind {kind!r} needs {flag}",
+                         fix={"--model": "--model NAME (an entry of the models file, data/models.yaml)",
+                              "--path": "--path FOLDER (a local checkpoint)",
+                              "--script": "--script FILE (a JSON script)"}.get(flag, ""))
+    return options
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from hydroagent_hpc.campaign import AgentSpec, Task, run_task
     from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.config import load_config, preset
     from hydroagent_hpc.store import EpisodeWriter
 
+    options = _agent_options(args)  # before anything is read or run: a wrong agent is a usage error
     env = load_config(args.config) if args.config else preset(args.preset)
     if args.config and args.preset != env.preset:
         log.info("preset from %s: %s", args.config, env.preset)
     from dataclasses import replace
 
     env = replace(env, **_env_overrides(args))
-    options = {}
-    if args.script:
-        options["script"] = args.script
-    if args.model:
-        options["model"] = args.model
-    if args.path:
-        options["path"] = args.path
-    if args.backend != "embedded":
-        options["backend"] = args.backend
-    from hydroagent_hpc.agents.factory import check_agent_options
-
-    check_agent_options(args.kind or args.agent, options)  # an unknown kind or option fails before any work
     basin = load_basin(args.basin)
     episode_id = args.episode_id or f"calibrate/{basin.basin_id}/{args.agent}/{args.seed}"
     from hydroagent_hpc.store import stored_ids
@@ -188,16 +206,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--kind", choices=kinds, help="agent kind when --agent is a free name")
     c.add_argument("--preset", choices=PRESETS.names(), default="paper")
     c.add_argument("--config", help="environment config YAML (preset + overrides, strict)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=seed, default=0)
     c.add_argument("--out", required=True, help="HDF5 file to append the episode to")
     c.add_argument("--script", help="JSON script for --agent scripted")
     c.add_argument("--model", help="model name from the models file for --agent openai")
     c.add_argument("--path", help="checkpoint folder for --agent hf_local")
     c.add_argument("--backend", choices=SIM_BACKENDS.names(), default="embedded")
     c.add_argument("--protocol", choices=("turns", "rounds"))
-    c.add_argument("--max-simulations", type=int)
-    c.add_argument("--max-turns", type=int, help="tool-call cap (0 = off)")
-    c.add_argument("--target-nse", type=float)
+    c.add_argument("--max-simulations", type=nonnegative_int)
+    c.add_argument("--max-turns", type=nonnegative_int, help="tool-call cap (0 = off)")
+    c.add_argument("--target-nse", type=nse_target)
     c.add_argument("--no-patience", action="store_true", help="switch off the stop after evaluations without improvement")
     c.add_argument("--episode-id")
     c.set_defaults(func=cmd_calibrate)
@@ -215,10 +233,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cr.add_argument("--pool", choices=POOLS, default="auto",
                     help="where episodes run: auto = MPI ranks under mpiexec/srun, else local processes when "
                          "--workers > 1 (with --run-dir: the task's CPUs), else this process")
-    cr.add_argument("--workers", type=int, help="local worker processes (default 1; with --run-dir: SLURM_CPUS_PER_TASK)")
-    cr.add_argument("--max-in-flight", type=int, default=32, help="episodes running at once on the MPI pool (default 32)")
-    cr.add_argument("--timeout", type=float, help="seconds one episode may run before it is killed and counted failed")
-    cr.add_argument("--limit", type=int, help="run at most this many episodes now")
+    cr.add_argument("--workers", type=positive_int, help="local worker processes (default 1; with --run-dir: SLURM_CPUS_PER_TASK)")
+    cr.add_argument("--max-in-flight", type=positive_int, default=32, help="episodes running at once on the MPI pool (default 32)")
+    cr.add_argument("--timeout", type=positive_float, help="seconds one episode may run before it is killed and counted failed")
+    cr.add_argument("--limit", type=nonnegative_int, help="run at most this many episodes now")
     cr.add_argument("--no-progress", action="store_true")
     cr.set_defaults(func=cmd_campaign_run)
     cm = cp.add_parser("merge", help="merge a run folder's shards into RUN_DIR/campaign.h5, each episode once",
@@ -250,30 +268,30 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "$HYDROAGENT_MODULES.")
     sc.add_argument("file", help="campaign YAML")
     sc.add_argument("--run-dir", required=True, help="run folder: shards/, campaign.h5, logs/, report/")
-    sc.add_argument("--array", type=int, default=4, help="number of shard jobs (default 4)")
+    sc.add_argument("--array", type=positive_int, default=4, help="number of shard jobs (default 4)")
     sc.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
                     help="auto: Slurm when sbatch is here, else local processes")
     sc.add_argument("--partition")
     sc.add_argument("--account")
     sc.add_argument("--qos")
     sc.add_argument("--constraint")
-    sc.add_argument("--time", type=int, help="minutes per shard job (default 60)")
-    sc.add_argument("--cpus-per-task", type=int, help="CPUs per shard job (default 1); local processes use them")
-    sc.add_argument("--ntasks", type=int, help="MPI ranks per shard job (srun --mpi=pmi2; default 1)")
-    sc.add_argument("--mem-gb", type=float)
-    sc.add_argument("--array-parallelism", type=int, help="shard jobs running at once (default 64)")
+    sc.add_argument("--time", type=positive_int, help="minutes per shard job (default 60)")
+    sc.add_argument("--cpus-per-task", type=positive_int, help="CPUs per shard job (default 1); local processes use them")
+    sc.add_argument("--ntasks", type=positive_int, help="MPI ranks per shard job (srun --mpi=pmi2; default 1)")
+    sc.add_argument("--mem-gb", type=positive_float)
+    sc.add_argument("--array-parallelism", type=positive_int, help="shard jobs running at once (default 64)")
     sc.add_argument("--module", action="append", help="environment module to load in each job (repeatable)")
     sc.add_argument("--pool", choices=POOLS, default="auto")
-    sc.add_argument("--workers", type=int, help="worker processes per shard job (default: its CPUs)")
-    sc.add_argument("--max-in-flight", type=int, default=32)
-    sc.add_argument("--timeout", type=float, help="seconds one episode may run")
+    sc.add_argument("--workers", type=positive_int, help="worker processes per shard job (default: its CPUs)")
+    sc.add_argument("--max-in-flight", type=positive_int, default=32)
+    sc.add_argument("--timeout", type=positive_float, help="seconds one episode may run")
     sc.add_argument("--no-report", action="store_true", help="merge only; do not write RUN_DIR/report/")
     sc.add_argument("--wait", action="store_true", help="wait for the merge job and print its summary")
     sc.set_defaults(func=cmd_submit_campaign)
 
     d = sub.add_parser("demo", help="the embedded default end to end: synthetic basins, defaults, a demo campaign")
     d.add_argument("--out", default="results/demo", help="output folder (default results/demo)")
-    d.add_argument("--workers", type=int, help="worker processes for the campaign (default: up to 2)")
+    d.add_argument("--workers", type=positive_int, help="worker processes for the campaign (default: up to 2)")
     d.add_argument("--no-campaign", action="store_true", help="only build the basins and run the defaults")
     d.set_defaults(func=cmd_demo)
 
