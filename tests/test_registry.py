@@ -170,5 +170,5 @@ def test_an_unknown_kind_on_the_command_line_is_one_line(small_basin_dir, tmp_pa
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and not (tmp_path / "x.h5").exists()
     assert err.startswith("error: --agent 'oracle': unknown agent kind; use one of heuristic, dds")
-    assert "; fix: use one of the names above, or register a new agent kind with one line in " \
+    assert "; fix: --agent NAME --kind KIND for a free name; a new kind is one module and one line in " \
            "hydroagent_hpc/agents/factory.py" in err

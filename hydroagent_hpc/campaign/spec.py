@@ -111,12 +111,14 @@ def check_agent_options(kind: str, options: Mapping[str, Any], where: str = "") 
     :func:`hydroagent_hpc.agents.factory.allowed_options`; ``backend`` (the simulator) is shared by all kinds.
     """
     from hydroagent_hpc.agents.factory import allowed_options
+    from hydroagent_hpc.sim import BACKENDS
 
     allowed = allowed_options(kind)
     for name in options:
         if name == "backend":
-            if options[name] not in ("embedded", "ef5"):
-                return name, f"{where}backend: {brief(options[name])} is not a backend; use embedded or ef5"
+            if not isinstance(options[name], str) or options[name] not in BACKENDS:
+                return name, (f"{where}backend: {brief(options[name])} is not a simulator backend; use one of "
+                              f"{', '.join(BACKENDS.names())}")
         elif name not in allowed:
             return name, (f"{where}{name}: agent kind {kind!r} takes no option {name!r}; its options: "
                           f"{', '.join(sorted(allowed)) or 'none'} (and backend)")
@@ -173,7 +175,9 @@ def campaign_from_mapping(data: Any, base_dir: Path | None = None, source: str =
         options = {k: v for k, v in a.items() if k not in ("name", "kind")}
         problem = check_agent_options(kind, options, f"agents[{i}].")
         if problem:
-            raise _at(("agents", i, problem[0]), problem[1])  # a missing option: the entry's line
+            fix = (f"remove {problem[0]!r} or spell it as one of the options listed" if problem[0] in options
+                   else "")
+            raise _at(("agents", i, problem[0]), problem[1], fix)  # a missing option: the entry's line
         agents.append(AgentSpec(aname, kind, options))
     seeds = data.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds:

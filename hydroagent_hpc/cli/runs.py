@@ -41,7 +41,8 @@ def _agent_options(args: argparse.Namespace) -> dict:
     if kind not in AGENT_KINDS:
         flag = "--kind" if args.kind else "--agent"
         raise UsageError(f"{flag} {kind!r}: unknown agent kind; use one of {', '.join(AGENT_KINDS)}",
-                         fix="--agent NAME --kind KIND for a free name" if not args.kind else "")
+                         fix=("--agent NAME --kind KIND for a free name; " if not args.kind else "")
+                         + "a new kind is one module and one line in hydroagent_hpc/agents/factory.py")
     options = {o: getattr(args, o) for o in _AGENT_FLAGS if getattr(args, o)}
     if options.get("backend") == "embedded":
         del options["backend"]
