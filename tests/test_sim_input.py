@@ -722,13 +722,20 @@ def test_geographic_extent_is_in_degrees(tmp_path, field, value):
 # ----------------------------------------------------------------------------- observations
 
 
+def _has_data_line(lines: list[str]) -> bool:
+    """Non-blank lines other than a header (the first non-blank line, without a digit before its first comma)."""
+    rest = [ln for ln in lines if ln.strip()]
+    return any(i > 0 or any(ch.isdigit() for ch in ln.partition(",")[0]) for i, ln in enumerate(rest))
+
+
 def _obs_cases() -> list[tuple[str, str]]:
     rng = random.Random(29)
     junk = ["hello", "2020-06-01,abc", "x,y,z", "2020-13-01 00:00,1", "06/32/2020 01:00,2", "", "Date,Q", ";;"]
     cases = []
     for i in range(12):
         lines = [rng.choice(junk) for _ in range(rng.randint(1, 6))]
-        cases.append(("none", "\n".join(lines)))
+        cases.append(("none" if _has_data_line(lines) else "empty", "\n".join(lines)))
+    cases += [("empty", ""), ("empty", "Date,Discharge(m3/s)\n"), ("empty", "\n\nDate,Q\n\n")]
     for i in range(8):
         good = [f"{BEGIN + timedelta(hours=h):%Y-%m-%d %H:%M},{rng.uniform(0, 5):.2f}" for h in range(1, 7)]
         good.insert(rng.randrange(len(good)), rng.choice(junk[:5]))
@@ -744,11 +751,17 @@ _OBS_CASES = _obs_cases()
 
 @pytest.mark.parametrize("kind,text", _OBS_CASES, ids=[f"{k}{i}" for i, (k, _) in enumerate(_OBS_CASES)])
 def test_observation_files(tmp_path, caplog, kind, text):
-    """An observation file from which no row parses was read as 'no observations' without a word."""
+    """An observation file from which no row parses was read as 'no observations' without a word.
+
+    Now: data lines of which none parses are refused; a file without data lines (header only) is warned."""
     control = make_case(tmp_path)
     path = tmp_path / "obs" / "obs.csv"
     path.write_text(text)
     caplog.set_level(logging.WARNING)
+    if kind == "empty":
+        assert read_observations(path) == {}
+        assert any(str(path) in r.getMessage() and "no rows" in r.getMessage() for r in caplog.records)
+        return
     if kind in ("none", "infinite"):
         with pytest.raises(InputError) as ei:
             read_observations(path)

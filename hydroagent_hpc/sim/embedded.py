@@ -26,8 +26,14 @@ import numpy as np
 
 from hydroagent_hpc.params import PARAM_NAMES, check_values
 from hydroagent_hpc.sim import cache as fcache
-from hydroagent_hpc.sim.controlfile import (CREST_PARAMS, KW_PARAMS, ControlFile, duration_seconds, parse_control,
-                                            parse_duration)
+from hydroagent_hpc.sim.controlfile import (
+    CREST_PARAMS,
+    KW_PARAMS,
+    ControlFile,
+    duration_seconds,
+    parse_control,
+    parse_duration,
+)
 from hydroagent_hpc.sim.errors import InputError, SimulationError
 from hydroagent_hpc.sim.forcing import check_frequency, count_steps, load_forcing, read_observations, step_times
 from hydroagent_hpc.sim.grids import Grid, read_grid, read_tif
@@ -128,7 +134,7 @@ class EmbeddedSimulator:
                     v = obs.get(t)
                     if v is not None:
                         series[i] = v
-                if not np.isfinite(series).any():
+                if obs and not np.isfinite(series).any():
                     log.warning("%s: none of its %d observations falls on a step of task %r (%s..%s); gauge %s has "
                                 "nothing to be scored against", g.obs, len(obs), tk.name, _fmt_time(self.steps[0]),
                                 _fmt_time(self.steps[-1]), gname)

@@ -215,35 +215,41 @@ def read_observations(path: Path) -> dict[datetime, float]:
     """Observed discharge (m3/s) by UTC time, from ``time,value`` rows.
 
     Values are kept as written: EF5 copies -999 through, and so does the output CSV; metrics
-    mask values <= -998; ``nan`` is a missing value. A header line is skipped; any other line
-    that does not parse is skipped with one warning that counts them; a file from which no row
-    parses, and an infinite value, are :class:`InputError` (with ``file:line``).
+    mask values <= -998; ``nan`` is a missing value. The first non-blank line, if it has no digit
+    before its first comma, is the header; any other line that does not parse is skipped with one warning
+    that counts them. Data lines of which none parses, and an infinite value, are
+    :class:`InputError` (with ``file:line``); a file with no data line at all (header only, as a
+    synthetic basin writes it before its truth is simulated) is a warning.
     """
     if not path.exists():
         raise InputError(f"observation file not found: {path}", fix="check OBS= in the [Gauge] section")
     obs: dict[datetime, float] = {}
     skipped: list[tuple[int, str]] = []
     lines = path.read_text(errors="replace").splitlines()
+    first = True
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        header, first = first, False
         row = _obs_row(line)
         try:
             if row is None:
                 raise ValueError
             value = float(row[1].split(",")[0])
         except ValueError:
-            if lineno > 1 or "," not in line or any(ch.isdigit() for ch in line.partition(",")[0]):
+            if not header or any(ch.isdigit() for ch in line.partition(",")[0]):  # else: the header line
                 skipped.append((lineno, line))
             continue
         if math.isinf(value):
             raise InputError(f"{path}:{lineno}: discharge {row[1].strip()[:30]!r} is not finite",
                              fix="write the measured value, or -999 (or nan) for a missing observation")
         obs[row[0]] = value
-    if not obs:
-        first = f"; line {skipped[0][0]} reads {skipped[0][1][:60]!r}" if skipped else ""
-        raise InputError(f"{path}: no row could be read as 'time,discharge' ({len(lines)} lines{first})",
+    if not obs and skipped:
+        raise InputError(f"{path}: no row could be read as 'time,discharge' ({len(skipped)} data line(s); line "
+                         f"{skipped[0][0]} reads {skipped[0][1][:60]!r})",
                          fix="write rows like '2020-06-01 01:00,1.5' (or '06/01/2020 01:00,1.5'), one per time")
+    if not obs:
+        log.warning("%s: the observation file holds no rows (only a header or nothing): nothing to score against", path)
     if skipped:
         log.warning("%s: %d line(s) could not be read as 'time,discharge' and were skipped (first: line %d, %r)",
                     path, len(skipped), skipped[0][0], skipped[0][1][:60])
