@@ -694,6 +694,36 @@ def test_flow_direction_cycles(tmp_path, caplog, r0, c0, r1, c1):
         [r.getMessage() for r in caplog.records]
 
 
+_DDM_CASES = [(v, random.Random(31 + i).randrange(16)) for i, v in
+              enumerate([4.5, 3.0, 256.0, -1.0, 1e300, -1e300, 0.5, 1.0000001, 2 ** 63, 5.0, 7.0, 127.0])]
+
+
+@pytest.mark.parametrize("value,pos", _DDM_CASES, ids=[f"{v:g}@{p}" for v, p in _DDM_CASES])
+def test_flow_direction_codes_are_whole_codes(tmp_path, value, pos):
+    """A DDM value of 4.5 was truncated to the code 4 (and 1e300 wrapped around int64) without a word."""
+    control = make_case(tmp_path)
+    ddm = DDM.copy()
+    ddm[divmod(pos, 4)] = value
+    path = tmp_path / "basic" / "ddm.asc"
+    write_asc(path, Grid(ddm, XLL, YLL, CS), fmt="%.17g")
+    with pytest.raises(InputError) as ei:
+        EmbeddedSimulator(control, cache_dir=False)
+    _located(ei.value, path, "ESRI codes")
+
+
+def test_parameter_grid_holes_are_warned(tmp_path, caplog):
+    control = make_case(tmp_path)
+    (tmp_path / "params").mkdir()
+    wm = np.full((4, 4), 1.0)
+    wm[1, 1], wm[2, 1] = -9999.0, np.nan
+    write_tif(tmp_path / "params" / "wm.tif", Grid(wm, XLL, YLL, CS))
+    control.write_text(control.read_text().replace("[CrestParamSet C]\n", "[CrestParamSet C]\nwm_grid=params/wm.tif\n"))
+    caplog.set_level(logging.WARNING)
+    EmbeddedSimulator(control, cache_dir=False)
+    msgs = [r.getMessage() for r in caplog.records if "wm.tif" in r.getMessage()]
+    assert msgs and "2 of the basin's 16 cells" in msgs[0] and "WM grid" in msgs[0], msgs
+
+
 def test_negative_cellsize_is_refused(tmp_path):
     control = make_case(tmp_path)
     for name, data in (("dem", DEM), ("ddm", DDM), ("fam", FAM)):

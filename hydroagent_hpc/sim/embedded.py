@@ -192,7 +192,21 @@ class EmbeddedSimulator:
                                  fix="convert the grid to a float32 GeoTIFF (hydroagent_hpc.sim.grids.write_tif)")
             grid = read_tif(path)
             out[name] = self._sample_param(grid)
+            inside = self._inside(grid)
+            holes = inside & (~np.isfinite(out[name]) | (out[name] == grid.nodata))
+            if holes.any():
+                log.warning("%s: %d of the basin's %d cells hold nodata or a non-finite value in this %s grid; the run "
+                            "uses them as they are (nodata times the scalar, then EF5's clamps; a non-finite cell "
+                            "falls back to the scalar). Fill the grid to silence this", path, int(holes.sum()),
+                            holes.size, name.upper())
         return out
+
+    def _inside(self, grid: Grid) -> np.ndarray:
+        """Which basin cells fall on ``grid`` (all of them when it has the DEM's rows and columns)."""
+        if grid.same_shape(self.dem):
+            return np.ones(self.net.n, dtype=bool)
+        x, y = self.dem.cell_corners(self.net.cols, self.net.rows)
+        return np.asarray(grid.locate(x, y)[2], dtype=bool)
 
     def _sample_param(self, grid: Grid) -> np.ndarray:
         rows, cols = self.net.rows, self.net.cols

@@ -83,16 +83,18 @@ def flow_offsets(ddm: Grid, esri: bool) -> np.ndarray:
     raw = ddm.data
     valid = ddm.valid()
     d = np.zeros(raw.shape, dtype=np.int64)
-    codes = np.where(valid, raw, 0).astype(np.int64)
+    values = np.where(valid, raw, 0.0)
+    allowed = (0, *_ESRI_TO_D) if esri else tuple(range(9))
+    # compared as numbers before any cast: 4.5 or 1e300 must not truncate or wrap into a valid code
+    bad = valid & ~np.isin(values, np.array(allowed, dtype=np.float64))
+    codes = np.where(bad, 0.0, values).astype(np.int64)
     if esri:
         for code, di in _ESRI_TO_D.items():
             d[codes == code] = di
-        bad = valid & (d == 0) & (codes != 0)
         kind = "ESRI codes 1, 2, 4, ..., 128"
     else:
         ok = (codes >= 1) & (codes <= 8)
         d[ok] = codes[ok]
-        bad = valid & ~ok & (codes != 0)
         kind = "TauDEM codes 1..8"
     if bad.any():
         r, c = np.argwhere(bad)[0]
