@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from hydroagent_hpc.sim.errors import ControlFileError
 
@@ -191,8 +191,8 @@ def parse_time(text: str, where: str = "", key: str = "") -> datetime:
     try:
         if not m:
             raise ValueError
-        parts = [int(g) if g else 0 for g in m.groups()]
-        return datetime(*parts)
+        y, mo, d, h, mi, sec = (int(g) if g else 0 for g in m.groups())
+        return datetime(y, mo, d, h, mi, sec)
     except ValueError:
         path, _, line = where.rpartition(":") if ":" in where else (where, "", "0")
         raise ControlFileError(f"{key or 'time'}={text!r} is not a valid time", path, int(line or 0), key,
@@ -587,8 +587,9 @@ def _check_references(cf: ControlFile) -> None:
             raise ControlFileError(f"[Execute] runs task {tname!r}, which is not defined", sp, key="task",
                                    fix=f"define [Task {tname}] (tasks: {', '.join(cf.tasks) or 'none'})")
     for t in cf.tasks.values():
-        checks = [("basin", t.basin, cf.basins), ("precip", t.precip, cf.precip), ("pet", t.pet, cf.pet),
-                  ("param_set", t.param_set, cf.param_sets)]
+        checks: list[tuple[str, str, Mapping[str, object]]] = [
+            ("basin", t.basin, cf.basins), ("precip", t.precip, cf.precip), ("pet", t.pet, cf.pet),
+            ("param_set", t.param_set, cf.param_sets)]
         if t.routing_param_set:
             checks.append(("routing_param_set", t.routing_param_set, cf.param_sets))
         for key, val, table in checks:
@@ -636,8 +637,8 @@ def render_control(cf: ControlFile, task: str | None = None, overrides: dict[str
         lines.append(f"[Gauge {g.name}]")
         if g.cellx is not None and g.celly is not None:
             lines += [f"CELLX={g.cellx}", f"CELLY={g.celly}"]
-        else:
-            lines += [f"LAT={_num(g.lat)}", f"LON={_num(g.lon)}"]
+        else:  # the [Gauge] builder guarantees LAT and LON when CELLX/CELLY are absent
+            lines += [f"LAT={_num(g.lat or 0.0)}", f"LON={_num(g.lon or 0.0)}"]
             if g.basinarea is not None:
                 lines.append(f"BASINAREA={_num(g.basinarea)}")
         if g.obs is not None:

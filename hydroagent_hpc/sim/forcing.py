@@ -201,7 +201,8 @@ def _obs_row(line: str) -> tuple[datetime, str] | None:
     try:
         m = _OBS_ISO.match(ts)
         if m:
-            return datetime(*[int(x) if x else 0 for x in m.groups()]), val
+            y, mo, d, hh, mi, sec = (int(x) if x else 0 for x in m.groups())
+            return datetime(y, mo, d, hh, mi, sec), val
         m = _OBS_US.match(ts)
         if m:
             mo, d, y, hh, mi = (int(x) for x in m.groups())

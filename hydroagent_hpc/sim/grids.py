@@ -185,10 +185,12 @@ def read_asc(path: str | Path) -> Grid:
 
 
 def _tag_numbers(p: Path, name: str, value: object, need: int) -> tuple[float, ...]:
-    try:
-        nums = tuple(float(v) for v in value)  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        nums = ()
+    nums: tuple[float, ...] = ()
+    if isinstance(value, (tuple, list)):
+        try:
+            nums = tuple(float(v) for v in value)
+        except (TypeError, ValueError):
+            nums = ()
     if len(nums) < need:
         raise InputError(f"{p}: the GeoTIFF {name} tag holds {value!r}, not {need} numbers",
                          fix="write a georeferenced GeoTIFF (hydroagent_hpc.sim.grids.write_tif)")
@@ -216,6 +218,8 @@ def read_tif(path: str | Path) -> Grid:
             if not len(tf.pages):
                 raise InputError(f"{p}: the TIFF holds no image", fix=convert)
             page = tf.pages[0]
+            if not isinstance(page, tifffile.TiffPage):
+                raise InputError(f"{p}: the first image of the TIFF cannot be read", fix=convert)
             width, height = int(page.imagewidth), int(page.imagelength)
             if width < 1 or height < 1:
                 raise InputError(f"{p}: the TIFF declares ImageWidth {width} x ImageLength {height}: an empty grid",

@@ -29,13 +29,14 @@ channel solve with ``alpha``, ``beta``.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numba as nb
 import numpy as np
 
 __all__ = ["interflow_targets", "water_balance", "run_kernel", "run_batch_kernel"]
 
-_JIT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
+_JIT: dict[str, Any] = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
 
 @nb.njit(**_JIT)
