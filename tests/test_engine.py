@@ -172,3 +172,36 @@ def test_all_forcing_missing_is_an_error(tiny):
     p.write_text(p.read_text().replace("LOC=precip", "LOC=precipitation"))
     with pytest.raises(InputError, match=r"(?s)none of the 72 .*precipitation.*LOC"):
         EmbeddedSimulator(p, cache_dir=False)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_water_balance_closes(seed):
+    """The kernel's water balance, on its own: W + P - E = W' + overland + interflow for every cell.
+
+    On a wet step (P > Ep) E is Ep; on a dry one the rain evaporates and the soil gives
+    E2 = (Ep - P) W/WM, at most what it holds (W clipped to WM), so W - E2 = W' + interflow.
+    Wet and dry cells, soils above capacity and bone-dry ones are all drawn.
+    """
+    from hydroagent_hpc.sim.kernel import water_balance
+
+    rng = np.random.default_rng(seed)
+    n, dt = 2000, [1.0, 24.0, 0.25][seed % 3]
+    precip = np.where(rng.random((1, n)) < 0.5, 0.0, rng.gamma(0.8, 4.0, (1, n)))
+    pet = rng.uniform(0.0, 0.6, (1, n))
+    wm = rng.uniform(5.0, 400.0, n)
+    b, im, ke, fc = rng.uniform(0.05, 3.0, n), rng.uniform(0.0, 0.3, n), rng.uniform(0.5, 1.5, n), rng.uniform(0.1, 20.0, n)
+    w0 = wm * rng.uniform(0.0, 1.3, n)
+    w0[:50] = 0.0
+    w = w0.copy()
+    fast, slow, sm = np.zeros(n), np.zeros(n), np.zeros(n)
+    water_balance(precip, pet, 0, dt, wm, b, im, ke, fc, w, fast, slow, sm)
+    p, ep = precip[0] * dt, pet[0] * dt * ke
+    over, inter = fast * dt * 3600.0, slow * dt * 3600.0
+    wet = p > ep
+    held = np.minimum(w0, wm)
+    dry_loss = np.minimum((ep - p) * held / wm, held)
+    np.testing.assert_allclose(w0 + np.where(wet, p - ep, -dry_loss), w + over + inter, rtol=1e-12, atol=1e-9)
+    assert wet.any() and (~wet).any() and (w0 > wm).any()
+    assert np.all(w >= 0.0) and np.all(w <= wm * (1 + 1e-12)) and np.all(over >= 0.0) and np.all(inter >= 0.0)
+    assert np.all(over[~wet] == 0.0)
+    np.testing.assert_allclose(sm, w * 100.0 / wm)

@@ -5,24 +5,45 @@ Syntax (EF5 v1.2.3, ``docs/ef5-crest-spec.md`` section 4): ``[SectionType name]`
 cannot hold spaces; comments are ``#``, ``//`` and ``/* ... */``; keys, section types and section
 names are case-insensitive (names are lower-cased), paths keep their case.
 
-EF5 ignores what it does not know. We do not: an unknown section or key, a missing required key,
-a bad date or number fails with ``file:line``, the key and the fix (:class:`ControlFileError`).
-Paths are resolved against the control file's folder (EF5 resolves them against its working
-directory; the reference cases are run from their own folder, so both agree there).
+EF5 ignores what it does not know. We do not: an unknown section or key, a key given twice, a
+section defined twice, a missing required key, a bad date, duration or number fails with
+``file:line``, the key and the fix (:class:`ControlFileError`). Paths are resolved against the
+control file's folder (EF5 resolves them against its working directory; the reference cases are
+run from their own folder, so both agree there).
+
+Every number is checked where it is read (a plain decimal number, finite, in range):
+
+* parameter scalars: ``|value| <= 1e6`` (``TH``, a count of cells: ``<= 1e12``); a negative
+  ``KE``, ``UNDER``, ``TH`` or ``ISU`` is refused; a negative value of another parameter is one
+  EF5 silently replaces (``WM`` by 100, ``B`` and ``FC`` by 1, ...), so it is accepted with a
+  warning that says what EF5 uses instead;
+* gauges: ``CELLX``/``CELLY`` whole numbers ``>= 0``; ``LAT`` in [-90, 90]; ``LON`` in
+  [-180, 360]; ``BASINAREA`` in (0, 1e8] km2;
+* durations (``TIMESTEP``, ``FREQ``) and the time part of ``UNIT``: a count of at least 1, at
+  most 100 years in all;
+* times: ``TIME_BEGIN < TIME_END``; ``TIME_WARMEND`` and ``TIME_STATE`` inside that window.
+
+The parser is one tokenizer (:func:`_tokenize`) and one builder per section type
+(``_build_basic``, ``_build_forcing``, ``_build_gauge``, ``_build_basin``, ``_build_param_set``,
+``_build_task``, ``_build_execute``), then a cross-reference check.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Callable, Mapping
 
 from hydroagent_hpc.sim.errors import ControlFileError
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "ControlFile", "Basic", "Forcing", "Gauge", "ParamSet", "Task", "parse_control", "parse_time",
-    "parse_duration", "CREST_PARAMS", "KW_PARAMS",
+    "parse_duration", "parse_unit", "duration_seconds", "CREST_PARAMS", "KW_PARAMS", "MAX_DURATION_S",
 ]
 
 CREST_PARAMS = ("wm", "b", "im", "ke", "fc", "iwu")
@@ -89,6 +110,7 @@ class Gauge:
     basinarea: float | None = None
     outputts: bool = True
     line: int = 0
+    where: str = ""  # ``file:line`` of the section, for errors found later (off the grid, say)
 
 
 @dataclass
@@ -121,6 +143,7 @@ class Task:
     states: Path | None = None
     time_state: datetime | None = None
     line: int = 0
+    lines: dict[str, int] = field(default_factory=dict)  # key -> line of the control file
 
 
 @dataclass
@@ -146,28 +169,74 @@ class ControlFile:
 
 _TIME_RE = re.compile(r"^(\d{4})(\d{2})(\d{2})(\d{2})(\d{2})(\d{2})?$")
 _DUR_RE = re.compile(r"^(\d*)([ymdhus])$")
+_UNIT_RE = re.compile(r"^([a-z]+)/(\d*)([a-z]+)$")
+_NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+_SECONDS = {"s": 1, "u": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400, "m": 30 * 86400, "y": 365 * 86400}
+MAX_DURATION_S = 100 * 365 * 86400  # the longest TIMESTEP, FREQ or UNIT span: 100 years
+_PARAM_MAX = 1e6
+_TH_MAX = 1e12
+# A negative value EF5 replaces silently (warned), and what it uses instead.
+_EF5_REPLACES_NEGATIVE = {"wm": "EF5 uses WM=100", "b": "EF5 uses B=1", "fc": "EF5 uses FC=1",
+                          "alpha": "EF5 uses ALPHA=1", "beta": "EF5 uses BETA=0.6", "alpha0": "EF5 uses ALPHA0=1",
+                          "im": "EF5 clips the impervious fraction to 0", "leaki": "EF5 clips LEAKI to 0",
+                          "iwu": "EF5 clips the initial soil water to 0"}
+_MUST_BE_NONNEGATIVE = {"ke": "a negative KE turns evaporation into a water source",
+                        "under": "a negative UNDER gives interflow a negative speed",
+                        "th": "TH is a count of upstream cells", "isu": "ISU is an initial water depth rate"}
 
 
 def parse_time(text: str, where: str = "", key: str = "") -> datetime:
-    """Parse EF5's ``YYYYMMDDHHUU[SS]`` time stamps (UTC, naive)."""
+    """Parse EF5's ``YYYYMMDDHHUU[SS]`` time stamps (UTC, naive); ``where`` is ``file:line``."""
     m = _TIME_RE.match(text)
     try:
         if not m:
             raise ValueError
-        parts = [int(g) if g else 0 for g in m.groups()]
-        return datetime(*parts)
+        y, mo, d, h, mi, sec = (int(g) if g else 0 for g in m.groups())
+        return datetime(y, mo, d, h, mi, sec)
     except ValueError:
-        raise ControlFileError(f"{key or 'time'}={text!r} is not a valid time", where.rsplit(":", 1)[0] if where else "",
-                               int(where.rsplit(":", 1)[1]) if where and ":" in where else 0, key,
+        path, _, line = where.rpartition(":") if ":" in where else (where, "", "0")
+        raise ControlFileError(f"{key or 'time'}={text!r} is not a valid time", path, int(line or 0), key,
                                fix="write YYYYMMDDHHUU, e.g. 202006010000") from None
 
 
+def duration_seconds(count: int, unit: str) -> int:
+    """Seconds of ``count`` units; a month is 30 days and a year 365 (EF5's unit rule)."""
+    return count * _SECONDS[unit]
+
+
 def parse_duration(text: str) -> tuple[int, str]:
-    """``1h``, ``15u``, ``1d``, ``1m`` (month), ``1y``, ``30s`` -> (count, unit letter)."""
+    """``1h``, ``15u``, ``1d``, ``1m`` (month), ``1y``, ``30s`` -> (count, unit letter).
+
+    The count is at least 1 (``0h`` would never advance) and the whole span at most 100 years
+    (:data:`MAX_DURATION_S`); anything else raises ``ValueError``.
+    """
     m = _DUR_RE.match(text.strip().lower())
     if not m:
         raise ValueError(f"{text!r} is not a duration like 1h, 15u, 1d, 1m or 1y")
-    return int(m.group(1) or 1), m.group(2)
+    count, unit = int(m.group(1) or 1), m.group(2)
+    if count < 1:
+        raise ValueError(f"{text!r} is a zero duration: time would never advance")
+    if duration_seconds(count, unit) > MAX_DURATION_S:
+        raise ValueError(f"{text!r} is longer than 100 years")
+    return count, unit
+
+
+def parse_unit(text: str) -> tuple[str, int]:
+    """A forcing UNIT ``LENGTH/[COUNT]SPAN`` (``mm/h``, ``mm/3h``, ``mm/100d``) -> (length, seconds).
+
+    Only the time part counts for EF5. ``ValueError`` for anything else, a zero count, or a span
+    over 100 years.
+    """
+    m = _UNIT_RE.match(text.strip().lower())
+    if not m or m.group(3) not in _SECONDS:
+        raise ValueError(f"UNIT={text!r} is not a rate EF5 understands")
+    count = int(m.group(2) or 1)
+    if count < 1:
+        raise ValueError(f"UNIT={text!r} has a zero time span")
+    span = count * _SECONDS[m.group(3)]
+    if span > MAX_DURATION_S:
+        raise ValueError(f"UNIT={text!r} spans more than 100 years")
+    return m.group(1), span
 
 
 def _strip_comments(text: str) -> list[str]:
@@ -183,7 +252,10 @@ def _strip_comments(text: str) -> list[str]:
     return out
 
 
-def _bool(value: str, where: tuple[str, int], key: str) -> bool:
+Where = tuple[str, int]
+
+
+def _bool(value: str, where: Where, key: str) -> bool:
     v = value.lower()
     if v in ("true", "yes", "1", "t", "y"):
         return True
@@ -192,25 +264,76 @@ def _bool(value: str, where: tuple[str, int], key: str) -> bool:
     raise ControlFileError(f"{key}={value!r} is not a boolean", where[0], where[1], key, fix="write true or false")
 
 
-def _float(value: str, where: tuple[str, int], key: str) -> float:
+def _float(value: str, where: Where, key: str, lower: float | None = None, upper: float | None = None,
+           positive: bool = False, integer: bool = False) -> float:
+    """A plain decimal number, finite, optionally whole and inside ``[lower, upper]`` (``> 0`` if ``positive``).
+
+    ``inf``, ``nan``, hex, ``1_000`` and numbers that overflow a double are refused: EF5 reads
+    numbers with ``strtod`` and such values only fail later, far from this line.
+    """
+    want = f"a number in [{lower:g}, {upper:g}]" if lower is not None and upper is not None else "a finite number"
+    if not _NUMBER_RE.match(value):
+        raise ControlFileError(f"{key}={value!r} is not a number", where[0], where[1], key,
+                               fix=f"write a plain decimal number such as 1.5 or 2e-3 ({want})")
+    v = float(value)
+    if v in (float("inf"), float("-inf")):
+        raise ControlFileError(f"{key}={value!r} overflows a double (it is not finite)", where[0], where[1], key,
+                               fix=f"write {want}")
+    if integer and v != int(v):
+        raise ControlFileError(f"{key}={value!r} is not a whole number", where[0], where[1], key,
+                               fix="write a whole number (a zero-based column or row)")
+    if (lower is not None and v < lower) or (upper is not None and v > upper) or (positive and v <= 0):
+        rng = (f"in (0, {upper:g}]" if positive else f"in [{lower:g}, {upper:g}]") if upper is not None else ">= 0"
+        raise ControlFileError(f"{key}={value} is out of range: {key.upper()} must be {rng}", where[0], where[1], key,
+                               fix=f"give {key.upper()} a value {rng}")
+    return v
+
+
+def _duration(value: str, where: Where, key: str) -> str:
     try:
-        return float(value)
-    except ValueError:
-        raise ControlFileError(f"{key}={value!r} is not a number", where[0], where[1], key, fix="write a plain number") from None
+        parse_duration(value)
+    except ValueError as exc:
+        raise ControlFileError(f"{key}: {exc}", where[0], where[1], key,
+                               fix=f"write e.g. {key.upper()}=1h (a count >= 1 of s, u, h, d, m or y; at most 100 years)"
+                               ) from None
+    return value.lower()
 
 
-def parse_control(path: str | Path) -> ControlFile:
-    """Read and validate an EF5 control file."""
-    path = Path(path)
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        raise ControlFileError(f"control file not found: {path}", fix="check the path") from None
-    base = path.resolve().parent
-    sp = str(path)
+@dataclass
+class _Section:
+    """One ``[Type name]`` section as tokenized: ``entries`` are (key, value, line) in file order."""
 
-    # Pass 1: tokenize into sections of (key, value, line) entries.
-    sections: list[tuple[str, str, int, list[tuple[str, str, int]]]] = []
+    stype: str
+    sname: str
+    line: int
+    path: str
+    base: Path
+    entries: list[tuple[str, str, int]] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return f"[{self.stype} {self.sname}]" if self.sname else f"[{self.stype}]"
+
+    def single(self, repeatable: tuple[str, ...] = ()) -> dict[str, tuple[str, int]]:
+        """Keys that may appear once -> (value, line); a second occurrence is an error."""
+        kv: dict[str, tuple[str, int]] = {}
+        for k, v, ln in self.entries:
+            if k in repeatable:
+                continue
+            if k in kv:
+                raise ControlFileError(f"{k.upper()} is given twice in {self.title} (first at line {kv[k][1]})",
+                                       self.path, ln, k, fix=f"keep one {k.upper()}= in this section")
+            kv[k] = (v, ln)
+        for req in _REQUIRED.get(self.stype, ()):
+            if req not in kv:
+                raise ControlFileError(f"{self.title} is missing the required key {req!r}", self.path, self.line, req,
+                                       fix=f"add {req.upper()}=... to this section")
+        return kv
+
+
+def _tokenize(text: str, sp: str, base: Path) -> list[_Section]:
+    """Pass 1: split into sections of (key, value, line) entries, refusing unknown sections and keys."""
+    sections: list[_Section] = []
     for lineno, line in enumerate(_strip_comments(text), start=1):
         s = line.strip()
         if not s:
@@ -228,7 +351,7 @@ def parse_control(path: str | Path) -> ControlFile:
                                        fix=f"use one of: {', '.join(sorted(_SECTIONS))}")
             if stype not in ("basic", "execute") and not sname:
                 raise ControlFileError(f"section [{m.group(1)}] needs a name", sp, lineno, fix=f"write [{m.group(1)} NAME]")
-            sections.append((stype, sname, lineno, []))
+            sections.append(_Section(stype, sname, lineno, sp, base))
             continue
         if not sections:
             raise ControlFileError(f"text before the first section: {s[:40]!r}", sp, lineno, fix="start with a [Section] header")
@@ -237,133 +360,212 @@ def parse_control(path: str | Path) -> ControlFile:
                 raise ControlFileError(f"expected key=value, got {tok!r}", sp, lineno, fix="write key=value (no spaces around '=' or in values)")
             k, v = tok.split("=", 1)
             k = k.lower()
-            stype = sections[-1][0]
+            stype = sections[-1].stype
             if k not in _SECTIONS[stype]:
                 raise ControlFileError(f"unknown key {k!r} in [{stype}]", sp, lineno, k,
                                        fix=f"known keys: {', '.join(sorted(_SECTIONS[stype]))}")
             if v == "":
                 raise ControlFileError(f"{k} has no value", sp, lineno, k, fix=f"write {k}=VALUE")
-            sections[-1][3].append((k, v, lineno))
+            sections[-1].entries.append((k, v, lineno))
+    return sections
 
-    # Pass 2: build the typed model.
-    basic = None
-    precip: dict[str, Forcing] = {}
-    pet: dict[str, Forcing] = {}
-    gauges: dict[str, Gauge] = {}
-    basins: dict[str, list[str]] = {}
-    psets: dict[str, ParamSet] = {}
-    tasks: dict[str, Task] = {}
+
+def _build_basic(sec: _Section) -> Basic:
+    kv = sec.single()
+    proj = kv["proj"][0].lower()
+    if proj not in ("geographic", "laea"):
+        raise ControlFileError(f"PROJ={kv['proj'][0]!r} is not supported", sec.path, kv["proj"][1], "proj",
+                               fix="write PROJ=geographic (laea is EF5-only)")
+    if proj == "laea":
+        raise ControlFileError("PROJ=laea is not supported by the embedded engine", sec.path, kv["proj"][1], "proj",
+                               fix="reproject to geographic, or use --backend ef5")
+    b = sec.base
+    return Basic(b / kv["dem"][0], b / kv["ddm"][0], b / kv["fam"][0], proj,
+                 _bool(kv["esriddm"][0], (sec.path, kv["esriddm"][1]), "esriddm"),
+                 _bool(kv["selffam"][0], (sec.path, kv["selffam"][1]), "selffam"))
+
+
+def _build_forcing(sec: _Section) -> Forcing:
+    kv = sec.single()
+    at = lambda k: (sec.path, kv[k][1])  # noqa: E731
+    ftype = kv["type"][0].lower()
+    if ftype not in _FORCING_TYPES[sec.stype]:
+        raise ControlFileError(f"TYPE={kv['type'][0]!r} is not valid here", *at("type"), "type",
+                               fix=f"use one of: {', '.join(sorted(_FORCING_TYPES[sec.stype]))}")
+    if ftype not in ("asc", "tif"):
+        raise ControlFileError(f"TYPE={kv['type'][0]} forcing is not supported by the embedded engine", *at("type"),
+                               "type", fix="convert the forcing to ASC or TIF grids, or use --backend ef5")
+    unit = kv["unit"][0]
+    if not (sec.stype == "petforcing" and unit.strip().lower() == "c"):  # C: temperature for Hamon PET (EF5 only)
+        try:
+            parse_unit(unit)
+        except ValueError as exc:
+            raise ControlFileError(str(exc), *at("unit"), "unit",
+                                   fix="write e.g. UNIT=mm/h, mm/3h, mm/d or mm/100d (a count >= 1 of s, u, min, h, "
+                                       "hr, d, m or y)") from None
+    freq = _duration(kv["freq"][0], at("freq"), "freq")
+    return Forcing(sec.sname, ftype, unit, freq, sec.base / kv["loc"][0], kv["name"][0], sec.line)
+
+
+def _build_gauge(sec: _Section) -> Gauge:
+    g = Gauge(sec.sname, line=sec.line, where=f"{sec.path}:{sec.line}")
+    for k, (v, ln) in sec.single().items():
+        at = (sec.path, ln)
+        if k in ("cellx", "celly"):
+            setattr(g, k, int(_float(v, at, k, lower=0, upper=1e9, integer=True)))
+        elif k == "lat":
+            g.lat = _float(v, at, k, lower=-90.0, upper=90.0)
+        elif k == "lon":
+            g.lon = _float(v, at, k, lower=-180.0, upper=360.0)
+        elif k == "basinarea":
+            g.basinarea = _float(v, at, k, upper=1e8, positive=True)
+        elif k == "obs":
+            g.obs = sec.base / v
+        elif k == "outputts":
+            g.outputts = _bool(v, at, k)
+    if (g.cellx is None or g.celly is None) and (g.lat is None or g.lon is None):
+        raise ControlFileError(f"[Gauge {sec.sname}] has no location", sec.path, sec.line, "cellx",
+                               fix="add CELLX= and CELLY= (zero-based column/row) or LAT= and LON=")
+    return g
+
+
+def _build_basin(sec: _Section) -> list[str]:
+    sec.single(repeatable=("gauge",))
+    return [v.lower() for k, v, _ in sec.entries if k == "gauge"]
+
+
+def _param_value(key: str, value: str, where: Where) -> float:
+    """A parameter scalar: finite, ``|v| <= 1e6`` (TH ``<= 1e12``); negatives refused or warned (module doc)."""
+    upper = _TH_MAX if key == "th" else _PARAM_MAX
+    v = _float(value, where, key, lower=-upper, upper=upper)
+    if v < 0:
+        if key in _MUST_BE_NONNEGATIVE:
+            raise ControlFileError(f"{key.upper()}={value} is negative: {_MUST_BE_NONNEGATIVE[key]}", where[0],
+                                   where[1], key, fix=f"give {key.upper()} a value >= 0")
+        log.warning("%s:%d: %s=%s is negative; %s (give a value >= 0 to silence this)", where[0], where[1],
+                    key.upper(), value, _EF5_REPLACES_NEGATIVE[key])
+    return v
+
+
+def _build_param_set(sec: _Section) -> ParamSet:
+    kind = "crest" if sec.stype == "crestparamset" else "kw"
+    names = CREST_PARAMS if kind == "crest" else KW_PARAMS
+    ps = ParamSet(sec.sname, kind, line=sec.line)
+    current: str | None = None
+    seen: dict[str, int] = {}
+    grid_lines: dict[str, int] = {}
+    for k, v, ln in sec.entries:
+        if k == "gauge":
+            current = v.lower()
+            if current in ps.values:
+                raise ControlFileError(f"gauge {current!r} is listed twice in {sec.title}", sec.path, ln, "gauge",
+                                       fix="give each gauge's values once")
+            ps.values[current] = {}
+            seen = {}
+        elif k.endswith("_grid"):
+            if k in grid_lines:
+                raise ControlFileError(f"{k} is given twice in {sec.title} (first at line {grid_lines[k]})", sec.path,
+                                       ln, k, fix=f"keep one {k}=")
+            grid_lines[k] = ln
+            ps.grids[k[:-5]] = sec.base / v
+        else:
+            if current is None:
+                raise ControlFileError(f"{k.upper()} comes before any GAUGE= line", sec.path, ln, k,
+                                       fix="put GAUGE=NAME before the parameter values it applies to")
+            if k in seen:
+                raise ControlFileError(f"{k.upper()} is given twice for gauge {current!r} in {sec.title} "
+                                       f"(first at line {seen[k]})", sec.path, ln, k, fix=f"keep one {k.upper()}=")
+            seen[k] = ln
+            ps.values[current][k] = _param_value(k, v, (sec.path, ln))
+    for gname, vals in ps.values.items():
+        missing = [p for p in names if p not in vals]
+        if missing:
+            raise ControlFileError(f"{sec.title} gauge {gname!r} lacks {', '.join(missing)}", sec.path, sec.line,
+                                   missing[0], fix=f"give all of {', '.join(n.upper() for n in names)} for every gauge")
+    return ps
+
+
+def _build_task(sec: _Section) -> Task:
+    kv = sec.single()
+    sp, order = sec.path, [k for k, _, _ in sec.entries]
+    at = lambda k: (sp, kv[k][1])  # noqa: E731
+    for first, second in (("model", "param_set"), ("routing", "routing_param_set")):
+        if second in kv and (first not in kv or kv[first][1] > kv[second][1] or
+                             (kv[first][1] == kv[second][1] and order.index(first) > order.index(second))):
+            raise ControlFileError(f"{second.upper()} comes before {first.upper()} in [Task {sec.sname}]", sp,
+                                   kv[second][1], second,
+                                   fix=f"EF5 reads {second.upper()} in the context of {first.upper()}: "
+                                       f"put {first.upper()}= above it")
+    times = {k: parse_time(kv[k][0], f"{sp}:{kv[k][1]}", k)
+             for k in ("time_begin", "time_end", "time_warmend", "time_state") if k in kv}
+    timestep = _duration(kv["timestep"][0], at("timestep"), "timestep")
+    begin, end = times["time_begin"], times["time_end"]
+    if end <= begin:
+        raise ControlFileError("TIME_END is not after TIME_BEGIN", *at("time_end"), "time_end",
+                               fix="swap or correct the times")
+    for k, role in (("time_warmend", "the end of the warm-up"), ("time_state", "the time states are saved")):
+        if k in times and not begin <= times[k] <= end:
+            raise ControlFileError(f"{k.upper()}={kv[k][0]} ({role}) is outside the window "
+                                   f"{begin:%Y%m%d%H%M}..{end:%Y%m%d%H%M}", *at(k), k,
+                                   fix=f"give {k.upper()} between TIME_BEGIN and TIME_END")
+    low = lambda k: kv[k][0].lower() if k in kv else None  # noqa: E731
+    return Task(sec.sname, kv["style"][0].lower(), kv["model"][0].lower(), kv["basin"][0].lower(),
+                kv["precip"][0].lower(), kv["pet"][0].lower(), sec.base / kv["output"][0],
+                kv["param_set"][0].lower(), timestep, begin, end, line=sec.line, routing=low("routing"),
+                routing_param_set=low("routing_param_set"), time_warmend=times.get("time_warmend"),
+                time_state=times.get("time_state"), states=sec.base / kv["states"][0] if "states" in kv else None,
+                lines={k: ln for k, (_, ln) in kv.items()})
+
+
+def _build_execute(sec: _Section) -> list[str]:
+    sec.single(repeatable=("task",))
+    return [v.lower() for k, v, _ in sec.entries if k == "task"]
+
+
+# Section type -> (builder, the table of the model it fills); names within a table are unique.
+_BUILDERS: dict[str, tuple[Callable[[_Section], object], str]] = {
+    "basic": (_build_basic, "basic"), "precipforcing": (_build_forcing, "precip"),
+    "petforcing": (_build_forcing, "pet"), "gauge": (_build_gauge, "gauges"), "basin": (_build_basin, "basins"),
+    "crestparamset": (_build_param_set, "param_sets"), "kwparamset": (_build_param_set, "param_sets"),
+    "task": (_build_task, "tasks"), "execute": (_build_execute, "execute"),
+}
+
+
+def parse_control(path: str | Path) -> ControlFile:
+    """Read and validate an EF5 control file."""
+    path = Path(path)
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        raise ControlFileError(f"control file not found: {path}", fix="check the path") from None
+    except (IsADirectoryError, PermissionError) as exc:
+        raise ControlFileError(f"control file cannot be read: {path} ({exc.strerror})", fix="check the path") from None
+    sp = str(path)
+    tables: dict[str, dict] = {"precip": {}, "pet": {}, "gauges": {}, "basins": {}, "param_sets": {}, "tasks": {}}
+    defined: dict[tuple[str, str], int] = {}
+    basic: Basic | None = None
     execute: list[str] = []
-    for stype, sname, hline, entries in sections:
-        kv: dict[str, tuple[str, int]] = {}
-        for k, v, ln in entries:
-            if k not in ("gauge", "task") and stype not in ("crestparamset", "kwparamset"):
-                kv[k] = (v, ln)
-        for req in _REQUIRED.get(stype, ()):
-            if req not in kv:
-                raise ControlFileError(f"[{stype} {sname}] is missing the required key {req!r}".replace(" ]", "]"),
-                                       sp, hline, req, fix=f"add {req.upper()}=... to this section")
-        get = lambda k: kv[k][0]  # noqa: E731
-        at = lambda k: (sp, kv[k][1] if k in kv else hline)  # noqa: E731
-        if stype == "basic":
-            if basic is not None:
-                raise ControlFileError("a second [Basic] section", sp, hline, fix="keep one [Basic] section")
-            proj = get("proj").lower()
-            if proj not in ("geographic", "laea"):
-                raise ControlFileError(f"PROJ={get('proj')!r} is not supported", sp, kv["proj"][1], "proj",
-                                       fix="write PROJ=geographic (laea is EF5-only)" if proj != "laea" else
-                                       "the embedded engine supports PROJ=geographic; run laea grids with --backend ef5")
-            if proj == "laea":
-                raise ControlFileError("PROJ=laea is not supported by the embedded engine", sp, kv["proj"][1], "proj",
-                                       fix="reproject to geographic, or use --backend ef5")
-            basic = Basic(base / get("dem"), base / get("ddm"), base / get("fam"), proj,
-                          _bool(get("esriddm"), at("esriddm"), "esriddm"), _bool(get("selffam"), at("selffam"), "selffam"))
-        elif stype in ("precipforcing", "petforcing"):
-            ftype = get("type").lower()
-            if ftype not in _FORCING_TYPES[stype]:
-                raise ControlFileError(f"TYPE={get('type')!r} is not valid here", *at("type"), "type",
-                                       fix=f"use one of: {', '.join(sorted(_FORCING_TYPES[stype]))}")
-            if ftype not in ("asc", "tif"):
-                raise ControlFileError(f"TYPE={get('type')} forcing is not supported by the embedded engine", *at("type"),
-                                       "type", fix="convert the forcing to ASC or TIF grids, or use --backend ef5")
-            for k in ("freq",):
-                try:
-                    parse_duration(get(k))
-                except ValueError as exc:
-                    raise ControlFileError(str(exc), *at(k), k, fix="write e.g. FREQ=1h") from None
-            f = Forcing(sname, ftype, get("unit"), get("freq").lower(), base / get("loc"), get("name"), hline)
-            (precip if stype == "precipforcing" else pet)[sname] = f
-        elif stype == "gauge":
-            g = Gauge(sname, line=hline)
-            for k, (v, ln) in kv.items():
-                if k in ("cellx", "celly"):
-                    setattr(g, k, int(_float(v, (sp, ln), k)))
-                elif k in ("lat", "lon", "basinarea"):
-                    setattr(g, k, _float(v, (sp, ln), k))
-                elif k == "obs":
-                    g.obs = base / v
-                elif k == "outputts":
-                    g.outputts = _bool(v, (sp, ln), k)
-            if (g.cellx is None or g.celly is None) and (g.lat is None or g.lon is None):
-                raise ControlFileError(f"[Gauge {sname}] has no location", sp, hline, "cellx",
-                                       fix="add CELLX= and CELLY= (zero-based column/row) or LAT= and LON=")
-            gauges[sname] = g
-        elif stype == "basin":
-            basins[sname] = [v.lower() for k, v, _ in entries if k == "gauge"]
-        elif stype in ("crestparamset", "kwparamset"):
-            kind = "crest" if stype == "crestparamset" else "kw"
-            names = CREST_PARAMS if kind == "crest" else KW_PARAMS
-            ps = ParamSet(sname, kind, line=hline)
-            current = None
-            for k, v, ln in entries:
-                if k == "gauge":
-                    current = v.lower()
-                    ps.values[current] = {}
-                elif k.endswith("_grid"):
-                    ps.grids[k[:-5]] = base / v
-                else:
-                    if current is None:
-                        raise ControlFileError(f"{k.upper()} comes before any GAUGE= line", sp, ln, k,
-                                               fix="put GAUGE=NAME before the parameter values it applies to")
-                    ps.values[current][k] = _float(v, (sp, ln), k)
-            for gname, vals in ps.values.items():
-                missing = [p for p in names if p not in vals]
-                if missing:
-                    raise ControlFileError(f"[{stype} {sname}] gauge {gname!r} lacks {', '.join(missing)}", sp, hline,
-                                           missing[0], fix=f"give all of {', '.join(n.upper() for n in names)} for every gauge")
-            psets[sname] = ps
-        elif stype == "task":
-            for first, second in (("model", "param_set"), ("routing", "routing_param_set")):
-                if second in kv and (first not in kv or kv[first][1] > kv[second][1] or
-                                     (kv[first][1] == kv[second][1] and
-                                      [k for k, _, _ in entries].index(first) > [k for k, _, _ in entries].index(second))):
-                    raise ControlFileError(f"{second.upper()} comes before {first.upper()} in [Task {sname}]", sp,
-                                           kv[second][1], second,
-                                           fix=f"EF5 reads {second.upper()} in the context of {first.upper()}: "
-                                               f"put {first.upper()}= above it")
-            times = {}
-            for k in ("time_begin", "time_end", "time_warmend", "time_state"):
-                if k in kv:
-                    times[k] = parse_time(kv[k][0], f"{sp}:{kv[k][1]}", k)
-            try:
-                parse_duration(get("timestep"))
-            except ValueError as exc:
-                raise ControlFileError(str(exc), *at("timestep"), "timestep", fix="write e.g. TIMESTEP=1h") from None
-            t = Task(sname, get("style").lower(), get("model").lower(), get("basin").lower(), get("precip").lower(),
-                     get("pet").lower(), base / get("output"), get("param_set").lower(), get("timestep").lower(),
-                     times["time_begin"], times["time_end"], line=hline,
-                     routing=kv["routing"][0].lower() if "routing" in kv else None,
-                     routing_param_set=kv["routing_param_set"][0].lower() if "routing_param_set" in kv else None,
-                     time_warmend=times.get("time_warmend"), time_state=times.get("time_state"),
-                     states=base / kv["states"][0] if "states" in kv else None)
-            if t.time_end <= t.time_begin:
-                raise ControlFileError("TIME_END is not after TIME_BEGIN", *at("time_end"), "time_end", fix="swap or correct the times")
-            tasks[sname] = t
-        elif stype == "execute":
-            execute.extend(v.lower() for k, v, _ in entries if k == "task")
+    for sec in _tokenize(text, sp, path.resolve().parent):
+        builder, table = _BUILDERS[sec.stype]
+        if sec.stype == "basic" and basic is not None:
+            raise ControlFileError("a second [Basic] section", sp, sec.line, fix="keep one [Basic] section")
+        if table in tables:
+            first = defined.setdefault((table, sec.sname), sec.line)
+            if first != sec.line:
+                raise ControlFileError(f"{sec.title} is defined twice (first at line {first}): a {sec.stype} "
+                                       f"section named {sec.sname!r} already exists", sp, sec.line, sec.stype,
+                                       fix="rename or remove one of them")
+        built = builder(sec)
+        if sec.stype == "basic":
+            basic = built  # type: ignore[assignment]
+        elif sec.stype == "execute":
+            execute.extend(built)  # type: ignore[arg-type]
+        else:
+            tables[table][sec.sname] = built
     if basic is None:
         raise ControlFileError("no [Basic] section", sp, fix="add [Basic] with DEM, DDM, FAM, PROJ, ESRIDDM, SELFFAM")
-    cf = ControlFile(path, basic, precip, pet, gauges, basins, psets, tasks, execute)
+    cf = ControlFile(path, basic, tables["precip"], tables["pet"], tables["gauges"], tables["basins"],
+                     tables["param_sets"], tables["tasks"], execute)
     _check_references(cf)
     return cf
 
@@ -385,8 +587,9 @@ def _check_references(cf: ControlFile) -> None:
             raise ControlFileError(f"[Execute] runs task {tname!r}, which is not defined", sp, key="task",
                                    fix=f"define [Task {tname}] (tasks: {', '.join(cf.tasks) or 'none'})")
     for t in cf.tasks.values():
-        checks = [("basin", t.basin, cf.basins), ("precip", t.precip, cf.precip), ("pet", t.pet, cf.pet),
-                  ("param_set", t.param_set, cf.param_sets)]
+        checks: list[tuple[str, str, Mapping[str, object]]] = [
+            ("basin", t.basin, cf.basins), ("precip", t.precip, cf.precip), ("pet", t.pet, cf.pet),
+            ("param_set", t.param_set, cf.param_sets)]
         if t.routing_param_set:
             checks.append(("routing_param_set", t.routing_param_set, cf.param_sets))
         for key, val, table in checks:
@@ -434,8 +637,8 @@ def render_control(cf: ControlFile, task: str | None = None, overrides: dict[str
         lines.append(f"[Gauge {g.name}]")
         if g.cellx is not None and g.celly is not None:
             lines += [f"CELLX={g.cellx}", f"CELLY={g.celly}"]
-        else:
-            lines += [f"LAT={_num(g.lat)}", f"LON={_num(g.lon)}"]
+        else:  # the [Gauge] builder guarantees LAT and LON when CELLX/CELLY are absent
+            lines += [f"LAT={_num(g.lat or 0.0)}", f"LON={_num(g.lon or 0.0)}"]
             if g.basinarea is not None:
                 lines.append(f"BASINAREA={_num(g.basinarea)}")
         if g.obs is not None:

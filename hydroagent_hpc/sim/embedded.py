@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -26,11 +26,19 @@ import numpy as np
 
 from hydroagent_hpc.params import PARAM_NAMES, check_values
 from hydroagent_hpc.sim import cache as fcache
-from hydroagent_hpc.sim.controlfile import CREST_PARAMS, KW_PARAMS, ControlFile, parse_control
+from hydroagent_hpc.sim.controlfile import (
+    CREST_PARAMS,
+    KW_PARAMS,
+    ControlFile,
+    duration_seconds,
+    parse_control,
+    parse_duration,
+)
 from hydroagent_hpc.sim.errors import InputError, SimulationError
-from hydroagent_hpc.sim.forcing import check_frequency, load_forcing, read_observations, step_times
+from hydroagent_hpc.sim.forcing import check_frequency, count_steps, load_forcing, read_observations, step_times
 from hydroagent_hpc.sim.grids import Grid, read_grid, read_tif
 from hydroagent_hpc.sim.kernel import interflow_targets, run_batch_kernel, run_kernel
+from hydroagent_hpc.sim.limits import Limits, current_limits
 from hydroagent_hpc.sim.network import Network, build_network
 from hydroagent_hpc.types import GaugeSeries, SimulationResult
 
@@ -91,15 +99,19 @@ class EmbeddedSimulator:
             if name in ps.grids:
                 raise InputError(f"[{ps.kind}paramset {ps.name}] has {name}_grid: EF5 ignores it for the initial state",
                                  fix=f"remove {name}_grid and give {name.upper()} as a scalar")
+        limits = current_limits()
+        n_steps = self._check_window(limits)
         basic = cf.basic
         self.dem = read_grid(basic.dem)
+        _check_geographic(self.dem)
         ddm, fam = read_grid(basic.ddm), read_grid(basic.fam)
         gauges = [cf.gauges[g] for g in cf.basins[tk.basin]]
         self.net: Network = build_network(self.dem, ddm, fam, gauges, basic.esriddm, basic.selffam)
         self.weights = self.net.gauge_weights()
+        # forcing [T, N] twice, plus one forcing's per-file samples while it loads; outputs [T, G]; step times
+        limits.check_memory(n_steps * (24.0 * self.net.n + 64.0 * len(gauges) + 100.0),
+                            f"{cf.path}: task {tk.name!r}: {n_steps:,} steps x {self.net.n:,} basin cells of forcing")
         self.steps = step_times(tk.time_begin, tk.time_end, tk.timestep)
-        if not self.steps:
-            raise InputError(f"task {tk.name!r}: no step fits between TIME_BEGIN and TIME_END", fix="widen the window")
         self.dt_hours = (self.steps[1] - self.steps[0]).total_seconds() / 3600.0 if len(self.steps) > 1 else \
             (self.steps[0] - tk.time_begin).total_seconds() / 3600.0
         self.times = np.array(self.steps, dtype="datetime64[m]")
@@ -122,6 +134,10 @@ class EmbeddedSimulator:
                     v = obs.get(t)
                     if v is not None:
                         series[i] = v
+                if obs and not np.isfinite(series).any():
+                    log.warning("%s: none of its %d observations falls on a step of task %r (%s..%s); gauge %s has "
+                                "nothing to be scored against", g.obs, len(obs), tk.name, _fmt_time(self.steps[0]),
+                                _fmt_time(self.steps[-1]), gname)
             self.observed[gname] = series
         self.primary = next((g for g in self.net.gauge_names if cf.gauges[g].obs is not None), self.net.gauge_names[0])
         self._grid_values = {**self._param_grids(self.crest_set), **self._param_grids(self.kw_set)}
@@ -130,6 +146,29 @@ class EmbeddedSimulator:
         self.load_time_s = time.perf_counter() - t_load
 
     # ----------------------------------------------------------------- loading
+    def _check_window(self, limits: Limits) -> int:
+        """Count the steps from the task alone and refuse a window beyond HYDROAGENT_MAX_STEPS (before any
+        list of steps or forcing array exists)."""
+        tk, cf = self.task, self.control
+        where = f"{cf.path}:{tk.lines.get('timestep', tk.line)}"
+        try:
+            n = count_steps(tk.time_begin, tk.time_end, tk.timestep)
+        except InputError as exc:
+            raise InputError(f"{where}: {exc.message}", fix=exc.fix) from None
+        if n == 0:
+            raise InputError(f"{where}: task {tk.name!r}: no step of TIMESTEP={tk.timestep} fits between TIME_BEGIN and "
+                             "TIME_END", fix="widen the window or shorten TIMESTEP")
+        limits.check_steps(n, f"{where}: task {tk.name!r}, TIMESTEP={tk.timestep} from {_fmt_time(tk.time_begin)} "
+                              f"to {_fmt_time(tk.time_end)}")
+        if tk.states is not None and tk.time_state is not None:
+            begin, state = tk.time_begin, tk.time_state
+            count, unit = parse_duration(tk.timestep)
+            if state == begin or (state - begin) % timedelta(seconds=duration_seconds(count, unit)):
+                log.warning("%s:%d: TIME_STATE=%s is not the end of a step of TIMESTEP=%s; no state grids will be "
+                            "written", cf.path, tk.lines.get("time_state", tk.line), f"{state:%Y%m%d%H%M}",
+                            tk.timestep)
+        return n
+
     def _forcing(self, f, rows, cols, cache_dir):
         tk = self.task
         key_parts = (rows.tobytes(), cols.tobytes(), str(self.dem.data.shape), str(self.dem.xll), str(self.dem.yll),
@@ -153,7 +192,21 @@ class EmbeddedSimulator:
                                  fix="convert the grid to a float32 GeoTIFF (hydroagent_hpc.sim.grids.write_tif)")
             grid = read_tif(path)
             out[name] = self._sample_param(grid)
+            inside = self._inside(grid)
+            holes = inside & (~np.isfinite(out[name]) | (out[name] == grid.nodata))
+            if holes.any():
+                log.warning("%s: %d of the basin's %d cells hold nodata or a non-finite value in this %s grid; the run "
+                            "uses them as they are (nodata times the scalar, then EF5's clamps; a non-finite cell "
+                            "falls back to the scalar). Fill the grid to silence this", path, int(holes.sum()),
+                            holes.size, name.upper())
         return out
+
+    def _inside(self, grid: Grid) -> np.ndarray:
+        """Which basin cells fall on ``grid`` (all of them when it has the DEM's rows and columns)."""
+        if grid.same_shape(self.dem):
+            return np.ones(self.net.n, dtype=bool)
+        x, y = self.dem.cell_corners(self.net.cols, self.net.rows)
+        return np.asarray(grid.locate(x, y)[2], dtype=bool)
 
     def _sample_param(self, grid: Grid) -> np.ndarray:
         rows, cols = self.net.rows, self.net.cols
@@ -180,8 +233,8 @@ class EmbeddedSimulator:
                 elif down_node >= 0:
                     vals.update({k: out[net.owner[down_node]][k] for k in (CREST_PARAMS if ps.kind == "crest" else KW_PARAMS)})
                 else:
-                    raise InputError(f"independent gauge {gname!r} has no entry in [{ps.kind}paramset {ps.name}]",
-                                     str(cf.path), fix=f"add GAUGE={gname} with its parameter values to that section")
+                    raise InputError(f"{cf.path}:{ps.line}: independent gauge {gname!r} has no entry in "
+                                     f"[{ps.kind}paramset {ps.name}]", fix=f"add GAUGE={gname} with its parameter values to that section")
             out.append(vals)
         return out
 
@@ -299,7 +352,11 @@ class EmbeddedSimulator:
     def _result(self, q, sm, ff, sf, params, wall, info) -> SimulationResult:
         if not np.all(np.isfinite(q)):
             bad = int(np.argmax(~np.isfinite(q).all(axis=1)))
-            raise SimulationError(f"non-finite discharge at step {self.steps[bad]:%Y-%m-%d %H:%M} with parameters {dict(params or {})}",
+            gauge = self.net.gauge_names[int(np.argmax(~np.isfinite(q[bad])))]
+            used = {**self.base_params, **check_values(params or {})}
+            raise SimulationError(f"{self.control.path}: non-finite discharge at gauge {gauge!r}, step "
+                                  f"{self.steps[bad]:%Y-%m-%d %H:%M}, with parameters {used} (overrides: "
+                                  f"{dict(params or {})})",
                                   fix="check the parameter values (EF5 would print a shifted row here)")
         gauges = {}
         for gi, gname in enumerate(self.net.gauge_names):
@@ -327,3 +384,21 @@ class EmbeddedSimulator:
 
 def _fmt_time(t: datetime) -> str:
     return f"{t:%Y-%m-%d %H:%M}"
+
+
+# PROJ=geographic: the DEM must be in degrees on the globe. EF5 computes lengths in float32 from
+# the cell size, so a cell below 1e-6 degrees (0.1 m) has no usable length.
+_GEO_CELLSIZE = (1e-6, 10.0)
+
+
+def _check_geographic(dem: Grid) -> None:
+    """Refuse a DEM whose cell size or extent cannot be degrees of longitude and latitude."""
+    fix = "PROJ=geographic needs a DEM in degrees (WGS84 longitude/latitude); reproject it, or check the header"
+    lo, hi = _GEO_CELLSIZE
+    if not lo <= dem.cellsize <= hi:
+        raise InputError(f"{dem.path}: cellsize {dem.cellsize:g} is not a geographic cell size (PROJ=geographic "
+                         f"expects {lo:g} to {hi:g} degrees)", fix=fix)
+    eps = 1e-6
+    if dem.yll < -90.0 - eps or dem.top > 90.0 + eps or dem.xll < -180.0 - eps or dem.right > 360.0 + eps:
+        raise InputError(f"{dem.path}: the grid spans longitude {dem.xll:g}..{dem.right:g}, latitude {dem.yll:g}.."
+                         f"{dem.top:g}, which is not on the globe (PROJ=geographic)", fix=fix)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import calendar
 import hashlib
 import logging
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -26,14 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hydroagent_hpc.sim.controlfile import Forcing, parse_duration
+from hydroagent_hpc.sim.controlfile import Forcing, duration_seconds, parse_duration, parse_unit
 from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.sim.grids import Grid, read_grid
+from hydroagent_hpc.sim.limits import current_limits
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ForcingSeries", "step_times", "load_forcing", "unit_factor", "read_observations",
-           "add_duration", "forcing_file_names", "check_frequency"]
+           "add_duration", "forcing_file_names", "check_frequency", "count_steps"]
 
 _UNIT_SECONDS = {"s": 1, "u": 60, "h": 3600, "d": 86400, "m": 30 * 86400, "y": 365 * 86400}
 
@@ -48,28 +50,43 @@ class ForcingSeries:
 
 
 def add_duration(t: datetime, count: int, unit: str) -> datetime:
-    """``t`` plus ``count`` units; months and years are calendar steps (day clamped)."""
-    if unit in ("m", "y"):
-        months = count * (12 if unit == "y" else 1)
-        y, m = divmod(t.month - 1 + months, 12)
-        year, month = t.year + y, m + 1
-        day = min(t.day, calendar.monthrange(year, month)[1])
-        return t.replace(year=year, month=month, day=day)
-    return t + timedelta(seconds=count * _UNIT_SECONDS[unit])
+    """``t`` plus ``count`` units; months and years are calendar steps (day clamped).
+
+    A result past year 9999 (``datetime``'s range) is an :class:`InputError`, not an overflow.
+    """
+    try:
+        if unit in ("m", "y"):
+            months = count * (12 if unit == "y" else 1)
+            y, m = divmod(t.month - 1 + months, 12)
+            year, month = t.year + y, m + 1
+            day = min(t.day, calendar.monthrange(year, month)[1]) if 1 <= year <= 9999 else t.day
+            return t.replace(year=year, month=month, day=day)
+        return t + timedelta(seconds=duration_seconds(count, unit))
+    except (OverflowError, ValueError):
+        raise InputError(f"{t:%Y-%m-%d %H:%M} plus {count}{unit} is past the year 9999",
+                         fix="move TIME_BEGIN/TIME_END or shorten TIMESTEP/FREQ") from None
 
 
-def step_times(begin: datetime, end: datetime, timestep: str) -> list[datetime]:
-    """End times of every step: ``begin + dt, begin + 2dt, ... <= end``."""
+def count_steps(begin: datetime, end: datetime, timestep: str) -> int:
+    """How many steps ``step_times`` would return, computed without building them."""
     count, unit = parse_duration(timestep)
     if unit in ("m", "y"):
         raise InputError(f"TIMESTEP={timestep} (months or years) is not supported by the embedded engine",
                          fix="use a fixed step such as 1h or 1d")
-    out = []
-    t = add_duration(begin, count, unit)
-    while t <= end:
-        out.append(t)
-        t = add_duration(t, count, unit)
-    return out
+    return max(0, (end - begin) // timedelta(seconds=duration_seconds(count, unit)))
+
+
+def step_times(begin: datetime, end: datetime, timestep: str) -> list[datetime]:
+    """End times of every step: ``begin + dt, begin + 2dt, ... <= end``.
+
+    The count is checked against ``HYDROAGENT_MAX_STEPS`` (:mod:`~hydroagent_hpc.sim.limits`)
+    before the list is built.
+    """
+    n = count_steps(begin, end, timestep)
+    current_limits().check_steps(n, f"TIMESTEP={timestep} from {begin:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M}")
+    count, unit = parse_duration(timestep)
+    dt = timedelta(seconds=duration_seconds(count, unit))
+    return [begin + dt * (k + 1) for k in range(n)]
 
 
 def check_frequency(f: Forcing, timestep: str) -> None:
@@ -93,12 +110,12 @@ def unit_factor(unit: str) -> float:
     if u == "c":
         raise InputError("UNIT=C (temperature, Hamon PET) is not supported by the embedded engine",
                          fix="give PET in a rate unit such as mm/d, or use --backend ef5")
-    m = re.match(r"^([a-z]+)/(\d*)([a-z]+)$", u)
-    if not m or m.group(3)[0] not in _UNIT_SECONDS or m.group(3) not in ("s", "u", "h", "d", "m", "y", "min", "hr"):
-        raise InputError(f"UNIT={unit!r} is not a rate EF5 understands", fix="write e.g. mm/h, mm/3h, mm/d or mm/100d")
-    if m.group(1) != "mm":
+    try:
+        length, span = parse_unit(u)
+    except ValueError as exc:
+        raise InputError(str(exc), fix="write e.g. mm/h, mm/3h, mm/d or mm/100d") from None
+    if length != "mm":
         log.warning("UNIT=%s: EF5 ignores the length part; values are taken as mm", unit)
-    span = int(m.group(2) or 1) * _UNIT_SECONDS["u" if m.group(3) == "min" else m.group(3)[0]]
     return 3600.0 / span
 
 
@@ -176,31 +193,65 @@ _OBS_ISO = re.compile(r"^\s*(\d{4}).(\d{1,2}).(\d{1,2}).(\d{1,2}).(\d{1,2})(?:.(
 _OBS_US = re.compile(r"^\s*(\d{1,2})/(\d{1,2})/(\d{4}).(\d{1,2}).(\d{1,2})\s*$")
 
 
+def _obs_row(line: str) -> tuple[datetime, str] | None:
+    """(time, value text) of a ``time,value[,...]`` row, or None when the time does not parse."""
+    ts, sep, val = line.partition(",")
+    if not sep:
+        return None
+    try:
+        m = _OBS_ISO.match(ts)
+        if m:
+            y, mo, d, hh, mi, sec = (int(x) if x else 0 for x in m.groups())
+            return datetime(y, mo, d, hh, mi, sec), val
+        m = _OBS_US.match(ts)
+        if m:
+            mo, d, y, hh, mi = (int(x) for x in m.groups())
+            return datetime(y, mo, d, hh, mi), val
+    except ValueError:
+        return None
+    return None
+
+
 def read_observations(path: Path) -> dict[datetime, float]:
-    """Observed discharge (m3/s) by UTC time; lines that do not parse (headers) are skipped.
+    """Observed discharge (m3/s) by UTC time, from ``time,value`` rows.
 
     Values are kept as written: EF5 copies -999 through, and so does the output CSV; metrics
-    mask values <= -998.
+    mask values <= -998; ``nan`` is a missing value. The first non-blank line, if it has no digit
+    before its first comma, is the header; any other line that does not parse is skipped with one warning
+    that counts them. Data lines of which none parses, and an infinite value, are
+    :class:`InputError` (with ``file:line``); a file with no data line at all (header only, as a
+    synthetic basin writes it before its truth is simulated) is a warning.
     """
     if not path.exists():
         raise InputError(f"observation file not found: {path}", fix="check OBS= in the [Gauge] section")
     obs: dict[datetime, float] = {}
-    for line in path.read_text(errors="replace").splitlines():
-        if "," not in line:
+    skipped: list[tuple[int, str]] = []
+    lines = path.read_text(errors="replace").splitlines()
+    first = True
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
             continue
-        ts, _, val = line.partition(",")
-        m = _OBS_ISO.match(ts)
+        header, first = first, False
+        row = _obs_row(line)
         try:
-            if m:
-                parts = [int(x) if x else 0 for x in m.groups()]
-                t = datetime(*parts)
-            else:
-                m = _OBS_US.match(ts)
-                if not m:
-                    continue
-                mo, d, y, hh, mi = (int(x) for x in m.groups())
-                t = datetime(y, mo, d, hh, mi)
-            obs[t] = float(val.split(",")[0])
+            if row is None:
+                raise ValueError
+            value = float(row[1].split(",")[0])
         except ValueError:
+            if not header or any(ch.isdigit() for ch in line.partition(",")[0]):  # else: the header line
+                skipped.append((lineno, line))
             continue
+        if math.isinf(value):
+            raise InputError(f"{path}:{lineno}: discharge {row[1].strip()[:30]!r} is not finite",
+                             fix="write the measured value, or -999 (or nan) for a missing observation")
+        obs[row[0]] = value
+    if not obs and skipped:
+        raise InputError(f"{path}: no row could be read as 'time,discharge' ({len(skipped)} data line(s); line "
+                         f"{skipped[0][0]} reads {skipped[0][1][:60]!r})",
+                         fix="write rows like '2020-06-01 01:00,1.5' (or '06/01/2020 01:00,1.5'), one per time")
+    if not obs:
+        log.warning("%s: the observation file holds no rows (only a header or nothing): nothing to score against", path)
+    if skipped:
+        log.warning("%s: %d line(s) could not be read as 'time,discharge' and were skipped (first: line %d, %r)",
+                    path, len(skipped), skipped[0][0], skipped[0][1][:60])
     return obs

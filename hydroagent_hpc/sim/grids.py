@@ -15,12 +15,15 @@ EF5 facts this module follows (see ``docs/ef5-crest-spec.md`` section 5):
 from __future__ import annotations
 
 import logging
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from hydroagent_hpc.sim.errors import InputError
+from hydroagent_hpc.sim.limits import current_limits
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +103,56 @@ def read_grid(path: str | Path) -> Grid:
     return read_tif(p)
 
 
+_NUMBER_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+MIN_CELLSIZE = 1e-12  # any unit: smaller is a corrupt header (and underflows EF5's float32 lengths)
+_ASC_ORDER = "ESRI ASCII headers are ncols, nrows, xllcorner, yllcorner, cellsize, NODATA_value in that order"
+
+
+def _asc_header_value(p: Path, lineno: int, key: str, raw: bytes) -> float:
+    """One header number, checked where it is read: a plain finite number, whole and >= 1 for sizes,
+    ``>= MIN_CELLSIZE`` for the cell size."""
+    text = raw.decode(errors="replace")
+    where = f"{p}:{lineno}: {key}"
+    if not _NUMBER_RE.match(text):
+        raise InputError(f"{where} {text[:30]!r} is not a number", fix=f"write a plain decimal number ({_ASC_ORDER})")
+    v = float(text)
+    if not math.isfinite(v):
+        raise InputError(f"{where} {text[:30]} is not finite (it overflows a double)", fix="write a finite number")
+    if key in ("ncols", "nrows") and (v != int(v) or v < 1):
+        raise InputError(f"{where} {text[:30]} is not a positive whole number of cells",
+                         fix=f"give {key} as the grid's number of {'columns' if key == 'ncols' else 'rows'} (>= 1)")
+    if key == "cellsize" and v < MIN_CELLSIZE:
+        raise InputError(f"{where} {text[:30]} is not positive" if v <= 0 else f"{where} {text[:30]} is below "
+                         f"{MIN_CELLSIZE:g}", fix="give the (positive) width of a square cell; rows run north to south "
+                         "by the format, a negative size does not flip them")
+    return v
+
+
+def _bad_value(p: Path, body: bytes) -> InputError:
+    """The first data token that is not a number, located by line (header lines are 1-6)."""
+    for i, line in enumerate(body.split(b"\n"), start=7):
+        for col, tok in enumerate(line.split(), start=1):
+            try:
+                float(tok)
+            except ValueError:
+                return InputError(f"{p}:{i}: value {col} of this line, {tok[:30].decode(errors='replace')!r}, "
+                                  "is not a number", fix="write a number (use the NODATA_value for missing cells)")
+    return InputError(f"{p}: the grid values cannot be read as numbers", fix="rewrite the grid")
+
+
 def read_asc(path: str | Path) -> Grid:
-    """Read an ESRI ASCII grid (six header lines, then nrows x ncols values)."""
+    """Read an ESRI ASCII grid (six header lines, then nrows x ncols values).
+
+    Every header number is checked on its line; the size is checked against
+    :mod:`~hydroagent_hpc.sim.limits` before the values are parsed.
+    """
     p = Path(path)
     try:
         text = p.read_bytes()
     except FileNotFoundError:
         raise InputError(f"grid file not found: {p}", fix="check the path in the control file") from None
+    except (IsADirectoryError, PermissionError) as exc:
+        raise InputError(f"grid file cannot be read: {p} ({exc.strerror})", fix="check the path in the control file") from None
     lines = text.split(b"\n", 6)
     if len(lines) < 7:
         raise InputError(f"{p}: an ESRI ASCII grid needs six header lines and data", fix="rewrite the grid")
@@ -115,17 +161,17 @@ def read_asc(path: str | Path) -> Grid:
     for lineno, (line, key) in enumerate(zip(lines[:6], _ASC_KEYS), start=1):
         parts = line.split()
         if len(parts) != 2:
-            raise InputError(f"{p}:{lineno}: expected '{key} VALUE', got {line[:60]!r}",
-                             fix="ESRI ASCII headers are ncols, nrows, xllcorner, yllcorner, cellsize, NODATA_value in that order")
+            raise InputError(f"{p}:{lineno}: expected '{key} VALUE', got {line[:60]!r}", fix=_ASC_ORDER)
         word = parts[0].decode(errors="replace").lower()
         if word in ("xllcenter", "yllcenter"):
             centre = True
-        try:
-            header[key] = float(parts[1])
-        except ValueError:
-            raise InputError(f"{p}:{lineno}: {word} is not a number: {parts[1][:30]!r}", fix="write a number") from None
+        header[key] = _asc_header_value(p, lineno, key, parts[1])
     ncols, nrows = int(header["ncols"]), int(header["nrows"])
-    values = np.array(lines[6].split(), dtype=np.float64)
+    current_limits().check_cells(nrows, ncols, f"{p}:1-2 (ncols, nrows)")
+    try:
+        values = np.array(lines[6].split(), dtype=np.float64)
+    except ValueError:
+        raise _bad_value(p, lines[6]) from None
     if values.size != ncols * nrows:
         raise InputError(f"{p}: header says {nrows} rows x {ncols} cols = {ncols * nrows} values, found {values.size}",
                          fix="make the data agree with ncols and nrows")
@@ -138,17 +184,49 @@ def read_asc(path: str | Path) -> Grid:
     return Grid(values.reshape(nrows, ncols), xll, yll, cs, header["nodata_value"], str(p))
 
 
+def _tag_numbers(p: Path, name: str, value: object, need: int) -> tuple[float, ...]:
+    nums: tuple[float, ...] = ()
+    if isinstance(value, (tuple, list)):
+        try:
+            nums = tuple(float(v) for v in value)
+        except (TypeError, ValueError):
+            nums = ()
+    if len(nums) < need:
+        raise InputError(f"{p}: the GeoTIFF {name} tag holds {value!r}, not {need} numbers",
+                         fix="write a georeferenced GeoTIFF (hydroagent_hpc.sim.grids.write_tif)")
+    if not all(math.isfinite(v) for v in nums[:need]):
+        raise InputError(f"{p}: the GeoTIFF {name} tag holds a non-finite value {nums[:need]}",
+                         fix="write finite georeferencing (cell size and corner)")
+    return nums
+
+
 def read_tif(path: str | Path) -> Grid:
-    """Read a single-band GeoTIFF with ModelPixelScale/ModelTiepoint georeferencing."""
+    """Read a single-band GeoTIFF with ModelPixelScale/ModelTiepoint georeferencing.
+
+    The declared size (ImageLength x ImageWidth) is checked against
+    :mod:`~hydroagent_hpc.sim.limits` before any pixel is read; anything the TIFF parser cannot
+    make sense of is an :class:`InputError` naming the file.
+    """
     import tifffile
 
     p = Path(path)
     if not p.exists():
         raise InputError(f"grid file not found: {p}", fix="check the path in the control file")
+    convert = "EF5 reads every non-.asc grid as float32 GeoTIFF; convert it, or name an ASCII grid *.asc"
     try:
         with tifffile.TiffFile(p) as tf:
+            if not len(tf.pages):
+                raise InputError(f"{p}: the TIFF holds no image", fix=convert)
             page = tf.pages[0]
-            data = page.asarray()
+            if not isinstance(page, tifffile.TiffPage):
+                raise InputError(f"{p}: the first image of the TIFF cannot be read", fix=convert)
+            width, height = int(page.imagewidth), int(page.imagelength)
+            if width < 1 or height < 1:
+                raise InputError(f"{p}: the TIFF declares ImageWidth {width} x ImageLength {height}: an empty grid",
+                                 fix="write a grid with at least one cell")
+            current_limits().check_cells(height, width, f"{p} (ImageLength x ImageWidth)")
+            if int(page.size) != height * width:
+                raise InputError(f"{p}: expected one band, got an array of shape {page.shape}", fix="write a single-band grid")
             tags = page.tags
             scale = tags.get(_TAG_PIXEL_SCALE)
             tie = tags.get(_TAG_TIEPOINT)
@@ -156,23 +234,36 @@ def read_tif(path: str | Path) -> Grid:
             scale = scale.value if scale is not None else None
             tie = tie.value if tie is not None else None
             nd = nd.value if nd is not None else None
-    except (tifffile.TiffFileError, ValueError) as exc:
-        raise InputError(f"{p}: not a readable GeoTIFF ({exc})",
-                         fix="EF5 reads every non-.asc grid as float32 GeoTIFF; convert it, or name an ASCII grid *.asc") from None
+            if scale is None or tie is None:
+                raise InputError(f"{p}: GeoTIFF has no ModelPixelScale/ModelTiepoint tags", fix="write a georeferenced GeoTIFF")
+            sx, sy = _tag_numbers(p, "ModelPixelScale", scale, 2)[:2]
+            tie_n = _tag_numbers(p, "ModelTiepoint", tie, 5)
+            data = page.asarray()
+    except InputError:
+        raise
+    except MemoryError:
+        raise InputError(f"{p}: not enough memory to read this GeoTIFF", fix="check the file's size; it may be corrupt") from None
+    except Exception as exc:  # noqa: BLE001 - tifffile raises many kinds on a damaged file; all mean the same here
+        raise InputError(f"{p}: not a readable GeoTIFF ({type(exc).__name__}: {str(exc)[:200]})", fix=convert) from None
     if data.ndim != 2:
         raise InputError(f"{p}: expected one band, got an array of shape {data.shape}", fix="write a single-band grid")
-    if scale is None or tie is None:
-        raise InputError(f"{p}: GeoTIFF has no ModelPixelScale/ModelTiepoint tags", fix="write a georeferenced GeoTIFF")
-    sx, sy = float(scale[0]), float(scale[1])
+    if data.dtype.kind not in "fiub":
+        raise InputError(f"{p}: pixel type {data.dtype} is not a real number", fix="write a float32 GeoTIFF")
+    if min(sx, sy) < MIN_CELLSIZE:
+        raise InputError(f"{p}: the ModelPixelScale tag gives a cell size of {sx} x {sy}, not positive",
+                         fix="write a GeoTIFF with a positive cell size")
     if abs(sx - sy) > 1e-9 * max(abs(sx), 1.0):
         raise InputError(f"{p}: cells are not square ({sx} x {sy})", fix="resample to square cells")
-    left, top = float(tie[3]), float(tie[4])
+    left, top = tie_n[3], tie_n[4]
     nodata = -9999.0
     if nd is not None:
         try:
             nodata = float(str(nd).strip().strip("\x00"))
         except ValueError:
-            log.warning("%s: GDAL_NODATA tag %r is not a number; using -9999", p, nd)
+            nodata = float("nan")
+        if not math.isfinite(nodata):
+            log.warning("%s: GDAL_NODATA tag %r is not a finite number; using -9999", p, nd)
+            nodata = -9999.0
     nrows = data.shape[0]
     return Grid(data.astype(np.float64), left, top - nrows * sx, sx, nodata, str(p))
 

@@ -29,13 +29,14 @@ channel solve with ``alpha``, ``beta``.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numba as nb
 import numpy as np
 
-__all__ = ["interflow_targets", "run_kernel", "run_batch_kernel"]
+__all__ = ["interflow_targets", "water_balance", "run_kernel", "run_batch_kernel"]
 
-_JIT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
+_JIT: dict[str, Any] = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
 
 @nb.njit(**_JIT)
@@ -127,10 +128,89 @@ def interflow_targets(down, dx, slope, under, channel, step_seconds):
 
 
 @nb.njit(**_JIT)
+def water_balance(precip, pet, t, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm):
+    """CREST's water balance for every cell over step ``t`` (EF5 ``CRESTModel::WaterBalanceInt``).
+
+    Cells are independent. Per cell, with ``P = precip*dt`` and ``Ep = KE*PET*dt`` (mm):
+
+    * wet (``P > Ep``): ``Ps = (P-Ep)(1-IM)``, ``Pi = (P-Ep) - Ps``; water above capacity
+      ``max(0, W-WM)`` is set aside and W clipped to WM; with ``Wmm = WM(1+B)`` and
+      ``A = Wmm[1-(1-W/WM)^(1/(1+B))]`` the soil fills when ``Ps + A >= Wmm`` (``R = Ps-(WM-W)``,
+      ``W' = WM``), else ``I = WM[(1-W/WM) - (1-(A+Ps)/Wmm)^(1+B)]`` (capped at Ps), ``R = Ps-I``,
+      ``W' = W+I``; interflow ``min(R, FC*dt*(W+W')/(2WM))`` plus the amount set aside; overland
+      the rest of R plus Pi.
+    * dry: no overland excess, interflow ``max(0, W-WM)``, W clipped to WM, ``E2 = (Ep-P)W/WM``,
+      ``W' = W-E2`` if ``E2 < W`` else 0.
+
+    Updates in place: ``w`` (mm), ``fast`` and ``slow`` (the overland and interflow excess as
+    rates in mm/s) and ``sm`` (soil water in % of WM).
+    """
+    n = w.size
+    step_s = dt_hours * 3600.0
+    for i in range(n):
+        p = precip[t, i] * dt_hours
+        ep = pet[t, i] * dt_hours * ke[i]
+        wmi = wm[i]
+        wi = w[i]
+        if p > ep:
+            ps = (p - ep) * (1.0 - im[i])
+            pi = p - ep - ps
+            extra = wi - wmi
+            if extra < 0.0:
+                extra = 0.0
+            if wi > wmi:
+                wi = wmi
+            if wi < wmi:
+                bi = b[i]
+                wmm = wmi * (1.0 + bi)
+                rel = (1.0 - wi / wmi) ** (1.0 / (1.0 + bi))  # = 1 - A/Wmm
+                a = wmm * (1.0 - rel)
+                if ps + a >= wmm:
+                    r = ps - (wmi - wi)
+                    if r < 0.0:
+                        r = 0.0
+                    wo = wmi
+                else:
+                    # (1 - A/Wmm)^(1+B) is 1 - W/WM exactly; EF5 re-evaluates it with pow
+                    infil = wmi * ((1.0 - wi / wmi) - (1.0 - (a + ps) / wmm) ** (1.0 + bi))
+                    if infil > ps:
+                        infil = ps
+                    r = ps - infil
+                    if r < 0.0:
+                        r = 0.0
+                    wo = wi + infil
+            else:
+                r = ps
+                wo = wmi
+            cap = (wi + wo) / wmi / 2.0 * (fc[i] * dt_hours)
+            inter = r if r <= cap else cap
+            over = r - inter + pi
+            inter += extra
+        else:
+            over = 0.0
+            inter = wi - wmi
+            if inter < 0.0:
+                inter = 0.0
+            if wi > wmi:
+                wi = wmi
+            e2 = (ep - p) * wi / wmi
+            if e2 < wi:
+                wo = wi - e2
+            else:
+                wo = 0.0
+        w[i] = wo
+        fast[i] = over / step_s
+        slow[i] = inter / step_s
+        sm[i] = wo * 100.0 / wmi
+
+
+@nb.njit(**_JIT)
 def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, channel, ir0,
                pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights, state_step):
     """Simulate all steps for one parameter set.
 
+    Each step: :func:`water_balance` over all cells, the area-weighted gauge averages, then the
+    kinematic-wave routing from upstream to downstream.
     ``precip``/``pet`` are [T, N] rates in mm/h. Returns discharge [T, G] at the gauge nodes,
     area-weighted soil moisture (% of WM), fast and slow excess (mm/s) [T, G], and the states
     (W, IR, pCQ, pOQ) after step ``state_step`` (or after the last step if it is -1).
@@ -165,61 +245,7 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
     st_po = po.copy()
     for t in range(nt):
         # --- water balance, every cell independent ---
-        for i in range(n):
-            p = precip[t, i] * dt_hours
-            ep = pet[t, i] * dt_hours * ke[i]
-            wmi = wm[i]
-            wi = w[i]
-            if p > ep:
-                ps = (p - ep) * (1.0 - im[i])
-                pi = p - ep - ps
-                extra = wi - wmi
-                if extra < 0.0:
-                    extra = 0.0
-                if wi > wmi:
-                    wi = wmi
-                if wi < wmi:
-                    bi = b[i]
-                    wmm = wmi * (1.0 + bi)
-                    rel = (1.0 - wi / wmi) ** (1.0 / (1.0 + bi))  # = 1 - A/Wmm
-                    a = wmm * (1.0 - rel)
-                    if ps + a >= wmm:
-                        r = ps - (wmi - wi)
-                        if r < 0.0:
-                            r = 0.0
-                        wo = wmi
-                    else:
-                        # (1 - A/Wmm)^(1+B) is 1 - W/WM exactly; EF5 re-evaluates it with pow
-                        infil = wmi * ((1.0 - wi / wmi) - (1.0 - (a + ps) / wmm) ** (1.0 + bi))
-                        if infil > ps:
-                            infil = ps
-                        r = ps - infil
-                        if r < 0.0:
-                            r = 0.0
-                        wo = wi + infil
-                else:
-                    r = ps
-                    wo = wmi
-                cap = (wi + wo) / wmi / 2.0 * (fc[i] * dt_hours)
-                inter = r if r <= cap else cap
-                over = r - inter + pi
-                inter += extra
-            else:
-                over = 0.0
-                inter = wi - wmi
-                if inter < 0.0:
-                    inter = 0.0
-                if wi > wmi:
-                    wi = wmi
-                e2 = (ep - p) * wi / wmi
-                if e2 < wi:
-                    wo = wi - e2
-                else:
-                    wo = 0.0
-            w[i] = wo
-            fast[i] = over / step_s
-            slow[i] = inter / step_s
-            sm[i] = wo * 100.0 / wmi
+        water_balance(precip, pet, t, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm)
         for g in range(ng):
             acc_sm = 0.0
             acc_ff = 0.0

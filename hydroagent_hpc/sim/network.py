@@ -31,7 +31,7 @@ from hydroagent_hpc.sim.grids import Grid
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Network", "build_network", "flow_offsets"]
+__all__ = ["Network", "build_network", "flow_offsets", "cycle_cells"]
 
 # Direction index d (1..8) = E, NE, N, NW, W, SW, S, SE (TauDEM / EF5 internal order).
 _DCOL = np.array([0, 1, 1, 0, -1, -1, -1, 0, 1])
@@ -83,16 +83,18 @@ def flow_offsets(ddm: Grid, esri: bool) -> np.ndarray:
     raw = ddm.data
     valid = ddm.valid()
     d = np.zeros(raw.shape, dtype=np.int64)
-    codes = np.where(valid, raw, 0).astype(np.int64)
+    values = np.where(valid, raw, 0.0)
+    allowed = (0, *_ESRI_TO_D) if esri else tuple(range(9))
+    # compared as numbers before any cast: 4.5 or 1e300 must not truncate or wrap into a valid code
+    bad = valid & ~np.isin(values, np.array(allowed, dtype=np.float64))
+    codes = np.where(bad, 0.0, values).astype(np.int64)
     if esri:
         for code, di in _ESRI_TO_D.items():
             d[codes == code] = di
-        bad = valid & (d == 0) & (codes != 0)
         kind = "ESRI codes 1, 2, 4, ..., 128"
     else:
         ok = (codes >= 1) & (codes <= 8)
         d[ok] = codes[ok]
-        bad = valid & ~ok & (codes != 0)
         kind = "TauDEM codes 1..8"
     if bad.any():
         r, c = np.argwhere(bad)[0]
@@ -116,21 +118,22 @@ def _area(lat_north: np.ndarray, cellsize: float) -> np.ndarray:
 
 
 def _locate_gauge(g: Gauge, dem: Grid, fam: Grid, valid: np.ndarray) -> tuple[int, int]:
+    where = f"{g.where}: " if g.where else ""
     if g.cellx is not None and g.celly is not None:
         col, row = g.cellx, g.celly
         if not (0 <= row < dem.nrows and 0 <= col < dem.ncols):
-            raise InputError(f"gauge {g.name!r}: CELLX={col}, CELLY={row} is outside the {dem.ncols}x{dem.nrows} grid",
-                             fix="give a zero-based column and row inside the grid")
+            raise InputError(f"{where}gauge {g.name!r}: CELLX={col}, CELLY={row} is outside the {dem.ncols}x{dem.nrows} "
+                             f"grid of {dem.path}", fix="give a zero-based column and row inside the grid")
     else:
         c, r, inside = dem.locate(g.lon, g.lat)
         if not bool(inside):
-            raise InputError(f"gauge {g.name!r}: LAT={g.lat}, LON={g.lon} is outside the grid "
+            raise InputError(f"{where}gauge {g.name!r}: LAT={g.lat}, LON={g.lon} is outside the grid of {dem.path} "
                              f"({dem.xll}..{dem.right}, {dem.yll}..{dem.top})", fix="check the coordinates")
         col, row = int(c), int(r)
         if g.basinarea is not None and g.basinarea > 0:
             row, col = _search_basinarea(g, row, col, dem, fam)
     if not valid[row, col]:
-        raise InputError(f"gauge {g.name!r} (col {col}, row {row}) lies in a nodata cell of the DEM, DDM or FAM",
+        raise InputError(f"{where}gauge {g.name!r} (col {col}, row {row}) lies in a nodata cell of the DEM, DDM or FAM",
                          fix="move the gauge onto the river network")
     return row, col
 
@@ -177,6 +180,7 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
     target = np.where(inside & valid.ravel()[np.clip(target, 0, None)].reshape(nrows, ncols), target, -1)
     flat_valid = valid.ravel()
     tflat = np.where(flat_valid, target.ravel(), -1)
+    on_cycle = cycle_cells(tflat)
     # Upstream adjacency (CSR) over valid cells.
     src = np.nonzero(tflat >= 0)[0]
     dst = tflat[src]
@@ -196,6 +200,8 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
                              fix="remove one of them or move it")
         seen[cell] = g.name
     gauge_at = {cell: gi for gi, (_, cell) in enumerate(located)}
+    if on_cycle.size:
+        _refuse_or_warn_cycles(ddm, on_cycle, located, ncols)
 
     node_of = np.full(nrows * ncols, -1, dtype=np.int64)
     cells: list[int] = []
@@ -270,6 +276,50 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
             log.warning("gauge %s: FAM=%g but %d upstream cells were traced (SELFFAM=%s)", g.name, fam_v, n_up, selffam)
     return Network(rows, cols, down_a, dx, area, slope, fac, np.array(owner, dtype=np.int64),
                    [g.name for g, _ in located], gauge_nodes, upstream_gauges, (nrows, ncols))
+
+
+def cycle_cells(target: np.ndarray) -> np.ndarray:
+    """Flat indices of the cells that lie on a flow-direction cycle (``target``: next cell or -1).
+
+    Pointer doubling: after ``k`` rounds ``jump`` is the cell ``2**k`` steps downstream (-1 once
+    the path has left the grid or the valid cells). A path without a cycle leaves within N steps,
+    so after ``ceil(log2 N)`` rounds only cells on or draining into a cycle still point anywhere;
+    of those, the cells on a cycle are the ones some such cell reaches after that many steps
+    (every cycle is reached from itself). O(N log N), about 20 gathers for a million cells.
+    """
+    n = target.size
+    jump = target.astype(np.int64, copy=True)
+    for _ in range(max(1, int(np.ceil(np.log2(max(n, 2))))) + 1):
+        jump = np.where(jump >= 0, jump[np.clip(jump, 0, None)], -1)
+    stuck = np.nonzero(jump >= 0)[0]
+    if stuck.size == 0:
+        return stuck
+    # cells reached from stuck cells after n steps are on cycles: walk each cycle once from there
+    on = np.zeros(n, dtype=bool)
+    for start in np.unique(jump[stuck]):
+        if on[start]:
+            continue
+        cur = int(start)
+        while not on[cur]:
+            on[cur] = True
+            cur = int(target[cur])
+    return np.nonzero(on)[0]
+
+
+def _refuse_or_warn_cycles(ddm: Grid, cells: np.ndarray, located: list, ncols: int) -> None:
+    """A cycle through a gauge makes EF5 trace the loop as the basin: refused. Elsewhere it cuts the
+    cells on and above it off from every gauge: warned."""
+    r, c = divmod(int(cells[0]), ncols)
+    members = set(cells.tolist())
+    hit = [(g, cell) for g, cell in located if cell in members]
+    if hit:
+        g, cell = hit[0]
+        gr, gc = divmod(int(cell), ncols)
+        raise InputError(f"{ddm.path}: the flow directions form a cycle through gauge {g.name!r} (col {gc}, row {gr}): "
+                         f"{cells.size} cells drain into each other", fix="fix the DDM (every path must leave the grid "
+                         "or reach a sink); recompute it from the DEM")
+    log.warning("%s: the flow directions form a cycle of %d cell(s) (first at col %d, row %d); the cells on it and "
+                "above it drain to no gauge", ddm.path, cells.size, c, r)
 
 
 def _count_upstream(down: np.ndarray, node: int) -> np.ndarray:
