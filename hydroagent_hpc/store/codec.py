@@ -1,4 +1,4 @@
-"""Bytes of the store: columns to packed records and UTF-8 text, JSON, metric values, CRC-32.
+"""Bytes of the store: columns to packed records and UTF-8 text, JSON, metric values, CRC-32 seals.
 
 Column-wise throughout: a table is encoded from ``{column: sequence}`` and decoded to
 ``{column: array or list}``, so readers never loop over HDF5 objects, only over decoded strings.
@@ -17,8 +17,9 @@ import numpy as np
 
 from hydroagent_hpc.store.schema import Table
 
-__all__ = ["to_json", "from_json", "encode_rows", "Decoded", "decode_rows", "row_checksums", "seal",
-           "text_bounds_ok", "MetricKind", "encode_metric", "decode_metric", "ENCODING"]
+__all__ = ["to_json", "from_json", "encode_rows", "Decoded", "decode_rows", "row_checksums", "seal", "text_span",
+           "block_checksum", "series_checksum", "is_blank", "text_bounds_ok", "MetricKind", "encode_metric",
+           "decode_metric", "ENCODING"]
 
 #: Text encoding of every string; ``surrogatepass`` keeps any Python str (even lone surrogates).
 ENCODING = ("utf-8", "surrogatepass")
@@ -54,7 +55,8 @@ def encode_rows(table: Table, columns: Mapping[str, Sequence[Any] | np.ndarray],
     """Pack ``n`` rows of ``table`` from per-column sequences; strings go to the returned text bytes.
 
     ``text_base`` is the current length of the table's ``text`` dataset, so offsets are absolute.
-    ``None`` marks a null in a nullable column (a ``ValueError`` elsewhere).
+    ``None`` marks a null in a nullable column (a ``ValueError`` elsewhere). Rows of a table with
+    ``checksum=True`` come back sealed (:func:`seal`).
     """
     out = np.zeros(n, dtype=table.dtype)
     nulls = np.zeros(n, dtype=np.uint32)
@@ -95,7 +97,10 @@ def encode_rows(table: Table, columns: Mapping[str, Sequence[Any] | np.ndarray],
         out[col.name] = np.asarray(values, dtype=np.float64 if col.kind == "f8" else np.int64)
     if table.nullable:
         out["nulls"] = nulls
-    return out, b"".join(parts)
+    text = b"".join(parts)
+    if table.checksum:
+        seal(table, out, text, text_base)
+    return out, text
 
 
 @dataclass
@@ -150,17 +155,84 @@ def text_bounds_ok(table: Table, rows: np.ndarray, text_len: int) -> np.ndarray:
     return ok
 
 
-def row_checksums(rows: np.ndarray) -> np.ndarray:
-    """CRC-32 of each record's bytes except its trailing 4-byte ``crc`` field."""
+def _record_bytes(rows: np.ndarray) -> np.ndarray:
+    """The records of ``rows`` as an ``(n, itemsize)`` uint8 array (a copy only if not contiguous)."""
     rows = np.ascontiguousarray(rows)
-    raw = rows.view(np.uint8).reshape(len(rows), rows.dtype.itemsize)[:, :-4]
-    return np.fromiter((zlib.crc32(r) for r in raw), dtype=np.uint32, count=len(rows))
+    return rows.view(np.uint8).reshape(len(rows), rows.dtype.itemsize)
 
 
-def seal(rows: np.ndarray) -> np.ndarray:
-    """Set each record's ``crc`` field (the table must have ``checksum=True``)."""
-    rows["crc"] = row_checksums(rows)
+def _string_refs(table: Table, rows: np.ndarray) -> list[tuple[list[int], list[int]]]:
+    return [(rows[f"{c.name}.off"].tolist(), rows[f"{c.name}.len"].tolist()) for c in table.columns if c.is_text]
+
+
+def row_checksums(table: Table, rows: np.ndarray, text: bytes, text_base: int) -> np.ndarray:
+    """Per record: CRC-32 of its bytes except the trailing 4-byte ``crc`` field, continued over the
+    UTF-8 bytes of each of its non-null strings in column order (``text`` holds the table's text
+    from absolute offset ``text_base``).
+
+    A string reference outside ``text`` makes that row's value differ from any it could match
+    (the reference is checked with :func:`text_bounds_ok` too).
+    """
+    raw = _record_bytes(rows)[:, :-4]
+    refs = _string_refs(table, rows)
+    out = np.empty(len(rows), dtype=np.uint32)
+    end = text_base + len(text)
+    for i in range(len(rows)):
+        crc = zlib.crc32(raw[i])
+        for offs, lens in refs:
+            off, n = offs[i], lens[i]
+            if n > 0:
+                if off < text_base or off + n > end:
+                    crc ^= 0xFFFFFFFF  # unreachable bytes: never a match for the stored crc of this record
+                    break
+                crc = zlib.crc32(text[off - text_base:off - text_base + n], crc)
+        out[i] = crc
+    return out
+
+
+def seal(table: Table, rows: np.ndarray, text: bytes, text_base: int) -> np.ndarray:
+    """Set each record's ``crc`` field (the table must have ``checksum=True``); see :func:`row_checksums`."""
+    rows["crc"] = row_checksums(table, rows, text, text_base)
     return rows
+
+
+def text_span(table: Table, rows: np.ndarray) -> tuple[int, int]:
+    """``(lo, hi)``: the text bytes the strings of ``rows`` occupy (``(0, 0)`` when they have none).
+
+    The writer appends an episode's strings of one table as one contiguous blob, so for the rows
+    of one episode this is exactly that blob.
+    """
+    lo, hi = -1, 0
+    for c in table.columns:
+        if c.is_text and len(rows):
+            n = rows[f"{c.name}.len"]
+            live = n >= 0
+            if live.any():
+                off = rows[f"{c.name}.off"][live]
+                m = int(off.min())
+                lo = m if lo < 0 else min(lo, m)
+                hi = max(hi, int((off + n[live]).max()))
+    return (0, 0) if lo < 0 or hi <= lo else (lo, hi)
+
+
+def block_checksum(rows: np.ndarray, text: bytes) -> int:
+    """CRC-32 of a block of records (their bytes, in order) followed by the block's text bytes.
+
+    This is how an episode record seals its ``turns``, ``sims`` and ``metrics`` rows: ``text`` is
+    the table's ``text[lo:hi]`` with ``(lo, hi)`` = :func:`text_span` of the rows.
+    """
+    return zlib.crc32(text, zlib.crc32(np.ascontiguousarray(rows).tobytes()))
+
+
+def series_checksum(values: np.ndarray) -> int:
+    """CRC-32 of a series' bytes as stored (``discharge_crc``: the episode's float32 discharge)."""
+    return zlib.crc32(np.ascontiguousarray(values).tobytes())
+
+
+def is_blank(rows: np.ndarray) -> np.ndarray:
+    """Per record: every byte is zero (HDF5's fill value: a record that was never written)."""
+    raw = _record_bytes(rows)
+    return ~raw.any(axis=1) if len(rows) else np.zeros(0, dtype=bool)
 
 
 class MetricKind:
