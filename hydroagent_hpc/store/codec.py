@@ -51,13 +51,15 @@ def from_json(text: str | None) -> Any:
 
 
 def encode_rows(table: Table, columns: Mapping[str, Sequence[Any] | np.ndarray], n: int,
-                text_base: int) -> tuple[np.ndarray, bytes]:
+                text_base: int, row_base: int | None = None) -> tuple[np.ndarray, bytes]:
     """Pack ``n`` rows of ``table`` from per-column sequences; strings go to the returned text bytes.
 
     ``text_base`` is the current length of the table's ``text`` dataset, so offsets are absolute.
     ``None`` marks a null in a nullable column (a ``ValueError`` elsewhere). Rows of a table with
-    ``checksum=True`` come back sealed (:func:`seal`).
+    ``checksum=True`` come back sealed (:func:`seal`) for row numbers from ``row_base`` (required then).
     """
+    if table.checksum and row_base is None:
+        raise ValueError(f"{table.name}: rows carry a checksum over their row number; pass row_base")
     out = np.zeros(n, dtype=table.dtype)
     nulls = np.zeros(n, dtype=np.uint32)
     parts: list[bytes] = []
@@ -98,8 +100,8 @@ def encode_rows(table: Table, columns: Mapping[str, Sequence[Any] | np.ndarray],
     if table.nullable:
         out["nulls"] = nulls
     text = b"".join(parts)
-    if table.checksum:
-        seal(table, out, text, text_base)
+    if table.checksum and row_base is not None:
+        seal(table, out, text, text_base, np.arange(row_base, row_base + n, dtype=np.int64))
     return out, text
 
 
@@ -165,10 +167,12 @@ def _string_refs(table: Table, rows: np.ndarray) -> list[tuple[list[int], list[i
     return [(rows[f"{c.name}.off"].tolist(), rows[f"{c.name}.len"].tolist()) for c in table.columns if c.is_text]
 
 
-def row_checksums(table: Table, rows: np.ndarray, text: bytes, text_base: int) -> np.ndarray:
-    """Per record: CRC-32 of its bytes except the trailing 4-byte ``crc`` field, continued over the
-    UTF-8 bytes of each of its non-null strings in column order (``text`` holds the table's text
-    from absolute offset ``text_base``).
+def row_checksums(table: Table, rows: np.ndarray, text: bytes, text_base: int, numbers: np.ndarray) -> np.ndarray:
+    """Per record: CRC-32 of its row number (``numbers``, 8 bytes little-endian), then its bytes
+    except the trailing 4-byte ``crc`` field, then the UTF-8 bytes of each of its non-null strings
+    in column order (``text`` holds the table's text from absolute offset ``text_base``).
+
+    The row number binds a record to its place: a valid record copied over another row fails.
 
     A string reference outside ``text`` makes that row's value differ from any it could match
     (the reference is checked with :func:`text_bounds_ok` too).
@@ -177,8 +181,11 @@ def row_checksums(table: Table, rows: np.ndarray, text: bytes, text_base: int) -
     refs = _string_refs(table, rows)
     out = np.empty(len(rows), dtype=np.uint32)
     end = text_base + len(text)
+    where = np.asarray(numbers, dtype="<i8")
+    if len(where) != len(rows):
+        raise ValueError(f"{table.name}: {len(where)} row numbers for {len(rows)} rows")
     for i in range(len(rows)):
-        crc = zlib.crc32(raw[i])
+        crc = zlib.crc32(raw[i], zlib.crc32(where[i].tobytes()))
         for offs, lens in refs:
             off, n = offs[i], lens[i]
             if n > 0:
@@ -190,9 +197,9 @@ def row_checksums(table: Table, rows: np.ndarray, text: bytes, text_base: int) -
     return out
 
 
-def seal(table: Table, rows: np.ndarray, text: bytes, text_base: int) -> np.ndarray:
+def seal(table: Table, rows: np.ndarray, text: bytes, text_base: int, numbers: np.ndarray) -> np.ndarray:
     """Set each record's ``crc`` field (the table must have ``checksum=True``); see :func:`row_checksums`."""
-    rows["crc"] = row_checksums(table, rows, text, text_base)
+    rows["crc"] = row_checksums(table, rows, text, text_base, numbers)
     return rows
 
 

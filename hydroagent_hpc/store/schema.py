@@ -23,7 +23,7 @@ import h5py
 import numpy as np
 
 from hydroagent_hpc.params import PARAM_NAMES
-from hydroagent_hpc.store.errors import SchemaError
+from hydroagent_hpc.store.errors import CorruptStoreError, SchemaError
 
 __all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "LIBVER", "Column", "Table", "TABLES", "SERIES", "EPISODES",
            "TURNS", "SIMS", "METRICS", "METRIC_KEYS", "BASINS", "DATASETS", "create_layout", "check_schema"]
@@ -233,13 +233,20 @@ def check_schema(f: h5py.File, path: str | Path) -> None:
     for table in TABLES:
         try:
             rows, text = f[f"{table.name}/rows"], f[f"{table.name}/text"]
-        except KeyError:
+        except KeyError as exc:
+            if "doesn't exist" not in str(exc):  # h5py's KeyError for an object header it cannot read
+                raise CorruptStoreError(f"{path}: HDF5 cannot open table {table.name!r} ({str(exc).strip(chr(39))}); "
+                                        f"its HDF5 structures are damaged") from None
             raise SchemaError(f"{path}: schema version {version} but table {table.name!r} is missing; "
                               f"the file is damaged or was edited by hand.") from None
         if rows.dtype != table.dtype or text.dtype != np.uint8:
             raise SchemaError(f"{path}: table {table.name!r} has record type {rows.dtype}, expected "
                               f"{table.dtype}; the file was written by a different layout of version {version}.")
     for name, dt in SERIES.items():
-        ds = f.get(f"series/{name}")
+        try:
+            ds = f.get(f"series/{name}")
+        except (KeyError, OSError, RuntimeError) as exc:
+            raise CorruptStoreError(f"{path}: HDF5 cannot open series/{name} ({str(exc).strip(chr(39))}); its HDF5 "
+                                    f"structures are damaged") from None
         if ds is None or ds.dtype != np.dtype(dt):
             raise SchemaError(f"{path}: series/{name} is missing or not {dt}; the file is damaged.")

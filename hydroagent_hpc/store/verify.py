@@ -111,6 +111,11 @@ def _check_batch(v: StoreView, batch: np.ndarray, names: list[str | None]) -> di
     return bad
 
 
+#: What reading damaged rows can raise (HDF5 errors, and numpy on nonsense offsets or lengths).
+_READ_ERRORS = (OSError, RuntimeError, KeyError, CorruptStoreError, ValueError, IndexError, OverflowError,
+                MemoryError, UnicodeDecodeError)
+
+
 def verify_store(path: str | os.PathLike[str], batch_size: int = 64) -> StoreHealth:
     """Check every committed episode of the store at ``path`` against its seals; never hangs.
 
@@ -138,7 +143,10 @@ def verify_store(path: str | os.PathLike[str], batch_size: int = 64) -> StoreHea
     with f:
         try:
             v = StoreView(f, p, strict=False)
-        except (OSError, RuntimeError) as exc:
+        except CorruptStoreError as exc:
+            problems.append(str(exc).split(": ", 1)[-1])
+            return StoreHealth(p, check.size, tuple(problems), (), {}, 0)
+        except (OSError, RuntimeError, KeyError) as exc:
             problems.append(f"HDF5 cannot read the episode records ({exc})")
             return StoreHealth(p, check.size, tuple(problems), (), {}, 0)
         if check.truncated:
@@ -149,7 +157,7 @@ def verify_store(path: str | os.PathLike[str], batch_size: int = 64) -> StoreHea
         uncommitted = v.uncommitted_rows
         try:
             names = v.metric_names()
-        except (OSError, RuntimeError) as exc:
+        except (OSError, RuntimeError, KeyError) as exc:
             problems.append(f"HDF5 cannot read the metric names ({exc})")
             names = []
         if v.bad_keys:
@@ -159,11 +167,11 @@ def verify_store(path: str | os.PathLike[str], batch_size: int = 64) -> StoreHea
             batch = np.arange(b, min(b + batch_size, len(v)), dtype=np.int64)
             try:
                 bad.update(_check_batch(v, batch, names))
-            except (OSError, RuntimeError, CorruptStoreError, ValueError, IndexError) as exc:
+            except _READ_ERRORS as exc:
                 for one in batch.tolist():  # find which episodes of the batch cannot be read
                     try:
                         bad.update(_check_batch(v, np.asarray([one], dtype=np.int64), names))
-                    except (OSError, RuntimeError, CorruptStoreError, ValueError, IndexError) as exc1:
+                    except _READ_ERRORS as exc1:
                         bad[one] = f"its rows cannot be read ({str(exc1).splitlines()[0][:160]})"
                 logger.debug("%s: batch at %d: %s", p, b, exc)
         for pos, eid in enumerate(v.ids):
@@ -181,7 +189,7 @@ def explain(exc: CorruptStoreError, path: Path) -> CorruptStoreError:
     first = str(exc).split("\n")[0]
     try:
         health = verify_store(path)
-    except (StoreError, OSError, RuntimeError, ValueError) as again:  # the check itself failed: say so
+    except (StoreError, OSError, RuntimeError, ValueError, KeyError) as again:  # the check itself failed: say so
         return CorruptStoreError(f"{first}; checking the rest failed too ({str(again).splitlines()[0]}). "
                                  f"Rebuild the store from its shards or rerun the campaign into a new file.",
                                  damaged=exc.damaged, summarized=True)

@@ -39,7 +39,7 @@ from h5py import h5f, h5p
 
 from hydroagent_hpc.store.codec import (ENCODING, Decoded, block_checksum, decode_rows, is_blank, row_checksums,
                                         series_checksum, text_bounds_ok, text_span)
-from hydroagent_hpc.store.errors import CorruptStoreError, SchemaError
+from hydroagent_hpc.store.errors import CorruptStoreError, SchemaError, StoreError
 from hydroagent_hpc.store.rows import basin_digest, build_episode, build_sims, build_turns, decode_metrics
 from hydroagent_hpc.store.schema import BASINS, EPISODES, METRIC_KEYS, METRICS, SIMS, TURNS, Table, check_schema
 from hydroagent_hpc.types import Episode
@@ -236,11 +236,19 @@ def open_store(path: str | os.PathLike[str]) -> Iterator[h5py.File]:
     with f:
         try:
             yield f
-        except (OSError, RuntimeError) as exc:
-            if isinstance(exc, FileNotFoundError):
+        except (OSError, RuntimeError, KeyError) as exc:
+            if isinstance(exc, (FileNotFoundError, StoreError)) or not _is_hdf5_error(exc):
                 raise
-            raise CorruptStoreError(f"{p}: HDF5 cannot read part of the file ({exc}); its HDF5 structures "
-                                    f"are damaged") from None
+            raise CorruptStoreError(f"{p}: HDF5 cannot read part of the file ({str(exc).strip(chr(39))}); its "
+                                    f"HDF5 structures are damaged") from None
+
+
+def _is_hdf5_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is h5py reporting an HDF5 failure (its messages start "Unable to" / "Can't")."""
+    if not isinstance(exc, KeyError):
+        return True
+    text = str(exc).strip("'\"")
+    return text.startswith(("Unable to", "Can't")) and "doesn't exist" not in text
 
 
 def ranges_index(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -303,7 +311,7 @@ class StoreView:
         text_len = int(text_ds.shape[0])
         all_text = np.asarray(text_ds[()]).tobytes() if text_len else b""
         in_text = text_bounds_ok(EPISODES, rows, text_len)
-        sealed = (row_checksums(EPISODES, rows, all_text, 0) == rows["crc"]) if len(rows) else np.zeros(0, bool)
+        sealed = (row_checksums(EPISODES, rows, all_text, 0, np.arange(len(rows))) == rows["crc"]) if len(rows) else np.zeros(0, bool)
         in_tables = np.ones(len(rows), dtype=bool)
         for name, table in (("turn", TURNS), ("sim", SIMS), ("metric", METRICS)):
             s, c = rows[f"{name}_start"], rows[f"{name}_count"]
@@ -454,7 +462,7 @@ class StoreView:
         end = int(self.rows["keys_end"].max()) if len(self.rows) else 0
         rows = self.dataset("metric_keys/rows")[:end]
         text = np.asarray(self.dataset("metric_keys/text")[()]).tobytes()
-        sealed = row_checksums(METRIC_KEYS, rows, text, 0) == rows["crc"]
+        sealed = row_checksums(METRIC_KEYS, rows, text, 0, np.arange(len(rows))) == rows["crc"]
         out: list[str | None] = []
         for k, (off, n) in enumerate(zip(rows["name.off"].tolist(), rows["name.len"].tolist())):
             name: str | None = None
@@ -484,7 +492,7 @@ class StoreView:
         rows = self.dataset("basins/rows")[()][keys]
         text_ds = self.dataset("basins/text")
         text = np.asarray(text_ds[()]).tobytes()
-        sealed = (row_checksums(BASINS, rows, text, 0) == rows["crc"]) & text_bounds_ok(BASINS, rows, len(text))
+        sealed = (row_checksums(BASINS, rows, text, 0, keys) == rows["crc"]) & text_bounds_ok(BASINS, rows, len(text))
         out = {}
         for j, key in enumerate(keys.tolist()):
             if not sealed[j]:

@@ -190,7 +190,7 @@ class Appender:
 
     def _encode(self, table: Table, cols: dict[str, Any], n: int, eid: str) -> tuple[np.ndarray, bytes]:
         try:
-            return encode_rows(table, cols, n, self._len(f"{table.name}/text"))
+            return encode_rows(table, cols, n, self._len(f"{table.name}/text"), self._len(f"{table.name}/rows"))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{self.path}: episode {eid}: {exc}") from exc
 
