@@ -133,7 +133,7 @@ def decode_rows(table: Table, rows: np.ndarray, text: bytes, text_base: int,
     for col in table.columns:
         if names is not None and col.name not in names:
             continue
-        if col.nullable:
+        if col.nullable and nulls is not None:
             out.nulls[col.name] = (nulls & np.uint32(1 << table.nullable.index(col.name))) != 0
         if col.is_text:
             offs = (rows[f"{col.name}.off"] - text_base).tolist()
@@ -238,8 +238,9 @@ def series_checksum(values: np.ndarray) -> int:
 
 def is_blank(rows: np.ndarray) -> np.ndarray:
     """Per record: every byte is zero (HDF5's fill value: a record that was never written)."""
-    raw = _record_bytes(rows)
-    return ~raw.any(axis=1) if len(rows) else np.zeros(0, dtype=bool)
+    if not len(rows):
+        return np.zeros(0, dtype=bool)
+    return np.asarray(~_record_bytes(rows).any(axis=1), dtype=bool)
 
 
 class MetricKind:

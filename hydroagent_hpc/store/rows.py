@@ -232,7 +232,8 @@ def build_sims(lists: Mapping[str, list[Any]], lo: int, hi: int, metrics: Sequen
     out = []
     for i in range(lo, hi):
         mask = L["params_set"][i]
-        params: dict[str, object] = {p: L[f"param.{p}"][i] for k, p in enumerate(PARAM_NAMES) if mask >> k & 1}
+        # Extra names hold whatever JSON value was written (SimRecord's annotation says float).
+        params: dict[str, Any] = {p: L[f"param.{p}"][i] for k, p in enumerate(PARAM_NAMES) if mask >> k & 1}
         extra = from_json(L["extra_params"][i])
         if extra:
             params.update(extra)

@@ -239,9 +239,9 @@ def check_schema(f: h5py.File, path: str | Path) -> None:
                                         f"its HDF5 structures are damaged") from None
             raise SchemaError(f"{path}: schema version {version} but table {table.name!r} is missing; "
                               f"the file is damaged or was edited by hand.") from None
-        if rows.dtype != table.dtype or text.dtype != np.uint8:
-            raise SchemaError(f"{path}: table {table.name!r} has record type {rows.dtype}, expected "
-                              f"{table.dtype}; the file was written by a different layout of version {version}.")
+        if rows.dtype != table.dtype or text.dtype != np.uint8:  # a store of this version never differs
+            raise CorruptStoreError(f"{path}: table {table.name!r} has record type {rows.dtype}, expected "
+                                    f"{table.dtype}; the file is damaged (or was edited by hand).")
     for name, dt in SERIES.items():
         try:
             ds = f.get(f"series/{name}")
@@ -249,4 +249,4 @@ def check_schema(f: h5py.File, path: str | Path) -> None:
             raise CorruptStoreError(f"{path}: HDF5 cannot open series/{name} ({str(exc).strip(chr(39))}); its HDF5 "
                                     f"structures are damaged") from None
         if ds is None or ds.dtype != np.dtype(dt):
-            raise SchemaError(f"{path}: series/{name} is missing or not {dt}; the file is damaged.")
+            raise CorruptStoreError(f"{path}: series/{name} is missing or not {dt}; the file is damaged.")

@@ -178,7 +178,7 @@ def _set_read_attempts() -> Callable[[int, int], int] | None:
             continue
         fn.argtypes = [ctypes.c_int64, ctypes.c_uint]
         fn.restype = ctypes.c_int
-        return fn  # type: ignore[no-any-return]
+        return fn
     logger.warning("cannot find H5Pset_metadata_read_attempts in the HDF5 library; a damaged store may make "
                    "HDF5 retry for a long time")
     return None
@@ -501,8 +501,9 @@ class StoreView:
             cols = decode_rows(BASINS, rows[j:j + 1], text, 0)
             row = {c.name: cols.optional(c.name)[0] for c in BASINS.columns}
             try:
-                raw = tuple(self._series(name, row[f"{name}_start"], row[f"{name}_len"])
-                            for name in ("times", "observed", "warmup"))
+                raw = (self._series("times", row["times_start"], row["times_len"]),
+                       self._series("observed", row["observed_start"], row["observed_len"]),
+                       self._series("warmup", row["warmup_start"], row["warmup_len"]))
             except CorruptStoreError as exc:
                 self.bad_basins[key] = str(exc).split(": ", 1)[-1]
                 continue

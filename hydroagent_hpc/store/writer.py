@@ -207,10 +207,10 @@ class Appender:
         # 1. Encode everything (any error is raised before the file is touched).
         row = self._len("episodes/rows")
         basin = basin_record(episode, info)
-        basin_key = self.basin_keys.get(basin.digest)
-        new_basin = basin_key is None
+        known = self.basin_keys.get(basin.digest)
+        new_basin = known is None
+        basin_key = self._len("basins/rows") if known is None else known
         if new_basin:
-            basin_key = self._len("basins/rows")
             b_rows, b_text = self._encode(BASINS, self._basin_columns(basin), 1, eid)
         sim_start = self._len("sims/rows")
         q_base = self._len("series/discharge")
