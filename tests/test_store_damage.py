@@ -490,6 +490,52 @@ def test_truncated_store_fails_fast_in_a_subprocess(tmp_path: Path) -> None:
         assert out.stdout.startswith("CorruptStoreError") and f"{cut:,} of its {size:,} bytes" in out.stdout
 
 
+def test_campaign_run_stops_on_a_damaged_store(tmp_path: Path, small_basin_dir: Path) -> None:
+    """``hydroagent campaign run`` into a damaged store: one line, exit 2, nothing rerun or written."""
+    from hydroagent_hpc.store import stored_ids
+
+    cfile = tmp_path / "c.yaml"
+    cfile.write_text(f"name: t\nbasins: [{small_basin_dir}]\nagents:\n  - {{name: heuristic, kind: heuristic}}\n"
+                     "seeds: [0, 1, 2]\nenv: {preset: paper, max_simulations: 4, max_turns: null, patience: null, "
+                     "target_nse: 0.99}\n")
+    out = tmp_path / "c.h5"
+    cmd = [sys.executable, "-m", "hydroagent_hpc.cli", "-q", "campaign", "run", str(cfile), "--out", str(out),
+           "--no-progress", "--limit", "2"]
+    first = subprocess.run(cmd, env=_env(ROOT), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    ids = stored_ids(out)
+    assert len(ids) == 2
+    at, item = row_places(out, "episodes/rows")[1]
+    with open(out, "r+b") as fh:  # one flipped bit in the second episode's record
+        fh.seek(at + item // 2)
+        b = fh.read(1)
+        fh.seek(at + item // 2)
+        fh.write(bytes([b[0] ^ 0x04]))
+    before = out.read_bytes()
+    again = subprocess.run(cmd[:-2], env=_env(ROOT), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2, (again.stdout, again.stderr)
+    lines = [ln for ln in again.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "damaged store" in lines[0] and "record 1" in lines[0], again.stderr
+    assert f"1 committed episode(s) intact ({ids[0]!r})" in lines[0], lines[0]
+    assert out.read_bytes() == before  # nothing rerun, nothing appended
+
+
+def test_schema_1_stores_are_refused_clearly(tmp_path: Path) -> None:
+    import h5py
+
+    from hydroagent_hpc.store import EpisodeWriter, SchemaError, read_episodes
+
+    sys.path.insert(0, str(TESTS))
+    path = tmp_path / "v1.h5"
+    build_store(path)
+    with h5py.File(path, "r+") as f:
+        f.attrs["schema_version"] = 1
+    for call in (lambda: read_episodes(path), lambda: EpisodeWriter(path)):
+        with pytest.raises(SchemaError, match=r"v1.h5: episode store schema version 1 .older.*carry no checksums.*"
+                                              r"reads version 2"):
+            call()
+
+
 if __name__ == "__main__":  # python tests/test_store_damage.py measure ROOT [timeout_s]
     if len(sys.argv) >= 3 and sys.argv[1] == "measure":
         timeout = float(sys.argv[3]) if len(sys.argv) > 3 else CASE_TIMEOUT_S
