@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from hydroagent_hpc.store.errors import CorruptStoreError, StoreError
 from hydroagent_hpc.store.schema import DATASETS, METRICS, SIMS, TURNS
-from hydroagent_hpc.store.view import FileCheck, StoreView, check_file, open_read
+from hydroagent_hpc.store.view import LIVE_WRITERS, FileCheck, StoreView, check_file, open_read
 
 __all__ = ["StoreHealth", "verify_store", "explain", "salvage"]
 
@@ -132,15 +133,16 @@ def verify_store(path: str | os.PathLike[str], batch_size: int = 64) -> StoreHea
         problems.append(f"the file is {check.describe()}")
         if check.short:
             return StoreHealth(p, check.size, tuple(problems), (), {}, 0)
+    live = LIVE_WRITERS.get(os.path.realpath(p))  # in the writer's process: its own handle
     try:
-        f = open_read(p)
+        f = live if live is not None else open_read(p)
     except CorruptStoreError as exc:
         problems.append(str(exc).split(": ", 1)[-1])
         return StoreHealth(p, check.size, tuple(problems), (), {}, 0)
     damaged: dict[str, str] = {}
     intact: list[str] = []
     uncommitted = 0
-    with f:
+    with nullcontext(f) if live is not None else f:
         try:
             v = StoreView(f, p, strict=False)
         except CorruptStoreError as exc:
