@@ -174,8 +174,6 @@ def damage(pristine: Path, case: dict[str, Any], out: Path) -> None:
 
 def snapshot(path: Path) -> dict[str, Any]:
     """Everything the public readers return, in a comparable form."""
-    import numpy as np
-
     from hydroagent_hpc.store import iter_episodes, read_basins, read_episodes, read_series, read_sims, read_turns
     from hydroagent_hpc.store import stored_ids
 
@@ -184,7 +182,6 @@ def snapshot(path: Path) -> dict[str, Any]:
         out[name] = fn(path)
     out["series"] = {eid: read_series(path, eid) for eid in out["ids"]}
     out["loaded"] = {ep.episode_id: ep for ep in iter_episodes(path)}
-    del np
     return out
 
 

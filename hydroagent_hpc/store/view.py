@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field as dc_field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -276,7 +276,7 @@ class Gathered:
     owner: np.ndarray
     first: np.ndarray
     counts: np.ndarray
-    bad: dict[int, str] = field(default_factory=dict)
+    bad: dict[int, str] = dc_field(default_factory=dict)
 
 
 _SEALS = {TURNS.name: "turns_crc", SIMS.name: "sims_crc", METRICS.name: "metrics_crc"}
