@@ -2,7 +2,8 @@
 
 Write with :class:`EpisodeWriter`; read with :func:`read_episodes`, :func:`read_sims`,
 :func:`read_turns`, :func:`read_basins`, :func:`read_series`, :func:`load_episode` and
-:func:`iter_episodes`; combine shards with :func:`merge`. The layout and the guarantees are in
+:func:`iter_episodes`; combine shards with :func:`merge`; check a store with :func:`verify_store`
+and copy the intact episodes of a damaged one with :func:`salvage`. The layout and the guarantees are in
 ``docs/store_schema.md``.
 """
 
@@ -12,11 +13,13 @@ from hydroagent_hpc.store.frames import (Series, StoreInfo, inspect_store, iter_
                                          read_episodes, read_series, read_sims, read_turns, stored_ids)
 from hydroagent_hpc.store.merge import merge
 from hydroagent_hpc.store.schema import SCHEMA_NAME, SCHEMA_VERSION
+from hydroagent_hpc.store.verify import StoreHealth, salvage, verify_store
 from hydroagent_hpc.store.writer import EpisodeWriter
 
 __all__ = [
     "EpisodeWriter", "stored_ids", "read_episodes", "read_sims", "read_turns", "read_basins", "read_series",
-    "Series", "load_episode", "iter_episodes", "inspect_store", "StoreInfo", "merge", "SCHEMA_NAME",
+    "Series", "load_episode", "iter_episodes", "inspect_store", "StoreInfo", "merge", "verify_store", "StoreHealth",
+    "salvage", "SCHEMA_NAME",
     "SCHEMA_VERSION", "StoreError", "SchemaError", "CorruptStoreError", "StoreLockedError",
     "DuplicateEpisodeError", "EpisodeNotFoundError", "MergeError",
 ]

@@ -1,4 +1,4 @@
-"""Bytes of the store: columns to packed records and UTF-8 text, JSON, metric values, CRC-32.
+"""Bytes of the store: columns to packed records and UTF-8 text, JSON, metric values, CRC-32 seals.
 
 Column-wise throughout: a table is encoded from ``{column: sequence}`` and decoded to
 ``{column: array or list}``, so readers never loop over HDF5 objects, only over decoded strings.
@@ -17,8 +17,9 @@ import numpy as np
 
 from hydroagent_hpc.store.schema import Table
 
-__all__ = ["to_json", "from_json", "encode_rows", "Decoded", "decode_rows", "row_checksums", "seal",
-           "text_bounds_ok", "MetricKind", "encode_metric", "decode_metric", "ENCODING"]
+__all__ = ["to_json", "from_json", "encode_rows", "Decoded", "decode_rows", "row_checksums", "seal", "text_span",
+           "block_checksum", "series_checksum", "is_blank", "text_bounds_ok", "MetricKind", "encode_metric",
+           "decode_metric", "ENCODING"]
 
 #: Text encoding of every string; ``surrogatepass`` keeps any Python str (even lone surrogates).
 ENCODING = ("utf-8", "surrogatepass")
@@ -50,12 +51,15 @@ def from_json(text: str | None) -> Any:
 
 
 def encode_rows(table: Table, columns: Mapping[str, Sequence[Any] | np.ndarray], n: int,
-                text_base: int) -> tuple[np.ndarray, bytes]:
+                text_base: int, row_base: int | None = None) -> tuple[np.ndarray, bytes]:
     """Pack ``n`` rows of ``table`` from per-column sequences; strings go to the returned text bytes.
 
     ``text_base`` is the current length of the table's ``text`` dataset, so offsets are absolute.
-    ``None`` marks a null in a nullable column (a ``ValueError`` elsewhere).
+    ``None`` marks a null in a nullable column (a ``ValueError`` elsewhere). Rows of a table with
+    ``checksum=True`` come back sealed (:func:`seal`) for row numbers from ``row_base`` (required then).
     """
+    if table.checksum and row_base is None:
+        raise ValueError(f"{table.name}: rows carry a checksum over their row number; pass row_base")
     out = np.zeros(n, dtype=table.dtype)
     nulls = np.zeros(n, dtype=np.uint32)
     parts: list[bytes] = []
@@ -95,7 +99,10 @@ def encode_rows(table: Table, columns: Mapping[str, Sequence[Any] | np.ndarray],
         out[col.name] = np.asarray(values, dtype=np.float64 if col.kind == "f8" else np.int64)
     if table.nullable:
         out["nulls"] = nulls
-    return out, b"".join(parts)
+    text = b"".join(parts)
+    if table.checksum and row_base is not None:
+        seal(table, out, text, text_base, np.arange(row_base, row_base + n, dtype=np.int64))
+    return out, text
 
 
 @dataclass
@@ -126,7 +133,7 @@ def decode_rows(table: Table, rows: np.ndarray, text: bytes, text_base: int,
     for col in table.columns:
         if names is not None and col.name not in names:
             continue
-        if col.nullable:
+        if col.nullable and nulls is not None:
             out.nulls[col.name] = (nulls & np.uint32(1 << table.nullable.index(col.name))) != 0
         if col.is_text:
             offs = (rows[f"{col.name}.off"] - text_base).tolist()
@@ -150,17 +157,90 @@ def text_bounds_ok(table: Table, rows: np.ndarray, text_len: int) -> np.ndarray:
     return ok
 
 
-def row_checksums(rows: np.ndarray) -> np.ndarray:
-    """CRC-32 of each record's bytes except its trailing 4-byte ``crc`` field."""
+def _record_bytes(rows: np.ndarray) -> np.ndarray:
+    """The records of ``rows`` as an ``(n, itemsize)`` uint8 array (a copy only if not contiguous)."""
     rows = np.ascontiguousarray(rows)
-    raw = rows.view(np.uint8).reshape(len(rows), rows.dtype.itemsize)[:, :-4]
-    return np.fromiter((zlib.crc32(r) for r in raw), dtype=np.uint32, count=len(rows))
+    return rows.view(np.uint8).reshape(len(rows), rows.dtype.itemsize)
 
 
-def seal(rows: np.ndarray) -> np.ndarray:
-    """Set each record's ``crc`` field (the table must have ``checksum=True``)."""
-    rows["crc"] = row_checksums(rows)
+def _string_refs(table: Table, rows: np.ndarray) -> list[tuple[list[int], list[int]]]:
+    return [(rows[f"{c.name}.off"].tolist(), rows[f"{c.name}.len"].tolist()) for c in table.columns if c.is_text]
+
+
+def row_checksums(table: Table, rows: np.ndarray, text: bytes, text_base: int, numbers: np.ndarray) -> np.ndarray:
+    """Per record: CRC-32 of its row number (``numbers``, 8 bytes little-endian), then its bytes
+    except the trailing 4-byte ``crc`` field, then the UTF-8 bytes of each of its non-null strings
+    in column order (``text`` holds the table's text from absolute offset ``text_base``).
+
+    The row number binds a record to its place: a valid record copied over another row fails.
+
+    A string reference outside ``text`` makes that row's value differ from any it could match
+    (the reference is checked with :func:`text_bounds_ok` too).
+    """
+    raw = _record_bytes(rows)[:, :-4]
+    refs = _string_refs(table, rows)
+    out = np.empty(len(rows), dtype=np.uint32)
+    end = text_base + len(text)
+    where = np.asarray(numbers, dtype="<i8")
+    if len(where) != len(rows):
+        raise ValueError(f"{table.name}: {len(where)} row numbers for {len(rows)} rows")
+    for i in range(len(rows)):
+        crc = zlib.crc32(raw[i], zlib.crc32(where[i].tobytes()))
+        for offs, lens in refs:
+            off, n = offs[i], lens[i]
+            if n > 0:
+                if off < text_base or off + n > end:
+                    crc ^= 0xFFFFFFFF  # unreachable bytes: never a match for the stored crc of this record
+                    break
+                crc = zlib.crc32(text[off - text_base:off - text_base + n], crc)
+        out[i] = crc
+    return out
+
+
+def seal(table: Table, rows: np.ndarray, text: bytes, text_base: int, numbers: np.ndarray) -> np.ndarray:
+    """Set each record's ``crc`` field (the table must have ``checksum=True``); see :func:`row_checksums`."""
+    rows["crc"] = row_checksums(table, rows, text, text_base, numbers)
     return rows
+
+
+def text_span(table: Table, rows: np.ndarray) -> tuple[int, int]:
+    """``(lo, hi)``: the text bytes the strings of ``rows`` occupy (``(0, 0)`` when they have none).
+
+    The writer appends an episode's strings of one table as one contiguous blob, so for the rows
+    of one episode this is exactly that blob.
+    """
+    lo, hi = -1, 0
+    for c in table.columns:
+        if c.is_text and len(rows):
+            n = rows[f"{c.name}.len"]
+            live = n >= 0
+            if live.any():
+                off = rows[f"{c.name}.off"][live]
+                m = int(off.min())
+                lo = m if lo < 0 else min(lo, m)
+                hi = max(hi, int((off + n[live]).max()))
+    return (0, 0) if lo < 0 or hi <= lo else (lo, hi)
+
+
+def block_checksum(rows: np.ndarray, text: bytes) -> int:
+    """CRC-32 of a block of records (their bytes, in order) followed by the block's text bytes.
+
+    This is how an episode record seals its ``turns``, ``sims`` and ``metrics`` rows: ``text`` is
+    the table's ``text[lo:hi]`` with ``(lo, hi)`` = :func:`text_span` of the rows.
+    """
+    return zlib.crc32(text, zlib.crc32(np.ascontiguousarray(rows).tobytes()))
+
+
+def series_checksum(values: np.ndarray) -> int:
+    """CRC-32 of a series' bytes as stored (``discharge_crc``: the episode's float32 discharge)."""
+    return zlib.crc32(np.ascontiguousarray(values).tobytes())
+
+
+def is_blank(rows: np.ndarray) -> np.ndarray:
+    """Per record: every byte is zero (HDF5's fill value: a record that was never written)."""
+    if not len(rows):
+        return np.zeros(0, dtype=bool)
+    return np.asarray(~_record_bytes(rows).any(axis=1), dtype=bool)
 
 
 class MetricKind:

@@ -17,7 +17,19 @@ class SchemaError(StoreError):
 
 
 class CorruptStoreError(StoreError):
-    """A committed episode points at rows that are missing or belong to another episode."""
+    """The file is damaged: truncated, unreadable HDF5 structures, or rows that fail their checksum.
+
+    ``damaged`` names what is damaged (episode ids, or ``record N`` where even the id is not
+    trustworthy) and ``intact`` the committed episodes that still check out, when they are known
+    (``summarized`` is then true; readers fill them in from :func:`hydroagent_hpc.store.verify_store`).
+    """
+
+    def __init__(self, message: str = "", fix: str = "", *, damaged: tuple[str, ...] = (),
+                 intact: tuple[str, ...] = (), summarized: bool = False) -> None:
+        super().__init__(message, fix)
+        self.damaged = damaged
+        self.intact = intact
+        self.summarized = summarized
 
 
 class StoreLockedError(StoreError):

@@ -20,8 +20,9 @@ import pandas as pd
 
 from hydroagent_hpc.params import PARAM_NAMES
 from hydroagent_hpc.store.codec import MetricKind, decode_metric, decode_rows, from_json
-from hydroagent_hpc.store.errors import EpisodeNotFoundError
+from hydroagent_hpc.store.errors import CorruptStoreError, EpisodeNotFoundError
 from hydroagent_hpc.store.schema import METRICS, SIMS, TURNS, Table
+from hydroagent_hpc.store.verify import explain
 from hydroagent_hpc.store.view import StoreView, open_store, superblock_dirty
 from hydroagent_hpc.types import Basin, Episode
 
@@ -35,9 +36,14 @@ _BASIN_FIELDS = [f.name for f in dataclasses.fields(Basin) if f.name != "basin_i
 
 @contextmanager
 def _view(path: str | os.PathLike[str]) -> Iterator[StoreView]:
+    """A strict view of the store; damage raises one :class:`CorruptStoreError` that also says
+    what is still intact (see :func:`hydroagent_hpc.store.verify.explain`)."""
     p = Path(path)
-    with open_store(p) as f:
-        yield StoreView(f, p)
+    try:
+        with open_store(p) as f:
+            yield StoreView(f, p)
+    except CorruptStoreError as exc:
+        raise explain(exc, p) from None
 
 
 def stored_ids(path: str | os.PathLike[str]) -> list[str]:
@@ -145,6 +151,8 @@ def _metric_frame(v: StoreView, sim_idx: np.ndarray, taken: set[str]) -> pd.Data
     pos = np.searchsorted(sim_idx, rows["sim_row"])
     names = v.metric_names()
     key, kind = np.ascontiguousarray(rows["key"]), np.ascontiguousarray(rows["kind"])
+    if len(key) and (int(key.min()) < 0 or int(key.max()) >= len(names)):
+        raise CorruptStoreError(f"{v.path}: metrics use metric names beyond metric_keys; the file is damaged")
     num, inum = np.ascontiguousarray(rows["num"]), np.ascontiguousarray(rows["inum"])
     text_rows = np.flatnonzero((kind == MetricKind.STR) | (kind == MetricKind.JSON))
     texts = dict(zip(text_rows.tolist(), v.decode(METRICS, rows[text_rows], names=["text"])["text"]))
@@ -244,8 +252,9 @@ def read_series(path: str | os.PathLike[str], episode_id: str, run_id: int | Non
         pos = _position(v, episode_id)
         row = v.rows[pos]
         _, (times, observed, warmup) = v.basins(np.asarray([row["basin_key"]]))[int(row["basin_key"])]
-        s0, sc = int(row["sim_start"]), int(row["sim_count"])
-        sims = v.dataset("sims/rows")[s0:s0 + sc] if sc else np.zeros(0, SIMS.dtype)
+        gathered = v.gather(SIMS, "sim", [pos])
+        q_all, q_lo, _ = v.check_discharge(gathered, np.asarray([pos], dtype=np.int64))
+        sims = gathered.rows
         has = ~decode_rows(SIMS, sims, b"", 0, names=["discharge_len"]).nulls["discharge_len"]
         if run_id is not None:
             hit = np.flatnonzero((sims["run_id"] == run_id) & has)
@@ -255,10 +264,8 @@ def read_series(path: str | os.PathLike[str], episode_id: str, run_id: int | Non
             sims = sims[hit[:1]]
         else:
             sims = sims[has]
-        ds = v.dataset("series/discharge")
         if len(sims):
-            lo = int(sims["discharge_start"].min())
-            q = ds[lo:int((sims["discharge_start"] + sims["discharge_len"]).max())]
+            lo, q = q_lo, q_all
             width = int(sims["discharge_len"].max())
             out = np.full((len(sims), width), np.nan, dtype=np.float32)
             for j, (s, n) in enumerate(zip(sims["discharge_start"].tolist(), sims["discharge_len"].tolist())):

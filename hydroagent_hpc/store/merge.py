@@ -16,8 +16,9 @@ from pathlib import Path
 
 import h5py
 
-from hydroagent_hpc.store.errors import MergeError
+from hydroagent_hpc.store.errors import CorruptStoreError, MergeError
 from hydroagent_hpc.store.frames import stored_ids
+from hydroagent_hpc.store.verify import explain
 from hydroagent_hpc.store.view import StoreView, open_store
 from hydroagent_hpc.store.writer import (Appender, WriterLock, install_file, new_store_file, remove_stale_temps,
                                          temp_name)
@@ -32,12 +33,15 @@ def _copy_committed(sources: list[Path], dest: h5py.File, dest_path: Path) -> in
     app = Appender(dest, dest_path)
     n = 0
     for src in sources:
-        with open_store(src) as f:
-            for episode, info in StoreView(f, src).episodes():
-                if episode.episode_id in app.ids:
-                    continue
-                app.append(episode, info)
-                n += 1
+        try:
+            with open_store(src) as f:
+                for episode, info in StoreView(f, src).episodes():
+                    if episode.episode_id in app.ids:
+                        continue
+                    app.append(episode, info)
+                    n += 1
+        except CorruptStoreError as exc:
+            raise explain(exc, src) from None
     return n
 
 

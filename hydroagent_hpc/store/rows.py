@@ -22,7 +22,7 @@ from hydroagent_hpc.params import PARAM_NAMES
 from hydroagent_hpc.store.codec import decode_metric, encode_metric, from_json, to_json
 from hydroagent_hpc.types import Basin, Episode, SimRecord, Turn
 
-__all__ = ["BasinRecord", "basin_record", "basin_info", "turn_columns", "sim_columns", "metric_columns",
+__all__ = ["BasinRecord", "basin_record", "basin_digest", "basin_info", "turn_columns", "sim_columns", "metric_columns",
            "episode_columns", "build_turns", "build_sims", "decode_metrics", "build_episode", "PARAM_INDEX"]
 
 PARAM_INDEX: dict[str, int] = {name: i for i, name in enumerate(PARAM_NAMES)}
@@ -62,12 +62,21 @@ def basin_record(episode: Episode, info: str | None) -> BasinRecord:
         times = np.ascontiguousarray(t).view(np.int64) if t.dtype.kind == "M" else t.astype(np.int64)
     observed = None if episode.observed is None else _vector(episode.observed, np.float64, f"{what}: observed")
     warmup = None if episode.warmup is None else _vector(episode.warmup, np.bool_, f"{what}: warmup").view(np.uint8)
+    digest = basin_digest(episode.basin_id, info, unit, (times, observed, warmup))
+    return BasinRecord(episode.basin_id, info, times, unit, observed, warmup, digest)
+
+
+def basin_digest(basin_id: str, info: str | None, unit: str | None,
+                 series: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]) -> str:
+    """SHA-1 (hex) of a basin record: id, Basin JSON, time unit, then ``times`` (int64), ``observed``
+    (float64) and ``warmup`` (uint8) as stored. It identifies the record (episodes with the same
+    digest share it) and seals its series: a reader recomputes it from what it read."""
     h = hashlib.sha1()
-    for part in (episode.basin_id, info, unit):
+    for part in (basin_id, info, unit):
         h.update(b"\x00" if part is None else b"\x01" + part.encode("utf-8", "surrogatepass") + b"\x00")
-    for arr in (times, observed, warmup):
+    for arr in series:
         h.update(b"\x00" if arr is None else b"\x01" + len(arr).to_bytes(8, "little") + arr.tobytes())
-    return BasinRecord(episode.basin_id, info, times, unit, observed, warmup, h.hexdigest())
+    return h.hexdigest()
 
 
 def _vector(values: Any, dtype: Any, what: str) -> np.ndarray:
@@ -223,7 +232,8 @@ def build_sims(lists: Mapping[str, list[Any]], lo: int, hi: int, metrics: Sequen
     out = []
     for i in range(lo, hi):
         mask = L["params_set"][i]
-        params: dict[str, object] = {p: L[f"param.{p}"][i] for k, p in enumerate(PARAM_NAMES) if mask >> k & 1}
+        # Extra names hold whatever JSON value was written (SimRecord's annotation says float).
+        params: dict[str, Any] = {p: L[f"param.{p}"][i] for k, p in enumerate(PARAM_NAMES) if mask >> k & 1}
         extra = from_json(L["extra_params"][i])
         if extra:
             params.update(extra)

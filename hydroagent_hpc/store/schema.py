@@ -23,7 +23,7 @@ import h5py
 import numpy as np
 
 from hydroagent_hpc.params import PARAM_NAMES
-from hydroagent_hpc.store.errors import SchemaError
+from hydroagent_hpc.store.errors import CorruptStoreError, SchemaError
 
 __all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "LIBVER", "Column", "Table", "TABLES", "SERIES", "EPISODES",
            "TURNS", "SIMS", "METRICS", "METRIC_KEYS", "BASINS", "DATASETS", "create_layout", "check_schema"]
@@ -31,7 +31,9 @@ __all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "LIBVER", "Column", "Table", "TABLES
 #: Value of the root attribute ``schema``: what kind of file this is.
 SCHEMA_NAME = "hydroagent_hpc.episode_store"
 #: Value of the root attribute ``schema_version``; bump it on any change of the layout below.
-SCHEMA_VERSION = 1
+#: Version 2 (this one) seals every row a result depends on with a CRC-32; version 1 checked only
+#: the episode record itself and is refused with a clear :class:`SchemaError`.
+SCHEMA_VERSION = 2
 #: HDF5 format bounds: the 1.10 format (the oldest with SWMR) so HDF5 >= 1.10 can read the files.
 LIBVER = ("v110", "v110")
 
@@ -45,12 +47,13 @@ try:
 except metadata.PackageNotFoundError:  # running from a source tree that is not installed
     _PACKAGE_VERSION = "unknown"
 
-_KINDS = {"i8": "<i8", "i4": "<i4", "u1": "u1", "f8": "<f8", "bool": "u1", "str": None, "json": None}
+_KINDS: dict[str, str | None] = {"i8": "<i8", "i4": "<i4", "u1": "u1", "u4": "<u4", "f8": "<f8", "bool": "u1",
+                                 "str": None, "json": None}
 
 
 @dataclass(frozen=True)
 class Column:
-    """One logical column. ``kind`` is i8, i4, u1, f8, bool, str or json (JSON text in a str)."""
+    """One logical column. ``kind`` is i8, i4, u1, u4, f8, bool, str or json (JSON text in a str)."""
 
     name: str
     kind: str
@@ -67,7 +70,12 @@ class Column:
 
 @dataclass(frozen=True)
 class Table:
-    """A table: its columns, whether rows carry a CRC-32 (the commit record does), and a doc line."""
+    """A table: its columns, whether each row carries its own CRC-32 (``checksum``), and a doc line.
+
+    A row's ``crc`` covers the record's bytes before it and then the UTF-8 bytes of each of its
+    non-null strings, in column order (:func:`codec.row_checksums`). Tables without a per-row
+    checksum (turns, sims, metrics) are sealed per episode by the episode record instead.
+    """
 
     name: str
     columns: tuple[Column, ...]
@@ -83,14 +91,15 @@ class Table:
         return names
 
     @cached_property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[np.void]:
         """The packed little-endian record type of ``rows``."""
         fields: list[tuple[str, str]] = []
         for c in self.columns:
-            if c.is_text:
+            kind = _KINDS[c.kind]
+            if kind is None:
                 fields += [(f"{c.name}.off", "<i8"), (f"{c.name}.len", "<i8")]
             else:
-                fields.append((c.name, _KINDS[c.kind]))
+                fields.append((c.name, kind))
         if self.nullable:
             fields.append(("nulls", "<u4"))
         if self.checksum:
@@ -108,8 +117,11 @@ def _c(name: str, kind: str, nullable: bool = False) -> Column:
     return Column(name, kind, nullable)
 
 
-#: One row per committed episode. Appending a valid row (CRC-32 over the rest of the record) is
-#: the commit: every other row of the episode was written and flushed before it.
+#: One row per committed episode. Appending a valid row (CRC-32 over the rest of the record and its
+#: strings) is the commit: every other row of the episode was written and flushed before it. The
+#: ``*_crc`` fields seal the episode's blocks in the other tables (see ``codec.block_checksum``):
+#: ``turns_crc``, ``sims_crc``, ``metrics_crc`` cover its rows and their strings, ``discharge_crc``
+#: its simulated discharge; so a changed byte anywhere in an episode fails one CRC.
 EPISODES = Table("episodes", (
     _c("episode_id", "str"), _c("basin_id", "str"), _c("agent", "str"), _c("preset", "str"),
     _c("protocol", "str"), _c("seed", "i8"), _c("basin_key", "i8"),
@@ -120,6 +132,7 @@ EPISODES = Table("episodes", (
     _c("provenance", "json"), _c("usage", "json"),
     _c("turn_start", "i8"), _c("turn_count", "i8"), _c("sim_start", "i8"), _c("sim_count", "i8"),
     _c("metric_start", "i8"), _c("metric_count", "i8"), _c("keys_end", "i8"),
+    _c("turns_crc", "u4"), _c("sims_crc", "u4"), _c("metrics_crc", "u4"), _c("discharge_crc", "u4"),
 ), "one row per episode; a row whose crc matches commits the episode", checksum=True)
 
 #: One row per Turn, in episode order; ``episode_row`` is the row of its episode in ``episodes``.
@@ -147,14 +160,15 @@ METRICS = Table("metrics", (
 ), "one row per metric of a simulation; key indexes metric_keys")
 
 #: Metric names; a metric's ``key`` is a row number here.
-METRIC_KEYS = Table("metric_keys", (_c("name", "str"),), "metric names, addressed by row number")
+METRIC_KEYS = Table("metric_keys", (_c("name", "str"),), "metric names, addressed by row number", checksum=True)
 
-#: One row per distinct basin record (id + series + Basin fields), shared by its episodes.
+#: One row per distinct basin record (id + series + Basin fields), shared by its episodes. The row
+#: carries a CRC-32; ``digest`` (SHA-1, ``rows.basin_digest``) seals its series.
 BASINS = Table("basins", (
     _c("basin_id", "str"), _c("digest", "str"), _c("info", "json", True), _c("times_unit", "str", True),
     _c("times_start", "i8"), _c("times_len", "i8", True), _c("observed_start", "i8"),
     _c("observed_len", "i8", True), _c("warmup_start", "i8"), _c("warmup_len", "i8", True),
-), "one row per basin series; observed is stored once per basin")
+), "one row per basin series; observed is stored once per basin; digest seals the series", checksum=True)
 
 TABLES: tuple[Table, ...] = (EPISODES, TURNS, SIMS, METRICS, METRIC_KEYS, BASINS)
 
@@ -202,6 +216,13 @@ def check_schema(f: h5py.File, path: str | Path) -> None:
     if name != SCHEMA_NAME:
         raise SchemaError(f"{path}: schema {name!r} is not {SCHEMA_NAME!r}; this is not an episode store.")
     version = int(version)
+    if version == 1:
+        made = f.attrs.get("created_by", "an unknown version")
+        raise SchemaError(
+            f"{path}: episode store schema version 1 (older; written by {made}): its simulation, turn, metric "
+            f"and discharge rows carry no checksums, so damage in them cannot be detected, and this "
+            f"hydroagent_hpc {_PACKAGE_VERSION} reads version {SCHEMA_VERSION} only. Read it with the release "
+            f"that wrote it, or rerun the campaign into a new store.")
     if version != SCHEMA_VERSION:
         made = f.attrs.get("created_by", "an unknown version")
         newer = "newer" if version > SCHEMA_VERSION else "older"
@@ -212,13 +233,20 @@ def check_schema(f: h5py.File, path: str | Path) -> None:
     for table in TABLES:
         try:
             rows, text = f[f"{table.name}/rows"], f[f"{table.name}/text"]
-        except KeyError:
+        except KeyError as exc:
+            if "doesn't exist" not in str(exc):  # h5py's KeyError for an object header it cannot read
+                raise CorruptStoreError(f"{path}: HDF5 cannot open table {table.name!r} ({str(exc).strip(chr(39))}); "
+                                        f"its HDF5 structures are damaged") from None
             raise SchemaError(f"{path}: schema version {version} but table {table.name!r} is missing; "
                               f"the file is damaged or was edited by hand.") from None
-        if rows.dtype != table.dtype or text.dtype != np.uint8:
-            raise SchemaError(f"{path}: table {table.name!r} has record type {rows.dtype}, expected "
-                              f"{table.dtype}; the file was written by a different layout of version {version}.")
+        if rows.dtype != table.dtype or text.dtype != np.uint8:  # a store of this version never differs
+            raise CorruptStoreError(f"{path}: table {table.name!r} has record type {rows.dtype}, expected "
+                                    f"{table.dtype}; the file is damaged (or was edited by hand).")
     for name, dt in SERIES.items():
-        ds = f.get(f"series/{name}")
+        try:
+            ds = f.get(f"series/{name}")
+        except (KeyError, OSError, RuntimeError) as exc:
+            raise CorruptStoreError(f"{path}: HDF5 cannot open series/{name} ({str(exc).strip(chr(39))}); its HDF5 "
+                                    f"structures are damaged") from None
         if ds is None or ds.dtype != np.dtype(dt):
-            raise SchemaError(f"{path}: series/{name} is missing or not {dt}; the file is damaged.")
+            raise CorruptStoreError(f"{path}: series/{name} is missing or not {dt}; the file is damaged.")

@@ -30,8 +30,8 @@ import h5py
 import numpy as np
 from h5py import h5f, h5p
 
-from hydroagent_hpc.store.codec import encode_rows, seal
-from hydroagent_hpc.store.errors import DuplicateEpisodeError, StoreError, StoreLockedError
+from hydroagent_hpc.store.codec import block_checksum, encode_rows, series_checksum
+from hydroagent_hpc.store.errors import CorruptStoreError, DuplicateEpisodeError, StoreError, StoreLockedError
 from hydroagent_hpc.store.rows import (BasinRecord, basin_info, basin_record, episode_columns, metric_columns,
                                        sim_columns, turn_columns)
 from hydroagent_hpc.store.schema import (BASINS, DATASETS, EPISODES, LIBVER, METRIC_KEYS, METRICS, SIMS, TURNS,
@@ -190,7 +190,7 @@ class Appender:
 
     def _encode(self, table: Table, cols: dict[str, Any], n: int, eid: str) -> tuple[np.ndarray, bytes]:
         try:
-            return encode_rows(table, cols, n, self._len(f"{table.name}/text"))
+            return encode_rows(table, cols, n, self._len(f"{table.name}/text"), self._len(f"{table.name}/rows"))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{self.path}: episode {eid}: {exc}") from exc
 
@@ -207,10 +207,10 @@ class Appender:
         # 1. Encode everything (any error is raised before the file is touched).
         row = self._len("episodes/rows")
         basin = basin_record(episode, info)
-        basin_key = self.basin_keys.get(basin.digest)
-        new_basin = basin_key is None
+        known = self.basin_keys.get(basin.digest)
+        new_basin = known is None
+        basin_key = self._len("basins/rows") if known is None else known
         if new_basin:
-            basin_key = self._len("basins/rows")
             b_rows, b_text = self._encode(BASINS, self._basin_columns(basin), 1, eid)
         sim_start = self._len("sims/rows")
         q_base = self._len("series/discharge")
@@ -232,9 +232,11 @@ class Appender:
         ranges = {"turn_start": self._len("turns/rows"), "turn_count": len(episode.turns),
                   "sim_start": sim_start, "sim_count": len(episode.sims),
                   "metric_start": self._len("metrics/rows"), "metric_count": len(m_rows),
-                  "keys_end": keys_base + len(new_keys)}
+                  "keys_end": keys_base + len(new_keys),
+                  # The seals of the episode's blocks: rows then their strings (codec.block_checksum).
+                  "turns_crc": block_checksum(t_rows, t_text), "sims_crc": block_checksum(s_rows, s_text),
+                  "metrics_crc": block_checksum(m_rows, m_text), "discharge_crc": series_checksum(q)}
         e_rows, e_text = self._encode(EPISODES, episode_columns(episode, basin_key, ranges), 1, eid)
-        seal(e_rows)
         # 2. Write every part of the episode, then flush.
         if new_basin:
             self._append("series/times", basin.times if basin.times is not None else np.zeros(0, np.int64))
@@ -340,6 +342,11 @@ class EpisodeWriter:
             self._file = _open_swmr_write(self.path)
             self._app = Appender(self._file, self.path, durable)
             register_writer(self.path, self._file)
+        except CorruptStoreError as exc:  # never append to a damaged store: say what is damaged and intact
+            self.close()
+            from hydroagent_hpc.store.verify import explain
+
+            raise explain(exc, self.path) from None
         except BaseException:
             self.close()
             raise

@@ -1,0 +1,245 @@
+"""Checking a whole store: which committed episodes are intact and which are damaged, and saving
+the intact ones.
+
+:func:`verify_store` reads every byte a result depends on and checks it against its seal (see
+``store_schema.md``, "Damage"); it never raises for damage, it lists it. :func:`explain` turns a
+reader's :class:`CorruptStoreError` into the one-line message readers raise: what is damaged and
+what is still intact. :func:`salvage` copies the intact episodes into a new store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from hydroagent_hpc.store.errors import CorruptStoreError, StoreError
+from hydroagent_hpc.store.schema import DATASETS, METRICS, SIMS, TURNS
+from hydroagent_hpc.store.view import LIVE_WRITERS, FileCheck, StoreView, check_file, open_read
+
+__all__ = ["StoreHealth", "verify_store", "explain", "salvage"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    """What :func:`verify_store` found.
+
+    ``problems``: damage to the file as a whole (truncation, HDF5 structures, metric names);
+    ``intact``: ids of committed episodes whose every row checks out; ``damaged``: episode id (or
+    ``record N`` when the record itself is damaged) -> reason; ``uncommitted_rows``: records never
+    written (a writer killed before its commit; not damage).
+    """
+
+    path: Path
+    size_bytes: int
+    problems: tuple[str, ...]
+    intact: tuple[str, ...]
+    damaged: dict[str, str]
+    uncommitted_rows: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.damaged
+
+    def summary(self, limit: int = 5) -> str:
+        """One line: the damage and what is intact."""
+        if self.ok:
+            return f"{self.path}: intact ({len(self.intact)} committed episodes check out)"
+        parts = list(self.problems)
+        if self.damaged:
+            shown = [f"{k!r} ({v})" if not k.startswith("record ") else f"{k} ({v})"
+                     for k, v in list(self.damaged.items())[:limit]]
+            more = f" and {len(self.damaged) - limit} more" if len(self.damaged) > limit else ""
+            parts.append(f"{len(self.damaged)} episode(s) damaged: {', '.join(shown)}{more}")
+        ids = [repr(i) for i in self.intact[:limit]]
+        more = f" and {len(self.intact) - limit} more" if len(self.intact) > limit else ""
+        intact = (f"{len(self.intact)} committed episode(s) intact ({', '.join(ids)}{more})" if self.intact
+                  else "no committed episode can be read intact")
+        return f"{self.path}: damaged store: {'; '.join(parts)}; {intact}"
+
+
+def _lost_chunks(f: h5py.File, size: int) -> list[str]:
+    """Datasets with chunks that lie (partly) beyond ``size`` bytes, and from which row they are lost."""
+    out = []
+    for name in DATASETS:
+        try:
+            ds = f[name]
+            first_lost = None
+            for i in range(ds.id.get_num_chunks()):
+                info = ds.id.get_chunk_info(i)
+                if info.byte_offset + info.size > size:
+                    row = int(info.chunk_offset[0])
+                    first_lost = row if first_lost is None else min(first_lost, row)
+            if first_lost is not None and first_lost < ds.shape[0]:
+                out.append(f"{name} from row {first_lost} of {ds.shape[0]}")
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+            out.append(f"{name} (unreadable: {exc})")
+    return out
+
+
+def _check_batch(v: StoreView, batch: np.ndarray, names: list[str | None]) -> dict[int, str]:
+    """View position -> reason for each damaged episode of ``batch`` (its rows, discharge, basin, names)."""
+    bad: dict[int, str] = {}
+    gathered = {}
+    for table, field in ((TURNS, "turn"), (SIMS, "sim"), (METRICS, "metric")):
+        g = v.gather(table, field, batch)
+        gathered[table.name] = g
+        for p, why in g.bad.items():
+            bad.setdefault(p, why)
+    for p, why in v.check_discharge(gathered[SIMS.name], batch)[2].items():
+        bad.setdefault(p, why)
+    metrics = gathered[METRICS.name]
+    for j, p in enumerate(batch.tolist()):
+        if p in bad:
+            continue
+        keys = metrics.rows["key"][int(metrics.first[j]):int(metrics.first[j] + metrics.counts[j])].tolist()
+        lost = sorted({k for k in keys if not 0 <= k < len(names) or names[k] is None})
+        if lost:
+            bad[p] = f"the metric names it uses (metric_keys rows {lost[:5]}) are damaged"
+    v.basins(v.rows["basin_key"][batch])
+    for j, p in enumerate(batch.tolist()):
+        key = int(v.rows["basin_key"][p])
+        if p not in bad and key in v.bad_basins:
+            bad[p] = v.bad_basins[key]
+    return bad
+
+
+#: What reading damaged rows can raise (HDF5 errors, and numpy on nonsense offsets or lengths).
+_READ_ERRORS = (OSError, RuntimeError, KeyError, CorruptStoreError, ValueError, IndexError, OverflowError,
+                MemoryError, UnicodeDecodeError)
+
+
+def verify_store(path: str | os.PathLike[str], batch_size: int = 64) -> StoreHealth:
+    """Check every committed episode of the store at ``path`` against its seals; never hangs.
+
+    Raises :class:`~hydroagent_hpc.store.SchemaError` only when the file is not an episode store
+    (or one of another version), and ``FileNotFoundError`` when it is missing; any damage is
+    listed in the result.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such episode store")
+    check: FileCheck = check_file(p)
+    problems: list[str] = []
+    if check.truncated:
+        problems.append(f"the file is {check.describe()}")
+        if check.short:
+            return StoreHealth(p, check.size, tuple(problems), (), {}, 0)
+    live = LIVE_WRITERS.get(os.path.realpath(p))  # in the writer's process: its own handle
+    try:
+        f = live if live is not None else open_read(p)
+    except CorruptStoreError as exc:
+        problems.append(str(exc).split(": ", 1)[-1])
+        return StoreHealth(p, check.size, tuple(problems), (), {}, 0)
+    damaged: dict[str, str] = {}
+    intact: list[str] = []
+    uncommitted = 0
+    with nullcontext(f) if live is not None else f:
+        try:
+            v = StoreView(f, p, strict=False)
+        except CorruptStoreError as exc:
+            problems.append(str(exc).split(": ", 1)[-1])
+            return StoreHealth(p, check.size, tuple(problems), (), {}, 0)
+        except (OSError, RuntimeError, KeyError) as exc:
+            problems.append(f"HDF5 cannot read the episode records ({exc})")
+            return StoreHealth(p, check.size, tuple(problems), (), {}, 0)
+        if check.truncated:
+            lost = _lost_chunks(f, check.size)
+            if lost:
+                problems.append("rows lost past the end: " + "; ".join(lost))
+        damaged.update(v.damaged)
+        uncommitted = v.uncommitted_rows
+        try:
+            names = v.metric_names()
+        except (OSError, RuntimeError, KeyError) as exc:
+            problems.append(f"HDF5 cannot read the metric names ({exc})")
+            names = []
+        if v.bad_keys:
+            problems.append(f"{len(v.bad_keys)} metric name row(s) damaged ({sorted(v.bad_keys)[:5]})")
+        bad: dict[int, str] = {}
+        for b in range(0, len(v), batch_size):
+            batch = np.arange(b, min(b + batch_size, len(v)), dtype=np.int64)
+            try:
+                bad.update(_check_batch(v, batch, names))
+            except _READ_ERRORS as exc:
+                for one in batch.tolist():  # find which episodes of the batch cannot be read
+                    try:
+                        bad.update(_check_batch(v, np.asarray([one], dtype=np.int64), names))
+                    except _READ_ERRORS as exc1:
+                        bad[one] = f"its rows cannot be read ({str(exc1).splitlines()[0][:160]})"
+                logger.debug("%s: batch at %d: %s", p, b, exc)
+        for pos, eid in enumerate(v.ids):
+            if pos in bad:
+                damaged[eid] = bad[pos]
+            else:
+                intact.append(eid)
+    return StoreHealth(p, check.size, tuple(problems), tuple(intact), damaged, uncommitted)
+
+
+def explain(exc: CorruptStoreError, path: Path) -> CorruptStoreError:
+    """``exc`` as one line that also lists what is damaged and what is intact (from :func:`verify_store`)."""
+    if exc.summarized:
+        return exc
+    first = str(exc).split("\n")[0]
+    try:
+        health = verify_store(path)
+    except (StoreError, OSError, RuntimeError, ValueError, KeyError) as again:  # the check itself failed: say so
+        return CorruptStoreError(f"{first}; checking the rest failed too ({str(again).splitlines()[0]}). "
+                                 f"Rebuild the store from its shards or rerun the campaign into a new file.",
+                                 damaged=exc.damaged, summarized=True)
+    detail = health.summary() if not health.ok else f"{path}: {first}"
+    return CorruptStoreError(
+        f"{detail}. `hydroagent store verify {path}` lists every episode; `hydroagent store salvage {path} NEW.h5` "
+        f"copies the intact ones into a new store (rerun the campaign into NEW.h5 to redo the rest).",
+        damaged=tuple(health.damaged) + (exc.damaged if not health.damaged else ()), intact=health.intact,
+        summarized=True)
+
+
+def salvage(source: str | os.PathLike[str], dest: str | os.PathLike[str], *, overwrite: bool = False) -> StoreHealth:
+    """Copy the intact committed episodes of ``source`` (damaged or not) into a new store ``dest``.
+
+    Returns the health of ``source``; ``dest`` is built under a temporary name and renamed into
+    place (complete or absent). Raises :class:`StoreError` when nothing of ``source`` can be read.
+    """
+    from hydroagent_hpc.store.writer import (Appender, WriterLock, install_file, new_store_file,
+                                             remove_stale_temps, temp_name)
+
+    src, out = Path(source), Path(dest)
+    if out.exists() and not overwrite:
+        raise StoreError(f"{out}: exists; salvage into a new path (or pass overwrite=True)")
+    if out.exists() and out.resolve() == src.resolve():
+        raise StoreError(f"{out}: salvage destination is the damaged store itself; give a new path")
+    health = verify_store(src)
+    if not health.intact:
+        raise StoreError(f"{health.summary()}; nothing to salvage")
+    keep = set(health.intact)
+    lock = WriterLock(out)
+    t0 = time.perf_counter()
+    try:
+        remove_stale_temps(out)
+        tmp = temp_name(out, "merge")
+        try:
+            with open_read(src) as f, new_store_file(tmp) as g:
+                v = StoreView(f, src, strict=False)
+                app = Appender(g, tmp)
+                positions = [i for i, eid in enumerate(v.ids) if eid in keep]
+                v.strict = True  # the kept episodes checked out; any change since is an error
+                for episode, info in v.episodes(positions):
+                    app.append(episode, info)
+            install_file(tmp, out)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    finally:
+        lock.release()
+    logger.info("salvaged %d of %d episodes from %s into %s in %.2f s", len(keep), len(keep) + len(health.damaged),
+                src, out, time.perf_counter() - t0)
+    return health
