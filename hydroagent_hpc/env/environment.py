@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class CalibrationEnv:
     """Calibrate ``basin`` with ``simulator`` under ``config`` (see :class:`EnvConfig`)."""
 
     def __init__(self, basin: Basin, simulator: Any, config: EnvConfig, *, agent: str = "unknown", seed: int = 0,
-                 episode_id: str | None = None, clock=time.monotonic) -> None:
+                 episode_id: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.basin = basin
         self.sim = simulator
         self.config = config
@@ -89,7 +89,8 @@ class CalibrationEnv:
         self._t0 = self._clock()
         self._started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self._terminal: Payment | None = None
-        self._series = None  # (times, observed, warmup) of the basin, from the first successful run
+        # (times, observed, warmup) of the basin, from the first successful run
+        self._series: tuple[Any, np.ndarray, np.ndarray] | None = None
         self.messages = prompts.render_messages(self.basin, self.config.preset, self._budget())
         return [dict(m) for m in self.messages]
 
@@ -195,7 +196,7 @@ class CalibrationEnv:
 
     def _tool_set(self, v):
         self.parse_streak = 0
-        self.params = dict(v.params)
+        before, self.params = self.params, dict(v.params)
         self.counters["clipped_values"] += len(v.clipped)
         shown = {k: round(self.params[k], 6) for k in PARAM_NAMES}
         key = "params" if self.config.observation == "paper" else "validated_params"
@@ -204,7 +205,7 @@ class CalibrationEnv:
             obs["clipped"] = {k: {"asked": a, "used": u} for k, (a, u) in v.clipped.items()}
             obs["message"] = "some values were outside their bounds and were clipped: " + ", ".join(
                 f"{k} {a:g} -> {u:g}" for k, (a, u) in v.clipped.items())
-        return obs, self.ledger.set_parameters(), True, None, None, dict(v.applied)
+        return obs, self.ledger.set_parameters(before, self.params), True, None, None, dict(v.applied)
 
     def _tool_run(self):
         self.parse_streak = 0
@@ -230,7 +231,7 @@ class CalibrationEnv:
         else:
             self.fresh_run = None
             obs = {"status": "error", "run": rec.run_id, "message": f"simulation {rec.run_id} failed: {rec.error}"}
-        return obs, self.ledger.simulation(rec.ok), rec.ok, None if rec.ok else "simulation_failed", rec.run_id, {}
+        return obs, self.ledger.simulation(rec.ok, rec.params), rec.ok, None if rec.ok else "simulation_failed", rec.run_id, {}
 
     def _tool_evaluate(self):
         self.parse_streak = 0
@@ -279,7 +280,7 @@ class CalibrationEnv:
     def _credit(self, rec: SimRecord) -> tuple[Payment, bool]:
         rec.evaluated = True
         nse = _nse(rec)
-        pay, improved = self.ledger.evaluation(nse)
+        pay, improved = self.ledger.evaluation(nse, rec.params)
         self.counters["credited_evaluations"] += 1
         if improved:
             self.best_run = rec.run_id
@@ -394,19 +395,19 @@ class CalibrationEnv:
 
 
 def _nse(rec: SimRecord) -> float:
-    v = rec.metrics.get("NSE", float("nan")) if rec.metrics else float("nan")
+    raw: Any = rec.metrics.get("NSE", float("nan")) if rec.metrics else float("nan")
     try:
-        v = float(v)
+        v = float(raw)
     except (TypeError, ValueError):
         return float("nan")
     return v if math.isfinite(v) else float("-inf")
 
 
-def _safe_args(args: Mapping | None) -> dict | None:
+def _safe_args(args: Mapping[Any, Any] | None) -> dict[str, Any] | None:
     """Arguments as recorded: JSON-able, size-limited (they may be hostile)."""
     if args is None:
         return None
-    out = {}
+    out: dict[str, Any] = {}
     for i, (k, v) in enumerate(args.items()):
         if i >= 32:
             out["..."] = f"{len(args) - 32} more"
