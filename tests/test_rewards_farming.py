@@ -16,8 +16,9 @@ Properties (``shaping: safe``, both presets): farming at the best parameter set 
 and the released code's constants for ablations, and the farms the issue names still pay
 there, so the ablation measures what it claims to.
 
-``python tests/test_rewards_farming.py --examples 200`` measures the largest excess the
-generator finds per preset and shaping mode (it builds its own small basin).
+``python tests/test_rewards_farming.py --examples 100`` measures the largest excess the
+generator finds per preset, shaping mode and farming class (it builds its own small basin);
+``--shaping none`` measures a tree that has no ``shaping`` option (the code before the fix).
 """
 
 from __future__ import annotations
@@ -113,8 +114,10 @@ def build(recipe: Recipe, start: Mapping[str, float], truth: Mapping[str, float]
         steps += block
         state = _after(kind, n, state, goal, bad)
     steps += direct(goal)
+    state = dict(goal)
     for kind, n in recipe.after:
-        steps += _block(kind, n, goal, goal, bad)
+        steps += _block(kind, n, state, goal, bad)
+        state = _after(kind, n, state, goal, bad)
     return steps, goal
 
 
@@ -149,11 +152,10 @@ def play(basin: Basin, sim: Any, cfg: EnvConfig, steps: Sequence[Step]) -> Episo
 
 
 class Judge:
-    """Plays transcripts and their direct counterparts (cached per best parameter set)."""
+    """Plays a transcript and its direct counterpart; keeps the largest excess per label."""
 
     def __init__(self, basin: Basin, sim: Any) -> None:
         self.basin, self.sim = basin, sim
-        self._direct: dict[tuple[Any, ...], float] = {}
         self.largest: dict[str, float] = {}
 
     def excess(self, cfg: EnvConfig, steps: Sequence[Step], label: str = "") -> tuple[float, Episode, Episode]:
