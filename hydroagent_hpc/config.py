@@ -46,11 +46,11 @@ class RewardConfig:
     ``eval_bonus``, ``improve_bonus``) pay for activity: no-op set_parameters, repeated runs,
     repeated run/evaluate pairs and worse-then-better ladders all earn more than going straight
     to the same result. "safe" pays ``set_parameters_ok`` only for a change to a parameter set
-    not held before in the episode, ``simulation_ok`` only for the first run of a parameter set,
-    counts a distinct parameter set once in n_eval, and caps the four bonuses together at
-    ``shaping_cap`` per episode (a cut shows as a negative ``shaping_cap`` term); penalties
-    (``parse_failure``, ``simulation_failed``) must then be <= 0. "literal" pays the constants as
-    written, uncapped: for ablations only.
+    not held before in the episode, and at most once between runs; ``simulation_ok`` only for
+    the first run of a parameter set; counts a distinct parameter set once in n_eval; and caps
+    the four bonuses together at ``shaping_cap`` per episode (a cut shows as a negative
+    ``shaping_cap`` term). Penalties (``parse_failure``, ``simulation_failed``) must then be
+    <= 0. "literal" pays the constants as written, uncapped: for ablations only.
 
     Epsilon: with "safe", a transcript whose best NSE is that of parameter set P earns at most
     ``shaping_cap`` (0.25) more than the direct transcript set P, run, evaluate, and farming at

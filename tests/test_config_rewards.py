@@ -95,6 +95,8 @@ def test_safe_ledger_pays_novel_activity_once():
     assert led.set_parameters(p[0], p[1]).reward == pytest.approx(0.02)
     assert led.set_parameters(p[1], p[0]).reward == 0.0  # back to a set held before
     assert led.set_parameters(p[0], p[1]).reward == 0.0
+    assert led.set_parameters(p[1], p[2]).terms == {"unpaid_set_parameters_ok": 0.02}  # new, but no run since
+    assert led.set_parameters(p[2], p[1]).reward == 0.0
     assert led.simulation(True, p[1]).reward == pytest.approx(0.05)
     assert led.simulation(True, p[1]).terms == {"unpaid_simulation_ok": 0.05}  # the same set again
     assert led.simulation(False, p[2]).terms == {"simulation_failed": 0.0}
@@ -104,8 +106,10 @@ def test_safe_ledger_pays_novel_activity_once():
     led.evaluation(0.5, p[1])  # a second fresh run of the same set, evaluated again
     assert led.n_eval == 2 and led.n_eval_paid == 1
     assert led.terminal().terms["eval_bonus"] == pytest.approx(0.02)
-    for pay in (led.set_parameters(p[1], p[2]), led.simulation(True, sets(4)[3])):
-        assert pay.reward == pytest.approx(sum(paid(pay).values()))
+    pay = led.set_parameters(p[1], sets(4)[3])  # a new set after a run
+    assert pay.reward == pytest.approx(0.02) == pytest.approx(sum(paid(pay).values()))
+    assert led.queued().reward == 0.0 and not led.set_paid_since_run  # a queued candidate counts as a run
+    assert led.set_parameters(sets(4)[3], sets(5)[4]).reward == pytest.approx(0.02)
 
 
 def test_safe_ledger_caps_shaping_per_episode():

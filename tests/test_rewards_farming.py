@@ -169,6 +169,15 @@ class Judge:
         return gain, ep, ref
 
 
+BONUSES = ("set_parameters_ok", "simulation_ok", "eval_bonus", "improve_bonus", "shaping_cap")
+
+
+def shaping_of(ep: Episode) -> float:
+    """The activity bonuses an episode was paid (the cap's cuts included)."""
+    terms = [t.reward_terms for t in ep.turns] + [ep.terminal_terms]
+    return sum(v for tt in terms for k, v in tt.items() if k in BONUSES)
+
+
 def config(name: str, shaping: str | None, target_nse: float) -> EnvConfig:
     rewards = {} if shaping is None else {"rewards": {"shaping": shaping}}
     return preset(name, target_nse=target_nse, **rewards)
@@ -221,6 +230,8 @@ def test_no_farming_beats_the_direct_transcript_by_more_than_epsilon(name: str, 
     eps = cfg.rewards.shaping_cap
     assert gain <= eps + TOL, (f"{name}: {recipe} earned {gain:+.6f} more than the direct transcript, "
                                f"over epsilon {eps} ({ep.total_reward:.6f} vs {ref.total_reward:.6f})")
+    assert gain <= eps - shaping_of(ref) + TOL  # the tighter bound: what the cap leaves over the direct's bonuses
+    assert shaping_of(ep) <= eps + TOL
 
 
 # ---------------------------------------------------------------------------- the issue's farms

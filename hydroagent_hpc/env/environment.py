@@ -223,7 +223,7 @@ class CalibrationEnv:
             obs = {"status": "ok", "message": f"queued as candidate {len(self.pending)} of round {self.round + 1}; "
                                               "evaluate runs and scores the round's candidates",
                    "round": self.round + 1, "candidate": len(self.pending)}
-            return obs, self.ledger.nothing(), True, None, None, {}
+            return obs, self.ledger.queued(), True, None, None, {}
         rec = self._simulate([dict(self.params)])[0]
         if rec.ok:
             self.fresh_run = rec.run_id

@@ -26,7 +26,8 @@ calls earn +0.94, 50 runs of one parameter set +2.5, identical run/evaluate pair
 and a ladder of worse-then-better sets +0.10 per rung. In safe mode the ledger pays
 
 * ``set_parameters_ok`` only when the call changes the parameters to a set the episode has
-  not held before (no-ops and change-and-change-back pay nothing);
+  not held before (no-ops and change-and-change-back pay nothing), and at most once between
+  two runs (a queued candidate counts as a run in the rounds protocol);
 * ``simulation_ok`` only for the first run of a parameter set in the episode;
 * ``eval_bonus`` only per distinct parameter set evaluated (``n_eval`` in the terminal
   counts distinct sets; the environment's counters keep every credited evaluation);
@@ -93,6 +94,7 @@ class RewardLedger:
     held: set[ParamKey] = field(default_factory=set)  # parameter sets the episode has held
     ran: set[ParamKey] = field(default_factory=set)  # parameter sets run (ok or not)
     evaluated: set[ParamKey] = field(default_factory=set)  # parameter sets credited by an evaluate
+    set_paid_since_run: bool = False  # safe: one paid set_parameters per run
 
     @property
     def safe(self) -> bool:
@@ -126,15 +128,18 @@ class RewardLedger:
     def set_parameters(self, before: Mapping[str, float], after: Mapping[str, float]) -> Payment:
         """A valid set_parameters that moved the parameters from ``before`` to ``after``."""
         old, new = param_key(before), param_key(after)
-        novel = new != old and new not in self.held
+        novel = new != old and new not in self.held and not self.set_paid_since_run
         self.held.update((old, new))
-        return self._bonus("set_parameters_ok", self.config.set_parameters_ok, novel)
+        pay = self._bonus("set_parameters_ok", self.config.set_parameters_ok, novel)
+        self.set_paid_since_run = self.set_paid_since_run or novel
+        return pay
 
     def simulation(self, ok: bool, params: Mapping[str, float]) -> Payment:
         """A run of ``params``: the bonus for the first run of a set, the penalty for any failure."""
         key = param_key(params)
         novel = key not in self.ran
         self.ran.add(key)
+        self.set_paid_since_run = False
         if ok:
             return self._bonus("simulation_ok", self.config.simulation_ok, novel)
         return self._pay({"simulation_failed": self.config.simulation_failed})
@@ -143,6 +148,12 @@ class RewardLedger:
         return self._pay({"parse_failure": self.config.parse_failure})
 
     def nothing(self) -> Payment:
+        return Payment(0.0, {})
+
+    def queued(self) -> Payment:
+        """A candidate queued for the round (rounds protocol): pays nothing; counts as a run for the
+        once-per-run rule of ``set_parameters_ok``."""
+        self.set_paid_since_run = False
         return Payment(0.0, {})
 
     def evaluation(self, nse: float, params: Mapping[str, float]) -> tuple[Payment, bool]:
