@@ -42,6 +42,22 @@ class RewardConfig:
     Terminal (both presets): with no credited evaluation ``empty_penalty``; otherwise
     clip(best, *best_clip) + ``target_bonus``·[best > target] + ``eval_bonus``·n_eval +
     ``improve_bonus``·max(0, n_improve - 1).
+
+    Shaping (``shaping``, default "safe" in both presets; recorded in every episode's config).
+    Taken literally, the four activity bonuses (``set_parameters_ok``, ``simulation_ok``,
+    ``eval_bonus``, ``improve_bonus``) pay for activity: no-op set_parameters, repeated runs,
+    repeated run/evaluate pairs and worse-then-better ladders all earn more than going straight
+    to the same result. "safe" pays ``set_parameters_ok`` only for a change to a parameter set
+    not held before in the episode, and at most once between runs; ``simulation_ok`` only for
+    the first run of a parameter set; counts a distinct parameter set once in n_eval; and caps
+    the four bonuses together at ``shaping_cap`` per episode (a cut shows as a negative
+    ``shaping_cap`` term). Penalties (``parse_failure``, ``simulation_failed``) must then be
+    <= 0. "literal" pays the constants as written, uncapped: for ablations only.
+
+    Epsilon: with "safe", a transcript whose best NSE is that of parameter set P earns at most
+    ``shaping_cap`` (0.25) more than the direct transcript set P, run, evaluate, and farming at
+    P itself (no-op sets, repeated runs, identical run/evaluate pairs) earns nothing over it
+    (tests/test_rewards_farming.py; :mod:`hydroagent_hpc.env.rewards` has the argument).
     """
 
     per_turn: bool = True
@@ -56,14 +72,31 @@ class RewardConfig:
     eval_bonus: float = 0.02
     improve_bonus: float = 0.10
     empty_penalty: float = -1.0
+    shaping: str = "safe"
+    shaping_cap: float = 0.25
 
     def __post_init__(self) -> None:
         if self.delta_nse not in ("best", "previous", "off"):
             raise ConfigError(f"rewards.delta_nse={self.delta_nse!r}: use 'best', 'previous' or 'off'")
+        if self.shaping not in ("safe", "literal"):
+            raise ConfigError(f"rewards.shaping={self.shaping!r}: use 'safe' (the default) or 'literal' "
+                              "(the constants as written, farmable; for ablations)")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            for v in value if isinstance(value, tuple) else (value,):
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise ConfigError(f"rewards.{f.name}={value!r}: must be a finite number")
         for name in ("delta_clip", "best_clip"):
             lo, hi = getattr(self, name)
             if not lo < hi:
                 raise ConfigError(f"rewards.{name}={getattr(self, name)!r}: needs low < high")
+        if self.shaping_cap < 0:
+            raise ConfigError(f"rewards.shaping_cap={self.shaping_cap!r}: must be >= 0 (0 pays no activity bonus)")
+        if self.shaping == "safe":
+            for name in ("parse_failure", "simulation_failed"):
+                if getattr(self, name) > 0:
+                    raise ConfigError(f"rewards.{name}={getattr(self, name)!r} pays for failing, which a policy can "
+                                      f"farm; use a value <= 0, or rewards.shaping: literal for an ablation")
 
 
 @dataclass(frozen=True)

@@ -40,18 +40,25 @@ def test_yaml_is_strict(tmp_path):
         load_config(bad)
 
 
+def sets(n):
+    """n distinct parameter sets."""
+    return [{"wm": 1.0 + i / 8, "b": 1.0} for i in range(n)]
+
+
 def test_ledger_paper_arithmetic():
-    led = RewardLedger(RewardConfig(), target=0.7)
-    assert led.set_parameters().reward == pytest.approx(0.02)
-    assert led.simulation(True).reward == pytest.approx(0.05)
+    """The paper's constants as written (literal shaping: no novelty rule, no cap)."""
+    led = RewardLedger(RewardConfig(shaping="literal"), target=0.7)
+    p = sets(5)
+    assert led.set_parameters(p[0], p[1]).reward == pytest.approx(0.02)
+    assert led.simulation(True, p[1]).reward == pytest.approx(0.05)
     assert led.parse_failure().reward == pytest.approx(-0.5)
-    pay, imp = led.evaluation(-17.0)  # a catastrophic first run: clipped change from 0
+    pay, imp = led.evaluation(-17.0, p[1])  # a catastrophic first run: clipped change from 0
     assert imp and pay.reward == pytest.approx(-1.0) and pay.terms["unpaid_delta_nse_previous"] == pytest.approx(-17.0)
-    pay, imp = led.evaluation(0.5)
+    pay, imp = led.evaluation(0.5, p[2])
     assert imp and pay.reward == pytest.approx(1.5)
-    pay, imp = led.evaluation(0.4)
+    pay, imp = led.evaluation(0.4, p[3])
     assert not imp and pay.reward == 0.0
-    pay, imp = led.evaluation(0.75)
+    pay, imp = led.evaluation(0.75, p[4])
     assert imp and pay.reward == pytest.approx(0.25)
     t = led.terminal()
     assert t.terms == {"best_nse_clipped": pytest.approx(0.75), "target_bonus": 0.5, "eval_bonus": pytest.approx(0.08),
@@ -62,8 +69,91 @@ def test_ledger_paper_arithmetic():
 def test_ledger_released_terminal_only_and_empty():
     led = RewardLedger(PRESETS["released"].rewards, target=0.7)
     assert led.terminal().reward == -1.0
-    assert led.set_parameters().reward == 0.0 and led.parse_failure().reward == 0.0
-    pay, _ = led.evaluation(0.3)
+    p = sets(2)
+    assert led.set_parameters(p[0], p[1]).reward == 0.0 and led.parse_failure().reward == 0.0
+    pay, _ = led.evaluation(0.3, p[1])
     assert pay.reward == 0.0 and pay.terms["unpaid_delta_nse_previous"] == pytest.approx(0.3)
-    pay, _ = led.evaluation(math.nan)  # zero-variance observations: no improvement, still counted
+    pay, _ = led.evaluation(math.nan, p[1])  # zero-variance observations: no improvement, still counted
     assert led.n_eval == 2 and led.best == 0.3
+
+
+def paid(pay):
+    """The paid terms of a payment (keys without the unpaid_ prefix)."""
+    return {k: v for k, v in pay.terms.items() if not k.startswith("unpaid_")}
+
+
+def test_both_presets_default_to_safe_shaping():
+    for name, cfg in PRESETS.items():
+        assert cfg.rewards.shaping == "safe" and cfg.rewards.shaping_cap == 0.25, name
+        assert to_dict(cfg)["rewards"]["shaping"] == "safe"
+
+
+def test_safe_ledger_pays_novel_activity_once():
+    led = RewardLedger(RewardConfig(), target=0.7)
+    p = sets(3)
+    assert led.set_parameters(p[0], p[0]).terms == {"unpaid_set_parameters_ok": 0.02}  # a no-op
+    assert led.set_parameters(p[0], p[1]).reward == pytest.approx(0.02)
+    assert led.set_parameters(p[1], p[0]).reward == 0.0  # back to a set held before
+    assert led.set_parameters(p[0], p[1]).reward == 0.0
+    assert led.set_parameters(p[1], p[2]).terms == {"unpaid_set_parameters_ok": 0.02}  # new, but no run since
+    assert led.set_parameters(p[2], p[1]).reward == 0.0
+    assert led.simulation(True, p[1]).reward == pytest.approx(0.05)
+    assert led.simulation(True, p[1]).terms == {"unpaid_simulation_ok": 0.05}  # the same set again
+    assert led.simulation(False, p[2]).terms == {"simulation_failed": 0.0}
+    assert led.simulation(True, p[2]).reward == 0.0  # p2 has run (and failed) before
+    assert led.parse_failure().reward == pytest.approx(-0.5)  # penalties always
+    led.evaluation(0.5, p[1])
+    led.evaluation(0.5, p[1])  # a second fresh run of the same set, evaluated again
+    assert led.n_eval == 2 and led.n_eval_paid == 1
+    assert led.terminal().terms["eval_bonus"] == pytest.approx(0.02)
+    pay = led.set_parameters(p[1], sets(4)[3])  # a new set after a run
+    assert pay.reward == pytest.approx(0.02) == pytest.approx(sum(paid(pay).values()))
+    assert led.queued().reward == 0.0 and not led.set_paid_since_run  # a queued candidate counts as a run
+    assert led.set_parameters(sets(4)[3], sets(5)[4]).reward == pytest.approx(0.02)
+
+
+def test_safe_ledger_caps_shaping_per_episode():
+    cfg = RewardConfig(shaping_cap=0.1)
+    led = RewardLedger(cfg, target=0.7)
+    p = sets(6)
+    assert led.set_parameters(p[0], p[1]).reward == pytest.approx(0.02)
+    assert led.simulation(True, p[1]).reward == pytest.approx(0.05)
+    pay = led.set_parameters(p[1], p[2])
+    assert pay.reward == pytest.approx(0.02) and "shaping_cap" not in pay.terms
+    pay = led.simulation(True, p[2])  # 0.01 left of the cap
+    assert pay.reward == pytest.approx(0.01) and pay.terms == {"simulation_ok": 0.05,
+                                                               "shaping_cap": pytest.approx(-0.04)}
+    assert led.set_parameters(p[2], p[3]).reward == 0.0 and led.shaping_paid == pytest.approx(0.1)
+    for i, nse in enumerate((0.1, 0.2, 0.3, 0.4), start=1):  # a ladder: 4 evaluations, 3 improvements after the first
+        pay, imp = led.evaluation(nse, p[i])
+        assert imp
+    t = led.terminal()
+    assert t.terms["eval_bonus"] == pytest.approx(0.08) and t.terms["improve_bonus"] == pytest.approx(0.3)
+    assert t.terms["shaping_cap"] == pytest.approx(-0.38)  # the cap was spent per turn
+    assert t.reward == pytest.approx(sum(t.terms.values())) == pytest.approx(0.4)
+    assert led.terminal() == t  # pure
+    # the cap spans per-turn and terminal bonuses; literal shaping has none
+    lit = RewardLedger(RewardConfig(shaping="literal", shaping_cap=0.1), target=0.7)
+    assert sum(lit.simulation(True, p[0]).reward for _ in range(5)) == pytest.approx(0.25)
+
+
+def test_reward_config_refuses_bad_shaping(tmp_path):
+    with pytest.raises(ConfigError, match=r"rewards.shaping='lax': use 'safe' .* or 'literal'"):
+        RewardConfig(shaping="lax")
+    with pytest.raises(ConfigError, match=r"rewards.shaping_cap=-0.1: must be >= 0"):
+        RewardConfig(shaping_cap=-0.1)
+    with pytest.raises(ConfigError, match=r"rewards.simulation_failed=0.1 pays for failing.*shaping: literal"):
+        RewardConfig(simulation_failed=0.1)
+    assert RewardConfig(simulation_failed=0.1, shaping="literal").simulation_failed == 0.1  # an ablation may
+    for name in ("set_parameters_ok", "shaping_cap", "eval_bonus"):
+        with pytest.raises(ConfigError, match=rf"rewards.{name}=nan: must be a finite number"):
+            RewardConfig(**{name: math.nan})
+    with pytest.raises(ConfigError, match=r"rewards.delta_clip=\(-inf, 1.0\): must be a finite number"):
+        RewardConfig(delta_clip=(-math.inf, 1.0))
+    f = tmp_path / "env.yaml"
+    f.write_text("preset: released\nrewards:\n  shaping: literal\n  shaping_cap: 0.5\n")
+    cfg = load_config(f)
+    assert cfg.rewards.shaping == "literal" and cfg.rewards.shaping_cap == 0.5 and cfg.rewards.per_turn is False
+    f.write_text("preset: paper\nrewards:\n  shaping: sloppy\n")
+    with pytest.raises(ConfigError, match=r"env.yaml:[23]: .*rewards.shaping='sloppy': use 'safe'"):
+        load_config(f)

@@ -230,3 +230,37 @@ def test_rounds_respect_the_simulation_budget(basin, small_sim):
     assert refused["status"] == "error" and "budget" in refused["message"]
     env.evaluate()
     assert env.counters["simulations"] == 4 and env.done and env.stop_reason == "max_simulations"
+
+
+def test_padding_in_one_message_is_paid_once(basin, small_sim):
+    """The text path pays the same safe shaping as the direct one; the episode records the mode."""
+    env = make_env(basin, small_sim)
+    r = env.step(call(SET, alpha0=0.4) + call(SET, alpha0=0.4) + call(SET, wm=1.0) + call("run_simulation")
+                 + call("run_simulation") + call("evaluate"))
+    assert [t.ok for t in env.turns] == [True] * 6
+    assert [t.reward for t in env.turns[:5]] == pytest.approx([0.02, 0.0, 0.0, 0.05, 0.0])
+    assert env.turns[1].reward_terms == {"unpaid_set_parameters_ok": 0.02}
+    assert env.turns[4].reward_terms == {"unpaid_simulation_ok": 0.05}
+    nse = env.sims[1].metrics["NSE"]
+    assert r.reward == pytest.approx(0.07 + max(min(nse, 1.0), -1.0))
+    ep = env.episode()
+    assert ep.config["env"]["rewards"]["shaping"] == "safe" and ep.config["env"]["rewards"]["shaping_cap"] == 0.25
+    assert ep.terminal_terms["eval_bonus"] == pytest.approx(0.02) and ep.counters["simulations"] == 2
+
+
+def test_rounds_of_the_same_candidates_earn_the_eval_bonus_once(basin, small_sim):
+    def play(shaping):
+        env = make_env(basin, small_sim, protocol="rounds", max_rounds=3, candidates_per_round=2, max_turns=None,
+                       patience=None, rewards={"shaping": shaping})
+        env.set_parameters(wm=1.5)
+        for _ in range(3):
+            env.run_simulation()
+            env.run_simulation()
+            assert env.evaluate()["status"] == "ok"
+        assert env.done and env.stop_reason == "max_rounds"
+        return env.episode()
+
+    safe, literal = play("safe"), play("literal")
+    assert safe.best_nse == literal.best_nse and safe.counters["credited_evaluations"] == 3
+    assert safe.terminal_terms["eval_bonus"] == pytest.approx(0.02)
+    assert literal.terminal_terms["eval_bonus"] == pytest.approx(0.06)

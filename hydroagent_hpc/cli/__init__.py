@@ -3,7 +3,7 @@
 Subcommands, wired here and defined in :mod:`hydroagent_hpc.cli.basins` (``simulate``, a drop-in
 for ``ef5 control.txt``; ``basin synth|from-camels``; ``data usgs|verify``) and
 :mod:`hydroagent_hpc.cli.runs` (``calibrate``; ``campaign run|merge|status``; ``submit campaign``;
-``demo``; ``report``). Errors in the input print one clear message (file:line, key, fix) and exit
+``demo``; ``report``) and :mod:`hydroagent_hpc.cli.store` (``store verify|salvage``). Errors in the input print one clear message (file:line, key, fix) and exit
 with status 2 (an incomplete merge exits 1); no traceback unless ``--debug``.
 """
 

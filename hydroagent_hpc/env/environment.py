@@ -222,7 +222,7 @@ class CalibrationEnv:
 
     def _tool_set(self, v: toolcalls.Validated) -> ToolOutcome:
         self.parse_streak = 0
-        self.params = dict(v.params)
+        before, self.params = self.params, dict(v.params)
         self.counters["clipped_values"] += len(v.clipped)
         shown = {k: round(self.params[k], 6) for k in PARAM_NAMES}
         key = "params" if self.config.observation == "paper" else "validated_params"
@@ -231,7 +231,7 @@ class CalibrationEnv:
             obs["clipped"] = {k: {"asked": a, "used": u} for k, (a, u) in v.clipped.items()}
             obs["message"] = "some values were outside their bounds and were clipped: " + ", ".join(
                 f"{k} {a:g} -> {u:g}" for k, (a, u) in v.clipped.items())
-        return ToolOutcome(obs, self.ledger.set_parameters(), True, None, None, dict(v.applied))
+        return ToolOutcome(obs, self.ledger.set_parameters(before, self.params), True, None, None, dict(v.applied))
 
     def _tool_run(self) -> ToolOutcome:
         self.parse_streak = 0
@@ -249,7 +249,7 @@ class CalibrationEnv:
             obs = {"status": "ok", "message": f"queued as candidate {len(self.pending)} of round {self.round + 1}; "
                                               "evaluate runs and scores the round's candidates",
                    "round": self.round + 1, "candidate": len(self.pending)}
-            return ToolOutcome(obs, self.ledger.nothing(), True, None, None, {})
+            return ToolOutcome(obs, self.ledger.queued(), True, None, None, {})
         rec = self._simulate([dict(self.params)])[0]
         if rec.ok:
             self.fresh_run = rec.run_id
@@ -257,8 +257,8 @@ class CalibrationEnv:
         else:
             self.fresh_run = None
             obs = {"status": "error", "run": rec.run_id, "message": f"simulation {rec.run_id} failed: {rec.error}"}
-        return ToolOutcome(obs, self.ledger.simulation(rec.ok), rec.ok, None if rec.ok else "simulation_failed",
-                           rec.run_id, {})
+        return ToolOutcome(obs, self.ledger.simulation(rec.ok, rec.params), rec.ok,
+                           None if rec.ok else "simulation_failed", rec.run_id, {})
 
     def _tool_evaluate(self) -> ToolOutcome:
         self.parse_streak = 0
@@ -307,7 +307,7 @@ class CalibrationEnv:
     def _credit(self, rec: SimRecord) -> tuple[Payment, bool]:
         rec.evaluated = True
         nse = _nse(rec)
-        pay, improved = self.ledger.evaluation(nse)
+        pay, improved = self.ledger.evaluation(nse, rec.params)
         self.counters["credited_evaluations"] += 1
         if improved:
             self.best_run = rec.run_id
@@ -427,19 +427,19 @@ class CalibrationEnv:
 
 
 def _nse(rec: SimRecord) -> float:
-    v = rec.metrics.get("NSE", float("nan")) if rec.metrics else float("nan")
+    raw: Any = rec.metrics.get("NSE", float("nan")) if rec.metrics else float("nan")
     try:
-        v = float(v)
+        v = float(raw)
     except (TypeError, ValueError):
         return float("nan")
     return v if math.isfinite(v) else float("-inf")
 
 
-def _safe_args(args: Mapping | None) -> dict | None:
+def _safe_args(args: Mapping[Any, Any] | None) -> dict[str, Any] | None:
     """Arguments as recorded: JSON-able, size-limited (they may be hostile)."""
     if args is None:
         return None
-    out = {}
+    out: dict[str, Any] = {}
     for i, (k, v) in enumerate(args.items()):
         if i >= 32:
             out["..."] = f"{len(args) - 32} more"
