@@ -6,7 +6,8 @@ JSON list (or ``{"responses": [...], "strict": true}``) whose entries are either
 
 - a chat-completion body (an object with ``choices``), served with status 200, or
 - an envelope ``{"status": 429, "headers": {"Retry-After": "1"}, "body": {...}, "delay_s": 2.0}``
-  (every key optional; ``raw`` instead of ``body`` sends a text body as it is). ``delay_s`` waits
+  (every key optional; ``raw`` instead of ``body`` sends a text body as it is, UTF-8 encoded with
+  lone surrogates passed through as the invalid bytes they make). ``delay_s`` waits
   before answering, to provoke a client timeout; an envelope with neither body nor status
   answers 504 after its delay. ``comment`` is ignored.
 
@@ -221,7 +222,7 @@ class ReplayServer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         handler = type("_BoundHandler", (_Handler,), {"replay": self})
-        server_cls = ThreadingHTTPServer
+        server_cls: type[ThreadingHTTPServer] = ThreadingHTTPServer
         if ":" in host:
             server_cls = type("_V6Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
         self._httpd = server_cls((host, int(port)), handler)
@@ -344,8 +345,9 @@ class _Handler(BaseHTTPRequestHandler):
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
             if drip_s > 0 and drip_headers:
-                head = b"".join(self._headers_buffer) + b"\r\n"  # what end_headers would send
-                self._headers_buffer = []
+                buffered: list[bytes] = getattr(self, "_headers_buffer", [])
+                head = b"".join(buffered) + b"\r\n"  # what end_headers would send
+                buffered.clear()
                 self._drip(head + data, drip_s)
                 return
             self.end_headers()

@@ -33,7 +33,7 @@ One module per noun; this package re-exports their public names, so
 
 from hydroagent_hpc.env.toolcalls.message import CLOSE_TAG, OPEN_TAG, PARSE_REASONS, ParsedMessage, ParseFailure
 from hydroagent_hpc.env.toolcalls.openai import from_openai_tool_calls, to_openai_tool_call
-from hydroagent_hpc.env.toolcalls.parse import MAX_MESSAGE_CHARS, parse_message
+from hydroagent_hpc.env.toolcalls.parse import LONE_SURROGATE, MAX_MESSAGE_CHARS, parse_message
 from hydroagent_hpc.env.toolcalls.render import format_example, render_hermes, render_tool_response, retry_hint
 from hydroagent_hpc.env.toolcalls.schema import (
     BOUNDS_RULES,
@@ -51,5 +51,5 @@ __all__ = [
     "MAX_ABS_VALUE", "ParseFailure", "ParsedMessage", "Validated", "tool_schemas", "parse_message",
     "validate_arguments", "render_hermes", "render_tool_response", "from_openai_tool_calls",
     "to_openai_tool_call", "retry_hint", "format_example", "describe_parameter",
-    "OPEN_TAG", "CLOSE_TAG", "MAX_DEPTH", "RAW_CHARS", "VALID_NAMES_TEXT",
+    "OPEN_TAG", "CLOSE_TAG", "MAX_DEPTH", "RAW_CHARS", "VALID_NAMES_TEXT", "LONE_SURROGATE",
 ]

@@ -21,7 +21,8 @@ __all__ = ["PARSE_REASONS", "OPEN_TAG", "CLOSE_TAG", "ParseFailure", "ParsedMess
 
 #: Codes a :class:`ParseFailure` may carry.
 PARSE_REASONS = ("no_tool_call", "malformed_json", "not_an_object", "malformed_call", "unknown_tool",
-                 "bad_arguments", "unclosed_tag", "stray_close_tag", "too_many_calls", "message_too_long")
+                 "bad_arguments", "unclosed_tag", "stray_close_tag", "too_many_calls", "message_too_long",
+                 "invalid_text")
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 

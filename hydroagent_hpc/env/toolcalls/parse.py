@@ -12,10 +12,13 @@ import re
 from hydroagent_hpc.env.toolcalls.message import OPEN_TAG, Builder, ParsedMessage, ParseFailure, call_from_object
 from hydroagent_hpc.env.toolcalls.strictjson import RAW_CHARS, Rejected, strict_loads
 
-__all__ = ["MAX_MESSAGE_CHARS", "parse_message"]
+__all__ = ["MAX_MESSAGE_CHARS", "LONE_SURROGATE", "parse_message"]
 
 MAX_MESSAGE_CHARS = 200_000
 _TAG_RE = re.compile(r"<tool_call>|</tool_call>")
+#: A code point that UTF-8 cannot encode: half of a UTF-16 surrogate pair, alone in a Python str
+#: (a JSON body can carry one as an escape such as ``\\ud800``).
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def parse_message(text: str, max_calls: int = 10, max_chars: int = MAX_MESSAGE_CHARS) -> ParsedMessage:
@@ -24,9 +27,17 @@ def parse_message(text: str, max_calls: int = 10, max_chars: int = MAX_MESSAGE_C
     Only the first ``max_chars`` characters are scanned (a longer message adds a
     "message_too_long" failure at the end). At most ``max_calls`` blocks become items; further
     blocks make one "too_many_calls" failure. A message without any block is one "no_tool_call".
+    A message holding a lone surrogate (:data:`LONE_SURROGATE`) is not text: it is one
+    "invalid_text" failure and none of its calls runs.
     """
     if not isinstance(text, str):
         return ParsedMessage([], [ParseFailure("no_tool_call", f"the message is not text ({type(text).__name__})")])
+    bad = LONE_SURROGATE.search(text)
+    if bad is not None:
+        return ParsedMessage([], [ParseFailure(
+            "invalid_text", f"the message is not valid Unicode: an unpaired surrogate U+{ord(bad.group()):04X} at "
+                            f"character {bad.start()}; nothing in it was run. Send plain UTF-8 text and repeat the "
+                            "tool calls")])
     too_long = len(text) > max_chars
     scan = text[:max_chars] if too_long else text
     b = Builder(max_calls)
