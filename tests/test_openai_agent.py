@@ -118,6 +118,9 @@ def test_models_file_lists_the_nine_frontier_models():
      "api_key_env"),
     ("models:\n  m:\n    provider: vllm\n    model: x\n    base_url: http://localhost:8000/v1\n"
      "    api_key_required: false\n    limits: {max_retries: two}\n", ":7:", "whole number"),
+    ("models:\n  m:\n    provider: vllm\n    model: x\n    base_url: http://localhost:8000/v1\n"
+     "    api_key_required: false\n    limits: {max_reply_chars: 10}\n", ":7:",
+     "models.m.limits.max_reply_chars: must be >= 1000"),
 ])
 def test_models_file_is_strict(tmp_path, text, where, what):
     path = tmp_path / "models.yaml"

@@ -3,7 +3,22 @@
 :class:`ChatClient` wraps the ``openai`` client (its own retries switched off, so every attempt
 is seen and counted here) for one :class:`~hydroagent_hpc.agents.llm.models_file.ModelSpec`:
 
-- a per-request timeout (``limits.timeout_s``);
+- a wall-clock deadline per attempt (``limits.timeout_s``, from sending the request to the last
+  byte of the answer; the HTTP client's own timeout applies per read only, so a server that
+  drips a byte every half second would otherwise hold a request for ever): the exchange runs in
+  a worker thread that is abandoned at the deadline, and the attempt counts as a "timeout";
+- bounded replies: a body beyond ``limits.max_response_bytes`` is not read further and the
+  reply is discarded (its text becomes a marked note, so the environment records a parse failure
+  and nothing large is kept); the text of a reply and each tool call's arguments are cut to
+  ``limits.max_reply_chars`` and the cut is marked, so a huge reply is never sent again with the
+  later requests;
+- the body is read and checked here, not by the ``openai`` client's models: a 200 whose body is
+  not UTF-8 JSON (an HTML error page, a truncated body) or has no usable ``choices[0].message``
+  is retried as "bad_response"; a message whose ``content`` is not text or whose ``tool_calls``
+  is not an array is passed on marked (:attr:`Completion.tool_calls_error`), for the agent to
+  turn into a parse failure of that turn;
+- requests never carry lone surrogates (they cannot be encoded as UTF-8): they are replaced by
+  U+FFFD in every string sent;
 - retries on 429, 408, 409, 5xx, timeouts, connection errors and unusable bodies, at most
   ``limits.max_retries`` after the first attempt, with exponential backoff and jitter
   (``base * 2**(n-1)`` capped at ``backoff_max_s``, scaled by a random factor in [0.5, 1]); a
@@ -20,8 +35,10 @@ message this module logs or raises, and no repr or usage record holds it.
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,15 +46,23 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
 
 from hydroagent_hpc.agents.llm.models_file import PLACEHOLDER_KEY, ModelSpec, resolve_api_key
+from hydroagent_hpc.env.toolcalls import LONE_SURROGATE
 from hydroagent_hpc.errors import HydroAgentError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ChatClient", "Completion", "RateLimiter", "UsageMeter", "LLMError", "LLMRequestError",
-           "RETRY_KINDS", "parse_retry_after"]
+           "RETRY_KINDS", "parse_retry_after", "CUT_MARK", "DISCARDED_MARK", "NOT_TEXT_MARK", "clean_text"]
 
 RETRY_KINDS = ("rate_limit", "timeout", "connection", "server_error", "bad_response")
 _RETRY_STATUS = (408, 409)
+
+#: Notes put into a reply's text where it was cut or could not be used. Plain text in brackets:
+#: nothing the tool-call parser could take for a call, and obviously not the model's words.
+CUT_MARK = "\n[hydroagent: {more} more characters of this reply were cut off (limits.max_reply_chars = {cap})]"
+DISCARDED_MARK = ("[hydroagent: this reply was discarded unread: its response body is larger than "
+                  "limits.max_response_bytes = {cap} bytes]")
+NOT_TEXT_MARK = "[hydroagent: this reply's message.content was a JSON {kind}, not text]"
 
 
 class LLMError(HydroAgentError, RuntimeError):
@@ -56,7 +81,14 @@ class LLMRequestError(LLMError):
 
 @dataclass
 class Completion:
-    """The parts of one chat-completion response the agent uses."""
+    """The parts of one chat-completion response the agent uses, bounded by the limits.
+
+    ``content`` is text or None (a non-text content became :data:`NOT_TEXT_MARK`, a discarded
+    body :data:`DISCARDED_MARK`); ``tool_calls`` the message's calls as received (plain JSON
+    values, strings cut to ``limits.max_reply_chars``); ``tool_calls_error`` says why
+    ``message.tool_calls`` was unusable as a whole (then ``tool_calls`` is empty); ``cut`` counts
+    the characters cut off.
+    """
 
     content: str | None
     tool_calls: list[Any]
@@ -64,6 +96,9 @@ class Completion:
     response_id: str | None
     model: str | None
     usage: dict[str, Any] = field(default_factory=dict)  # this request's entry of UsageMeter.turns
+    tool_calls_error: str | None = None
+    cut: int = 0
+    discarded: bool = False
 
 
 class RateLimiter:
@@ -137,19 +172,23 @@ class UsageMeter:
         self.rate_limit_wait_s = 0.0
         self.api_time_s = 0.0
         self.stopped: str | None = None
+        self.replies_cut = 0
+        self.reply_chars_cut = 0
+        self.replies_discarded = 0
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         p = self.spec.prices
         return prompt_tokens * p.input_usd_per_mtok / 1e6 + completion_tokens * p.output_usd_per_mtok / 1e6
 
-    def record(self, response: Any, attempts: int, latency_s: float, finish_reason: str | None,
-               n_tool_calls: int) -> dict[str, Any]:
-        """Account one successful response; returns its turn entry."""
-        u = getattr(response, "usage", None)
-        pt, ct = _int(getattr(u, "prompt_tokens", None)), _int(getattr(u, "completion_tokens", None))
-        cached = _int(getattr(getattr(u, "prompt_tokens_details", None), "cached_tokens", None))
-        reasoning = _int(getattr(getattr(u, "completion_tokens_details", None), "reasoning_tokens", None))
-        entry = {"request": len(self.turns), "response_id": _str(getattr(response, "id", None)),
+    def record(self, response: Mapping[str, Any] | None, attempts: int, latency_s: float,
+               finish_reason: str | None, n_tool_calls: int) -> dict[str, Any]:
+        """Account one successful response (its decoded JSON body; None if discarded); returns its turn entry."""
+        u = _get(response, "usage")
+        u = u if isinstance(u, Mapping) else None
+        pt, ct = _int(_get(u, "prompt_tokens")), _int(_get(u, "completion_tokens"))
+        cached = _int(_get(_get(u, "prompt_tokens_details"), "cached_tokens"))
+        reasoning = _int(_get(_get(u, "completion_tokens_details"), "reasoning_tokens"))
+        entry = {"request": len(self.turns), "response_id": _str(_get(response, "id")),
                  "prompt_tokens": pt, "completion_tokens": ct, "cached_prompt_tokens": cached,
                  "reasoning_tokens": reasoning, "cost_usd": self.cost(pt or 0, ct or 0),
                  "usage_reported": u is not None and pt is not None and ct is not None,
@@ -176,14 +215,21 @@ class UsageMeter:
                        "as_of": p.as_of, "assumed": p.assumed},
             "tool_calls": total("tool_calls"), "api_time_s": round(self.api_time_s, 6),
             "backoff_s": round(self.backoff_s, 6), "rate_limit_wait_s": round(self.rate_limit_wait_s, 6),
-            "stopped": self.stopped, "turns": [dict(t) for t in self.turns],
+            "stopped": self.stopped, "replies_cut": self.replies_cut, "reply_chars_cut": self.reply_chars_cut,
+            "replies_discarded": self.replies_discarded, "turns": [dict(t) for t in self.turns],
         })
         out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
         return out
 
 
 def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+        return None
+    return int(v)
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else None
 
 
 def _str(v: Any) -> str | None:
@@ -236,10 +282,11 @@ class ChatClient:
                           seed: int | None = None) -> dict[str, Any]:
         """The keyword arguments of ``chat.completions.create``.
 
-        ``None`` sampling values are left out; ``seed`` is sent only where ``spec.send_seed``.
+        ``None`` sampling values are left out; ``seed`` is sent only where ``spec.send_seed``. Lone
+        surrogates in the messages become U+FFFD (see :func:`clean_text`).
         """
         s = self.spec.sampling
-        kwargs: dict[str, Any] = {"model": self.spec.model, "messages": [dict(m) for m in messages]}
+        kwargs: dict[str, Any] = {"model": self.spec.model, "messages": [_clean(dict(m)) for m in messages]}
         if tools:
             kwargs["tools"] = [dict(t) for t in tools]
         if s.temperature is not None:
@@ -256,7 +303,11 @@ class ChatClient:
 
     def complete(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping] | None = None,
                  seed: int | None = None) -> Completion:
-        """One completion, retried as the limits allow; raises :class:`LLMRequestError` for good."""
+        """One completion, retried as the limits allow; raises :class:`LLMRequestError` for good.
+
+        Each attempt ends within ``limits.timeout_s`` of wall-clock time; the whole call within
+        ``(max_retries + 1) * timeout_s`` plus the waits between attempts.
+        """
         kwargs = self.request_arguments(messages, tools, seed)
         lim = self.spec.limits
         attempt = 0
@@ -266,24 +317,22 @@ class ChatClient:
                 self.meter.rate_limit_wait_s += self.limiter.acquire()
             self.meter.attempts += 1
             t0 = self._clock()
+            body: dict[str, Any] | None = None
+            answered = False
+            kind: str | None
+            status: int | None
+            retry_after: float | None
             try:
-                response = self._client.chat.completions.create(**kwargs)
-                problem = _unusable(response)
-                kind, status, retry_after, detail = ("bad_response", 200, None, problem) if problem else \
-                    (None, None, None, "")
-            except Exception as exc:  # classified below; anything not from the API is re-raised
-                response = None
+                data, over = self._exchange(kwargs)
+                body, detail = (None, "") if over else _decode_body(data)
+                answered = over or body is not None
+                kind, status, retry_after = (None, None, None) if answered else ("bad_response", 200, None)
+            except Exception as exc:  # classified below; anything not from the API or HTTP is re-raised
                 kind, status, retry_after, detail = self._classify(exc)
             elapsed = self._clock() - t0
             self.meter.api_time_s += elapsed
-            if response is not None and kind is None:
-                choice = response.choices[0]
-                msg = choice.message
-                calls = list(getattr(msg, "tool_calls", None) or [])
-                entry = self.meter.record(response, attempt, elapsed, getattr(choice, "finish_reason", None),
-                                          len(calls))
-                return Completion(getattr(msg, "content", None), calls, entry["finish_reason"], entry["response_id"],
-                                  _str(getattr(response, "model", None)), entry)
+            if answered:
+                return self._completion(body, attempt, elapsed)
             retryable = kind in RETRY_KINDS
             if not retryable or attempt > lim.max_retries:
                 label = kind or f"http_{status}"
@@ -294,12 +343,78 @@ class ChatClient:
                 log.error("%s", message)
                 raise LLMRequestError(message, kind=label, status=status, attempts=attempt) from None
             delay = self.retry_delay(attempt, retry_after)
-            self.meter.retries[kind] = self.meter.retries.get(kind, 0) + 1
+            reason = str(kind)  # retryable: one of RETRY_KINDS
+            self.meter.retries[reason] = self.meter.retries.get(reason, 0) + 1
             self.meter.backoff_s += delay
             log.warning("%s: %s (attempt %d of %d): %s; retrying in %.2f s", self.spec.name, kind, attempt,
                         lim.max_retries + 1, self.scrub(detail)[:300], delay)
             if delay > 0:
                 self._sleep(delay)
+
+    def _exchange(self, kwargs: Mapping[str, Any]) -> tuple[bytes, bool]:
+        """Send one request and read its body, within ``limits.timeout_s`` of wall-clock time.
+
+        Returns the body (at most ``limits.max_response_bytes``) and whether it was longer. The
+        exchange runs in a daemon thread; at the deadline it is told to stop (it does at the next
+        chunk it reads, or when its per-read timeout fires) and :class:`_DeadlineExceeded` is
+        raised here. HTTP errors come from the ``openai`` client as its exceptions.
+        """
+        lim = self.spec.limits
+        cap = lim.max_response_bytes
+        cancel = threading.Event()
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                with self._client.chat.completions.with_streaming_response.create(**kwargs) as response:
+                    buf = bytearray()
+                    for chunk in response.iter_bytes():
+                        if cancel.is_set():
+                            return
+                        buf += chunk
+                        if len(buf) > cap:
+                            box["answer"] = (bytes(buf[:cap]), True)
+                            return
+                    box["answer"] = (bytes(buf), False)
+            except BaseException as exc:  # handed to the caller (or dropped if it gave up)
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, name=f"chat-{self.spec.name}", daemon=True)
+        worker.start()
+        worker.join(lim.timeout_s)
+        if worker.is_alive():
+            cancel.set()
+            raise _DeadlineExceeded(lim.timeout_s)
+        if "error" in box:
+            raise box["error"]
+        return box["answer"]
+
+    def _completion(self, body: dict[str, Any] | None, attempt: int, elapsed: float) -> Completion:
+        """The usable parts of a checked body (None: a body over the byte limit), bounded and accounted."""
+        lim = self.spec.limits
+        if body is None:
+            self.meter.replies_discarded += 1
+            log.warning("%s: a response body over limits.max_response_bytes (%d) was discarded", self.spec.name,
+                        lim.max_response_bytes)
+            entry = self.meter.record(None, attempt, elapsed, None, 0)
+            return Completion(DISCARDED_MARK.format(cap=lim.max_response_bytes), [], None, None, None, entry,
+                              discarded=True)
+        choice = body["choices"][0]
+        msg = choice["message"]
+        content, cut = _text(msg.get("content"), lim.max_reply_chars)
+        calls, calls_error, cut_calls = _tool_calls(msg.get("tool_calls"), lim.max_reply_chars)
+        cut += cut_calls
+        if cut:
+            self.meter.replies_cut += 1
+            self.meter.reply_chars_cut += cut
+            log.warning("%s: %d characters of a reply cut off (limits.max_reply_chars = %d)", self.spec.name, cut,
+                        lim.max_reply_chars)
+        if calls_error:
+            log.warning("%s: %s", self.spec.name, calls_error)
+        finish = choice.get("finish_reason")
+        entry = self.meter.record(body, attempt, elapsed, finish if isinstance(finish, str) else None, len(calls))
+        return Completion(content, calls, entry["finish_reason"], entry["response_id"], _str(body.get("model")),
+                          entry, tool_calls_error=calls_error, cut=cut)
 
     def retry_delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based): Retry-After, else backoff."""
@@ -316,10 +431,21 @@ class ChatClient:
         """(retry kind or None, HTTP status, Retry-After seconds, scrubbed detail)."""
         import openai
 
+        if isinstance(exc, _DeadlineExceeded):
+            return "timeout", None, None, (f"no complete answer within {exc.seconds:g} s (limits.timeout_s, the "
+                                           "wall-clock deadline of one attempt)")
         if isinstance(exc, openai.APITimeoutError):
             return "timeout", None, None, f"no answer within {self.spec.limits.timeout_s:g} s"
         if isinstance(exc, openai.APIConnectionError):
             return "connection", None, None, f"connection failed ({type(exc).__name__})"
+        # reading the body happens after the openai client has returned: its HTTP library's errors
+        http = _http_errors()
+        if isinstance(exc, http["timeout"]):
+            return "timeout", None, None, f"no data for {self.spec.limits.timeout_s:g} s while reading the answer"
+        if isinstance(exc, http["decoding"]):
+            return "bad_response", None, None, f"the response body could not be decoded ({type(exc).__name__})"
+        if isinstance(exc, http["transport"]):
+            return "connection", None, None, f"the connection failed while reading the answer ({type(exc).__name__})"
         if isinstance(exc, openai.APIStatusError):
             status = int(exc.status_code)
             headers = getattr(getattr(exc, "response", None), "headers", None)
@@ -351,11 +477,142 @@ def _error_message(exc: Any) -> str:
     return str(getattr(exc, "message", "") or type(exc).__name__)[:500]
 
 
-def _unusable(response: Any) -> str | None:
-    """Why a 200 response cannot be used (no choices, no message), or None."""
-    choices = getattr(response, "choices", None)
-    if not choices:
-        return "the response has no choices"
-    if getattr(choices[0], "message", None) is None:
-        return "the response's first choice has no message"
-    return None
+class _DeadlineExceeded(Exception):
+    """One attempt ran past ``limits.timeout_s`` of wall-clock time."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"deadline of {seconds:g} s exceeded")
+        self.seconds = seconds
+
+
+def _http_errors() -> dict[str, tuple[type[BaseException], ...]]:
+    """Timeout, transport and decoding error classes of the HTTP libraries the openai client may use."""
+    found: dict[str, list[type[BaseException]]] = {"timeout": [], "transport": [], "decoding": []}
+    for name in ("httpx2", "httpx"):
+        try:
+            mod = __import__(name)
+        except ImportError:
+            continue
+        found["timeout"].append(mod.TimeoutException)
+        found["transport"].append(mod.TransportError)
+        found["decoding"].append(mod.DecodingError)
+    return {k: tuple(v) for k, v in found.items()}
+
+
+def _kind(v: Any) -> str:
+    """The JSON name of a decoded value's type."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    return {int: "number", float: "number", str: "string", list: "array", dict: "object"}.get(type(v), type(v).__name__)
+
+
+def _snippet(text: str, n: int = 80) -> str:
+    """The start of an untrusted text for a log line: one line, escaped, short."""
+    return json.dumps(text[:n])
+
+
+def _decode_body(data: bytes) -> tuple[dict[str, Any] | None, str]:
+    """A 200 body as a chat-completion object with a usable ``choices[0].message``, or (None, why not)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"the response body is not UTF-8 text (bad byte at offset {exc.start})"
+    try:
+        body = json.loads(text)
+    except RecursionError:
+        return None, "the response body is JSON nested too deeply"
+    except ValueError as exc:
+        head = text.lstrip()[:200]
+        if head.startswith("<"):
+            title = re.search(r"<title>(.*?)</title>", head, re.I | re.S)
+            what = f": {_snippet(title.group(1).strip())}" if title else ""
+            return None, f"the response is an HTML page, not JSON (a proxy or gateway error?){what}"
+        if not head:
+            return None, "the response body is empty"
+        return None, f"the response body is not JSON ({exc}); it starts {_snippet(head)}"
+    if not isinstance(body, dict):
+        return None, f"the response is a JSON {_kind(body)}, not an object"
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices:
+        err = body.get("error")
+        msg = err.get("message") if isinstance(err, Mapping) else err
+        if msg is not None:
+            return None, f"the response carries an error instead of choices: {_snippet(str(msg), 300)}"
+        return None, ("the response has no choices" if choices in (None, []) else
+                      f"the response's choices are a JSON {_kind(choices)}, not an array")
+    if not isinstance(choices[0], dict):
+        return None, f"the response's first choice is a JSON {_kind(choices[0])}, not an object"
+    if not isinstance(choices[0].get("message"), dict):
+        return None, "the response's first choice has no message object"
+    return body, ""
+
+
+def _cut(text: str, cap: int) -> tuple[str, int]:
+    """``text`` cut to ``cap`` characters with :data:`CUT_MARK` appended, and the number cut."""
+    if len(text) <= cap:
+        return text, 0
+    more = len(text) - cap
+    return text[:cap] + CUT_MARK.format(more=more, cap=cap), more
+
+
+def _text(content: Any, cap: int) -> tuple[str | None, int]:
+    """A message's content as text (None stays None; a list of text parts is joined), cut to ``cap``."""
+    if content is None or isinstance(content, str):
+        return (None, 0) if content is None else _cut(content, cap)
+    if isinstance(content, list) and content and all(
+            isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        return _cut("".join(p["text"] for p in content), cap)
+    return NOT_TEXT_MARK.format(kind=_kind(content)), 0
+
+
+def _tool_calls(value: Any, cap: int) -> tuple[list[Any], str | None, int]:
+    """``message.tool_calls`` bounded: (calls, why unusable as a whole or None, characters cut).
+
+    Every string in a call is cut to ``cap`` characters (marked); calls that together still hold
+    more than ``2 * cap`` characters are unusable as a whole, as is a value that is not an array.
+    """
+    if value is None:
+        return [], None, 0
+    if not isinstance(value, list):
+        return [], f"message.tool_calls must be an array of tool calls, got a JSON {_kind(value)}", 0
+    cut = 0
+
+    def bound(v: Any) -> Any:
+        nonlocal cut
+        if isinstance(v, str):
+            v, n = _cut(v, cap)
+            cut += n
+            return v
+        if isinstance(v, dict):
+            return {str(k)[:cap]: bound(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [bound(x) for x in v]
+        return v
+
+    try:
+        calls = [bound(c) for c in value]
+        size = len(json.dumps(calls, ensure_ascii=False))
+    except RecursionError:
+        return [], "message.tool_calls is nested too deeply", 0
+    if size > 2 * cap:
+        return [], (f"message.tool_calls holds {size} characters, more than twice limits.max_reply_chars "
+                    f"({cap}); none of its calls was kept"), cut
+    return calls, None, cut
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (what UTF-8 can encode)."""
+    return LONE_SURROGATE.sub("\ufffd", text)
+
+
+def _clean(value: Any) -> Any:
+    """``value`` (JSON-like) with :func:`clean_text` applied to every string, keys included."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, Mapping):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value

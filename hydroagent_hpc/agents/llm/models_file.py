@@ -15,7 +15,8 @@ merged under every entry section by section::
         observation_role: tool         # hermes mode: observations as "tool" or "user" messages
         sampling: {temperature: 0.0, top_p: null, max_tokens: 4096, max_tokens_param: max_tokens}
         prices: {input_usd_per_mtok: 3.0, output_usd_per_mtok: 15.0, as_of: "2026-11", assumed: true}
-        limits: {timeout_s: 120, max_retries: 5, requests_per_minute: null, backoff_base_s: 1, backoff_max_s: 60}
+        limits: {timeout_s: 120, max_retries: 5, requests_per_minute: null, backoff_base_s: 1, backoff_max_s: 60,
+                 max_response_bytes: 8388608, max_reply_chars: 200000}
         extra_body: {}                 # provider-specific request fields, sent as they are
         send_seed: false               # true: send the episode seed with every request
         notes: ""
@@ -37,13 +38,23 @@ from typing import Any, Mapping
 from hydroagent_hpc.errors import ConfigError, HydroAgentError
 
 __all__ = ["ModelSpec", "Sampling", "Prices", "Limits", "ModelsFileError", "MissingAPIKeyError", "PROVIDERS",
-           "TOOL_MODES", "default_models_file", "load_models", "get_model", "resolve_api_key"]
+           "TOOL_MODES", "MAX_RESPONSE_BYTES", "MAX_REPLY_CHARS", "default_models_file", "load_models", "get_model",
+           "resolve_api_key"]
 
 PROVIDERS = ("anthropic", "openai", "google", "vllm", "sglang", "replay", "openai-compatible")
 TOOL_MODES = ("native", "hermes")
 OBSERVATION_ROLES = ("tool", "user")
 MAX_TOKENS_PARAMS = ("max_tokens", "max_completion_tokens")
 PLACEHOLDER_KEY = "EMPTY"  # what local servers without --api-key accept
+#: Default ``limits.max_response_bytes``: a response body longer than this is not read further and
+#: the reply is discarded (the environment sees a parse failure). A chat completion of 16k tokens
+#: is well under 1 MB.
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+#: Default ``limits.max_reply_chars``: the most characters of a reply's text (and of each tool
+#: call's arguments) that are kept, handed to the environment and re-sent with later requests;
+#: the rest is cut off and the cut marked. Equal to the environment's default message limit
+#: (``EnvConfig.max_message_chars``), so a cut reply is also a "message_too_long" parse failure.
+MAX_REPLY_CHARS = 200_000
 
 
 class ModelsFileError(ConfigError):
@@ -76,7 +87,12 @@ class Prices:
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-request timeout, retries with exponential backoff, and a client-side request rate."""
+    """Per-request deadline, retries with exponential backoff, a client-side request rate, size caps.
+
+    ``timeout_s`` bounds one attempt by the wall clock, from sending the request to the last byte
+    of the answer (and each read); ``max_response_bytes`` bounds the body read, ``max_reply_chars``
+    the text kept per message (see :data:`MAX_RESPONSE_BYTES`, :data:`MAX_REPLY_CHARS`).
+    """
 
     timeout_s: float = 120.0
     max_retries: int = 5
@@ -84,6 +100,8 @@ class Limits:
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
     retry_after_max_s: float = 600.0  # a longer Retry-After is capped (and logged)
+    max_response_bytes: int = MAX_RESPONSE_BYTES
+    max_reply_chars: int = MAX_REPLY_CHARS
 
 
 @dataclass(frozen=True)
@@ -122,6 +140,10 @@ class ModelSpec:
         lim = self.limits
         if lim.timeout_s <= 0 or lim.max_retries < 0 or lim.backoff_base_s < 0 or lim.backoff_max_s < 0:
             raise ModelsFileError("limits: timeout_s must be > 0; max_retries and backoff times >= 0")
+        if lim.max_response_bytes < 1024:
+            raise ModelsFileError(f"limits.max_response_bytes: must be >= 1024 bytes, got {lim.max_response_bytes}")
+        if lim.max_reply_chars < 1000:
+            raise ModelsFileError(f"limits.max_reply_chars: must be >= 1000 characters, got {lim.max_reply_chars}")
         if lim.requests_per_minute is not None and lim.requests_per_minute <= 0:
             raise ModelsFileError("limits.requests_per_minute: must be > 0 or null (no limit)")
         if self.prices.input_usd_per_mtok < 0 or self.prices.output_usd_per_mtok < 0:

@@ -23,10 +23,21 @@ Two tool modes:
   with no native call, or beyond the per-message limit) are sent as a user message of
   ``<tool_response>`` blocks; calls the environment did not reach are answered "not executed".
   A reply without native calls is passed on as text, so Hermes blocks in it still count.
+  A malformed ``tool_calls`` field (not an array, or items that are not ``{"function": {"name":
+  text, ...}}`` objects) is no reason to end the episode: each item becomes a block the
+  environment rejects (a parse failure of that turn), and since such calls cannot be echoed to
+  the API, the assistant message is kept as that text and its observations go back as a user
+  message.
 - ``hermes`` (servers without function calling): no ``tools`` in the request (the system
   prompt describes them); the model's text goes to the environment as it is; observations are
   sent as ``tool`` messages or, with ``observation_role: user``, as one user message of
   ``<tool_response>`` blocks per step.
+
+Replies are bounded by the client (:mod:`~hydroagent_hpc.agents.llm.client`): text cut to
+``limits.max_reply_chars`` and marked, bodies over ``limits.max_response_bytes`` discarded, so
+what the environment sees and what is sent again stays small. Text with lone surrogates reaches
+the environment as it is (its parser makes the message one "invalid_text" parse failure) and is
+sent back to the API with U+FFFD in their place.
 
 ``agent.usage`` is the episode's token and cost record (store it in ``Episode.usage``); it
 restarts when a new conversation begins. API keys never reach logs, errors, reprs or usage.
@@ -46,7 +57,8 @@ from hydroagent_hpc.types import ToolCall
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OpenAIAgent", "make_openai_agent", "native_calls_to_text", "with_changes", "NOT_EXECUTED"]
+__all__ = ["OpenAIAgent", "make_openai_agent", "native_calls_to_text", "with_changes", "NOT_EXECUTED", "echoable",
+           "unusable_calls_block"]
 
 NOT_EXECUTED = json.dumps({"status": "error", "error": "not_executed",
                            "message": "this call was not executed (the message had more calls than the "
@@ -117,18 +129,46 @@ def native_calls_to_text(tool_calls: Sequence[Any], content: str | None = None) 
     for call, item in zip(calls, parsed.items()):
         blocks.append(_block({"name": item.name, "arguments": dict(item.arguments)}) if isinstance(item, ToolCall)
                       else _raw_block(call))
-    check = toolcalls.parse_message("\n".join(blocks), max_calls=max(len(calls), 1))
-    want = [(type(i).__name__, getattr(i, "reason", getattr(i, "name", ""))) for i in parsed.items()]
-    got = [(type(i).__name__, getattr(i, "reason", getattr(i, "name", ""))) for i in check.items()]
-    if calls and want != got:
-        log.warning("native tool calls rendered as Hermes parse differently: %s vs %s", want, got)
+    joined = "\n".join(blocks)
+    if not toolcalls.LONE_SURROGATE.search(joined):  # with one, the whole message is "invalid_text" by design
+        check = toolcalls.parse_message(joined, max_calls=max(len(calls), 1), max_chars=max(len(joined), 1))
+        want = [(type(i).__name__, getattr(i, "reason", getattr(i, "name", ""))) for i in parsed.items()]
+        got = [(type(i).__name__, getattr(i, "reason", getattr(i, "name", ""))) for i in check.items()]
+        if calls and want != got:
+            log.warning("native tool calls rendered as Hermes parse differently: %s vs %s", want, got)
     prose = _defuse(content or "").strip()
     return "\n".join([prose] + blocks if prose else blocks)
 
 
+def unusable_calls_block(why: str) -> str:
+    """A block standing for a ``tool_calls`` field that is not an array: the environment rejects it
+    ("malformed_call"), so the turn records a parse failure."""
+    return _block({"tool_calls": why})
+
+
+def echoable(tool_calls: Sequence[Any]) -> bool:
+    """Whether every call can be sent back to the API as received: an object whose ``function``
+    is an object with a text ``name`` and text, object or absent ``arguments``."""
+    for call in tool_calls:
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) \
+                or not (fn.get("arguments") is None or isinstance(fn.get("arguments"), (str, Mapping))) \
+                or not (call.get("type") is None or isinstance(call.get("type"), str)):
+            return False
+    return True
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
 def _echo_call(call: Any, call_id: str) -> dict[str, Any]:
     """A tool call as the API should see it again: as received (extras kept), id fixed."""
-    data = call.model_dump(exclude_none=True) if hasattr(call, "model_dump") else dict(call)
+    data = call.model_dump(exclude_none=True) if hasattr(call, "model_dump") else _drop_none(dict(call))
     data["id"] = call_id
     data.setdefault("type", "function")
     fn = dict(data.get("function") or {})
@@ -228,6 +268,15 @@ class OpenAIAgent:
     def _take(self, c: Completion) -> str:
         """Append the reply to the API history and return the text for the environment."""
         self._requests += 1
+        if c.tool_calls_error or (c.tool_calls and not echoable(c.tool_calls)):
+            log.warning("%s: request %d: malformed tool calls (%s); the turn records them as parse failures",
+                        self.name, self._requests, c.tool_calls_error or "items that are not function calls")
+            text = native_calls_to_text(c.tool_calls, c.content)
+            if c.tool_calls_error:
+                text = "\n".join(t for t in (text, unusable_calls_block(c.tool_calls_error)) if t)
+            self._history.append({"role": "assistant", "content": text})
+            self._pending = []
+            return text
         if self.native and c.tool_calls:
             ids = []
             for k, call in enumerate(c.tool_calls):

@@ -6,9 +6,16 @@ JSON list (or ``{"responses": [...], "strict": true}``) whose entries are either
 
 - a chat-completion body (an object with ``choices``), served with status 200, or
 - an envelope ``{"status": 429, "headers": {"Retry-After": "1"}, "body": {...}, "delay_s": 2.0}``
-  (every key optional; ``raw`` instead of ``body`` sends a text body as it is). ``delay_s`` waits
+  (every key optional; ``raw`` instead of ``body`` sends a text body as it is, UTF-8 encoded with
+  lone surrogates passed through as the invalid bytes they make). ``delay_s`` waits
   before answering, to provoke a client timeout; an envelope with neither body nor status
   answers 504 after its delay. ``comment`` is ignored.
+
+Hostile answers, for tests of a client's bounds: ``content_type`` sets the Content-Type header
+(default ``application/json`` for ``body``, ``text/plain; charset=utf-8`` for ``raw``; an HTML
+page can claim to be JSON); ``drip_s`` sends the answer one byte at a time with that many
+seconds between bytes (the body only, or, with ``drip_headers: true``, from the status line
+on), so a client whose timeout applies per read waits for ever.
 
 Bounded: the server binds only to a loopback address, reads request bodies up to a size limit,
 serves each entry once and then answers 500 "script exhausted". With ``strict`` (the default) it
@@ -40,7 +47,8 @@ log = logging.getLogger(__name__)
 __all__ = ["ReplayServer", "ReplayEntry", "RecordedRequest", "load_replay_script", "main"]
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-_ENVELOPE_KEYS = {"status", "headers", "body", "raw", "delay_s", "comment"}
+_ENVELOPE_KEYS = {"status", "headers", "body", "raw", "delay_s", "comment", "content_type", "drip_s", "drip_headers"}
+MAX_DRIP_S = 60.0
 _REDACT = {"authorization", "api-key", "x-api-key", "x-goog-api-key", "proxy-authorization", "cookie"}
 
 
@@ -53,6 +61,9 @@ class ReplayEntry:
     raw: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    content_type: str | None = None  # None: JSON for a body, plain text for raw
+    drip_s: float = 0.0  # > 0: one byte of the answer every drip_s seconds
+    drip_headers: bool = False  # drip from the status line on, not only the body
 
 
 @dataclass(frozen=True)
@@ -93,10 +104,20 @@ def _entry(i: int, item: Any, where: str) -> ReplayEntry:
     raw = item.get("raw")
     if raw is not None and not isinstance(raw, str):
         raise ValueError(f"{where}: entry {i}: raw must be a string")
+    content_type = item.get("content_type")
+    if content_type is not None and (not isinstance(content_type, str) or not content_type.isprintable()):
+        raise ValueError(f"{where}: entry {i}: content_type must be a header value such as 'text/html'")
+    drip = item.get("drip_s", 0.0)
+    if isinstance(drip, bool) or not isinstance(drip, (int, float)) or not 0 <= drip <= MAX_DRIP_S:
+        raise ValueError(f"{where}: entry {i}: drip_s must be a number of seconds in [0, {MAX_DRIP_S:g}]")
+    drip_headers = item.get("drip_headers", False)
+    if not isinstance(drip_headers, bool):
+        raise ValueError(f"{where}: entry {i}: drip_headers must be true or false")
     body = copy.deepcopy(item.get("body"))
     if not has_payload:
         body = {"error": {"message": "replay: delayed entry without a body", "type": "replay_timeout"}}
-    return ReplayEntry(status=status, body=body, raw=raw, headers=dict(headers), delay_s=float(delay))
+    return ReplayEntry(status=status, body=body, raw=raw, headers=dict(headers), delay_s=float(delay),
+                       content_type=content_type, drip_s=float(drip), drip_headers=drip_headers)
 
 
 def load_replay_script(script: str | Path | Sequence[Any] | Mapping[str, Any]) -> tuple[list[ReplayEntry], bool | None]:
@@ -201,7 +222,7 @@ class ReplayServer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         handler = type("_BoundHandler", (_Handler,), {"replay": self})
-        server_cls = ThreadingHTTPServer
+        server_cls: type[ThreadingHTTPServer] = ThreadingHTTPServer
         if ":" in host:
             server_cls = type("_V6Server", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
         self._httpd = server_cls((host, int(port)), handler)
@@ -311,18 +332,39 @@ class _Handler(BaseHTTPRequestHandler):
         return {k: ("[redacted]" if k.lower() in _REDACT else v) for k, v in self.headers.items()}
 
     def _send(self, status: int, body: Any = None, raw: str | None = None,
-              headers: Mapping[str, str] | None = None) -> None:
-        data = (raw if raw is not None else json.dumps(body if body is not None else {})).encode("utf-8")
+              headers: Mapping[str, str] | None = None, content_type: str | None = None,
+              drip_s: float = 0.0, drip_headers: bool = False) -> None:
+        data = (raw if raw is not None else json.dumps(body if body is not None else {})).encode("utf-8",
+                                                                                                 "surrogatepass")
+        if content_type is None:
+            content_type = "application/json" if raw is None else "text/plain; charset=utf-8"
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json" if raw is None else "text/plain; charset=utf-8")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
+            if drip_s > 0 and drip_headers:
+                buffered: list[bytes] = getattr(self, "_headers_buffer", [])
+                head = b"".join(buffered) + b"\r\n"  # what end_headers would send
+                buffered.clear()
+                self._drip(head + data, drip_s)
+                return
             self.end_headers()
-            self.wfile.write(data)
+            if drip_s > 0:
+                self._drip(data, drip_s)
+            else:
+                self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
             log.debug("replay: client closed the connection before the answer")
+
+    def _drip(self, data: bytes, drip_s: float) -> None:
+        """Write ``data`` one byte every ``drip_s`` seconds, until done, the client leaves or the server stops."""
+        for k in range(len(data)):
+            self.wfile.write(data[k:k + 1])
+            self.wfile.flush()
+            if self.replay._stop.wait(drip_s):
+                return
 
     def do_GET(self) -> None:
         if self.path.rstrip("/").endswith("/models"):
@@ -367,7 +409,8 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("replay: request %d -> entry %d (status %d, delay %.2fs)", index, i, entry.status, entry.delay_s)
         if entry.delay_s > 0 and srv._stop.wait(entry.delay_s):
             return  # stopping: drop the answer
-        self._send(entry.status, entry.body, entry.raw, entry.headers)
+        self._send(entry.status, entry.body, entry.raw, entry.headers, entry.content_type, entry.drip_s,
+                   entry.drip_headers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
