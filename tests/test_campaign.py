@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _write(tmp_path: Path, basin: Path, agents: str, seeds: str = "[0, 1]", extra: str = "") -> Path:
     p = tmp_path / "c.yaml"
     p.write_text(f"name: t\nbasins: [{basin}]\nagents:\n{agents}\nseeds: {seeds}\n"
-                 "env: {preset: paper, max_simulations: 12, max_turns: null, patience: null, target_nse: 0.99}\n" + extra)
+                 "env: {preset: paper, max_simulations: 12, max_turns: null, patience: null, target_nse: 0.99}\n"
+                 + extra)
     return p
 
 
@@ -70,7 +71,7 @@ def test_killed_campaign_resumes_without_repeats(tmp_path, small_basin_dir):
             try:
                 if len(stored_ids(out)) >= 2:
                     break
-            except Exception:  # noqa: BLE001 - the file may be mid-creation
+            except Exception:
                 pass
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)

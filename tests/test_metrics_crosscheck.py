@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from test_metrics import hydrograph, noisy
 
 from hydroagent_hpc import metrics as m
-from test_metrics import hydrograph, noisy
 
 he = pytest.importorskip("hydroeval", reason="hydroeval (dev extra) not installed")
 hr = pytest.importorskip("HydroErr", reason="HydroErr (dev extra) not installed")

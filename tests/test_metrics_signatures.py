@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 import pytest
+from test_metrics import hourly, hydrograph, noisy
 
 from hydroagent_hpc import metrics as m
 from hydroagent_hpc.metrics.signatures import _quickflow_pass
-from test_metrics import hourly, hydrograph, noisy
 
 
 def quickflow_loop(q: np.ndarray, alpha: float) -> np.ndarray:

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hpc_helpers import ROOT, assert_same_episodes, job_env, write_campaign
+
 from hydroagent_hpc.campaign import expand, load_campaign, run_campaign
-from hydroagent_hpc.hpc.slurm import SiteSettings, slurm_available
 from hydroagent_hpc.campaign.shards import shard_path
+from hydroagent_hpc.hpc.slurm import SiteSettings, slurm_available
 from hydroagent_hpc.store import stored_ids
 
 pytestmark = pytest.mark.slurm

@@ -12,12 +12,20 @@ import numpy as np
 import pytest
 
 from hydroagent_hpc.params import DEFAULTS, PARAM_NAMES, PARAMS
-from hydroagent_hpc.sim.synth import basins as synthetic
 from hydroagent_hpc.sim.controlfile import parse_control
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.grids import read_grid
-from hydroagent_hpc.sim.synth.basins import (DEMO_BASINS, TRUTH_RANGES, auto_cellsize, build_demo_basins, draw_truth,
-                                          estimate_cells, read_truth, synthesize_basin)
+from hydroagent_hpc.sim.synth import basins as synthetic
+from hydroagent_hpc.sim.synth.basins import (
+    DEMO_BASINS,
+    TRUTH_RANGES,
+    auto_cellsize,
+    build_demo_basins,
+    draw_truth,
+    estimate_cells,
+    read_truth,
+    synthesize_basin,
+)
 from hydroagent_hpc.sim.synth.terrain import TERRAIN_STYLES, make_terrain
 
 SMALL = dict(name="syn_test", area_km2=120.0, window_days=6, warmup_days=2, seed=11, start="2021-07-01")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from hydroagent_hpc.bench.timing import median_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,7 +152,7 @@ def slurm_latency(repeats: int = 3) -> list[dict[str, Any]] | None:
     with tempfile.TemporaryDirectory(prefix="hydroagent-bench-") as tmp:
         for cluster in ("local", "slurm"):
             ex = make_executor(Path(tmp) / cluster, site, cluster, name="bench-latency")
-            seconds = median_seconds(lambda: ex.submit(trivial, 0).result(), repeats, warm_up=False)
+            seconds = median_seconds(lambda ex=ex: ex.submit(trivial, 0).result(), repeats, warm_up=False)
             rows.append({"path": f"submitit {cluster}", "median_s": seconds})
         sbatch = ["sbatch", "--wait", "--quiet", "-o", "/dev/null", "--wrap", "true"]
         seconds = median_seconds(lambda: subprocess.run(sbatch, check=True, timeout=300, cwd=tmp), repeats,

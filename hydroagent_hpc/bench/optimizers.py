@@ -23,10 +23,10 @@ import numpy as np
 
 from hydroagent_hpc.agents.optimizers.policy import OPTIMIZERS, make_optimizer_policy
 from hydroagent_hpc.agents.optimizers.space import ParameterSpace, clean_score
-from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.episode import run_episode
+from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.synth.basins import read_truth
 from hydroagent_hpc.types import Episode

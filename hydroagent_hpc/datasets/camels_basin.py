@@ -61,12 +61,12 @@ from hydroagent_hpc.params import DEFAULTS
 from hydroagent_hpc.sim.controlfile import Forcing, Gauge
 from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
-from hydroagent_hpc.sim.synth.landscape import GRID_FILES
 from hydroagent_hpc.sim.manifest import write_manifest
 from hydroagent_hpc.sim.network import build_network
 from hydroagent_hpc.sim.staging import staged_folder
-from hydroagent_hpc.sim.templates import basin_control_text
+from hydroagent_hpc.sim.synth.landscape import GRID_FILES
 from hydroagent_hpc.sim.synth.terrain import NODATA, TERRAIN_STYLES, Terrain, cell_km, make_terrain
+from hydroagent_hpc.sim.templates import basin_control_text
 
 log = logging.getLogger(__name__)
 

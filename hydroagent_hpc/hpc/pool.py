@@ -21,8 +21,9 @@ import multiprocessing as mp
 import multiprocessing.connection
 import time
 import traceback
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class ProcessPool:
             self._slots.append(self._spawn())
         try:
             while next_out < total:
-                for k, slot in enumerate(self._slots):
+                for slot in self._slots:
                     if slot.task is None and todo:
                         index, item = todo.pop()
                         slot.task, slot.started = index, time.perf_counter()

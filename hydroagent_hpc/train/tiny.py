@@ -31,18 +31,24 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast,
-                          Qwen3Config, Qwen3ForCausalLM)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from hydroagent_hpc.env import prompts
-from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response, tool_schemas
+from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.types import ToolCall
 
 __all__ = ["SPECIAL_TOKENS", "EOS_TOKEN", "PAD_TOKEN", "CHAT_TEMPLATE", "TINY_QWEN3_SIZES", "synthetic_corpus",

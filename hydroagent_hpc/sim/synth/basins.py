@@ -41,16 +41,16 @@ import numpy as np
 
 from hydroagent_hpc.params import DEFAULTS
 from hydroagent_hpc.sim.controlfile import Forcing
-from hydroagent_hpc.sim.synth.evaporation import make_pet
 from hydroagent_hpc.sim.forcing import forcing_file_names, step_times
 from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
-from hydroagent_hpc.sim.synth.landscape import GRID_FILES, make_parameter_grids
-from hydroagent_hpc.sim.templates import basin_control_text
 from hydroagent_hpc.sim.manifest import MANIFEST_NAME, write_manifest
 from hydroagent_hpc.sim.staging import staged_folder
+from hydroagent_hpc.sim.synth.evaporation import make_pet
+from hydroagent_hpc.sim.synth.landscape import GRID_FILES, make_parameter_grids
 from hydroagent_hpc.sim.synth.storms import CLIMATES, make_rainfall
 from hydroagent_hpc.sim.synth.terrain import NODATA, TERRAIN_STYLES, cell_km, make_terrain
 from hydroagent_hpc.sim.synth.truth import TRUTH_RANGES, draw_truth, implausibility, nse, observe
+from hydroagent_hpc.sim.templates import basin_control_text
 
 log = logging.getLogger(__name__)
 
