@@ -80,7 +80,8 @@ class SimulationResult:
     def evaluation_mask(self) -> np.ndarray:
         """Steps to score: after warm-up, observed finite and not EF5's -999 sentinel."""
         obs = self.observed
-        return (~self.warmup) & np.isfinite(obs) & (obs > -998.0) & np.isfinite(self.discharge)
+        mask: np.ndarray = (~self.warmup) & np.isfinite(obs) & (obs > -998.0) & np.isfinite(self.discharge)
+        return mask
 
 
 # ---------------------------------------------------------------------------------------------
