@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from helpers.waiting import wait_until
 from hydroagent_hpc.campaign import CampaignError, expand, load_campaign, run_campaign
 from hydroagent_hpc.store import read_episodes, read_sims, stored_ids
 
@@ -65,16 +65,11 @@ def test_killed_campaign_resumes_without_repeats(tmp_path, small_basin_dir):
     cmd = [sys.executable, "-m", "hydroagent_hpc.cli", "-q", "campaign", "run", str(cfile), "--out", str(out),
            "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if out.exists():
-            try:
-                if len(stored_ids(out)) >= 2:
-                    break
-            except Exception:
-                pass
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
+    try:  # the store may not exist yet, or be mid-creation at the instant it is read: that is "not yet"
+        wait_until(lambda: out.exists() and len(stored_ids(out)) >= 2, 120, "two stored episodes",
+                   ignore=(Exception,))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     first = stored_ids(out)
     assert 2 <= len(first) < 8

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GOLDEN_CASES
 
+from conftest import GOLDEN_CASES
+from helpers.waiting import wait_until
 from hydroagent_hpc.sim.ef5 import EF5Simulator
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import InputError, SimulationError
@@ -97,11 +98,8 @@ def test_timeout_kills_the_process_group(tmp_path, control):
         sim.run()
     assert time.monotonic() - t0 < 15
     child = int(pidfile.read_text())
-    for _ in range(50):
-        if not Path(f"/proc/{child}").exists() or "zombie" in _state(child):
-            break
-        time.sleep(0.1)
-    assert not Path(f"/proc/{child}").exists() or "zombie" in _state(child), "the grandchild survived"
+    wait_until(lambda: not Path(f"/proc/{child}").exists() or "zombie" in _state(child), 5,
+               f"the grandchild {child} to die with the process group (it survived)")
 
 
 def _state(pid: int) -> str:

@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-from test_metrics import hydrograph, noisy
 
+from helpers.series import hydrograph, noisy
 from hydroagent_hpc import metrics as m
 
 he = pytest.importorskip("hydroeval", reason="hydroeval (dev extra) not installed")

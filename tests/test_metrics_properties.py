@@ -10,9 +10,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-from test_metrics import hourly
-from test_metrics_signatures import quickflow_loop
 
+from helpers.series import hourly, quickflow_loop
 from hydroagent_hpc import metrics as m
 from hydroagent_hpc.metrics.signatures import _quickflow_pass
 

@@ -444,6 +444,8 @@ while seen < {n} and time.time() < deadline:
     assert (sims.groupby("episode_id").size() == 2).all() and (turns.groupby("episode_id").size() == 5).all()
     if ids:
         assert_episode_equal(make_episode(len(ids) - 1, n_sims=2), load_episode({path!r}, ids[-1]))
+    if len(ids) > seen:
+        print("seen", len(ids), flush=True)  # the writer waits for this every few episodes
     polls, seen = polls + 1, len(ids)
 print(polls, seen)
 """
@@ -456,13 +458,19 @@ def test_reader_follows_live_writer(tmp_path: Path) -> None:
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert reader.stdout.readline().strip() == "ready"
+        synced = 0
         for i in range(n):
             w.write(make_episode(i, n_sims=2))
-            time.sleep(0.005)
+            if i % 10 == 9:  # wait (an event, not a sleep) until the reader has seen this episode
+                line = ""
+                while not line.startswith("seen") or int(line.split()[1]) < i + 1:
+                    line = reader.stdout.readline()
+                    assert line, f"the reader stopped before seeing episode {i}: {reader.stderr.read()}"
+                synced += 1
     out, err = reader.communicate(timeout=90)
     assert reader.returncode == 0, err
-    polls, seen = map(int, out.split())
-    assert seen == n and polls >= 2  # it read while episodes were being written
+    polls, seen = map(int, out.splitlines()[-1].split())
+    assert seen == n and polls >= 2 and synced == n // 10  # it read while episodes were being written
 
 
 def test_merge_exactly_once(tmp_path: Path) -> None:
