@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +201,17 @@ def test_bad_arguments_raise_value_error_naming_the_argument(tmp_path, change, w
     with pytest.raises(ValueError, match=word):
         synthesize_basin(tmp_path / "x", **{**SMALL, **change})
     assert not (tmp_path / "x").exists()
+
+
+def test_settings_are_frozen_and_are_the_generator_record(basin):
+    s = synthetic.SynthSettings.from_arguments(SMALL["name"], SMALL["area_km2"], SMALL["window_days"],
+                                               SMALL["warmup_days"], SMALL["seed"], None, SMALL["start"], 35.0, -97.0,
+                                               "hills", "humid", None, "")
+    with pytest.raises(FrozenInstanceError):
+        s.seed = 12
+    assert s.as_dict() == json.loads((basin / "basin.json").read_text())["generator"]
+    assert (s.begin, s.end) == (datetime(2021, 6, 29), datetime(2021, 7, 7))
+    assert replace(s, seed=12).as_dict()["seed"] == 12 and s.as_dict()["seed"] == SMALL["seed"]
 
 
 def test_read_truth_of_a_folder_that_is_not_a_basin(tmp_path):
