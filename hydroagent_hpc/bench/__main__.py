@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from hydroagent_hpc.bench import hpc as hbench
 
-    control = next((str(c) for _, c in cases if c.parent.name == "syn_01403060"), None)
+    hpc_control = next((str(c) for _, c in cases if c.parent.name == "syn_01403060"), None)
     out("\n## HPC pools and Slurm (`python -m hydroagent_hpc.bench.hpc`)\n\n")
-    out(hbench.markdown(control or hbench.default_control()))
+    out(hbench.markdown(hpc_control or hbench.default_control()))
     return 0
 
 

@@ -72,8 +72,8 @@ def run_optimizer(basin_dir: Path, sim, name: str, seed: int, budget: int, proto
     policy = make_optimizer_policy(name, seed, budget, **options)
     t0 = time.perf_counter()
     ep = run_episode(policy, env)
-    return OptimizerRun(basin_dir.name, name, seed, best_trace(ep), ep.best_params, time.perf_counter() - t0,
-                        ep.stop_reason)
+    best = dict(ep.best_params) if ep.best_params is not None else None
+    return OptimizerRun(basin_dir.name, name, seed, best_trace(ep), best, time.perf_counter() - t0, ep.stop_reason)
 
 
 def recovery_error(params: dict[str, float] | None, truth: dict[str, float], space: ParameterSpace) -> float:

@@ -25,6 +25,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +86,7 @@ class BasinForcing:
         """The days ``start..end`` inclusive (``datetime64[D]`` or ISO dates)."""
         a, b = np.datetime64(start, "D"), np.datetime64(end, "D")
         keep = (self.dates >= a) & (self.dates <= b)
-        cut = {k: (getattr(self, k)[keep] if getattr(self, k) is not None else None)
+        cut: dict[str, Any] = {k: (getattr(self, k)[keep] if getattr(self, k) is not None else None)
                for k in ("dates", "prcp", "tmax", "tmin", "srad", "vp", "dayl", "pet")}
         return BasinForcing(self.gauge_id, self.source, self.path, lat=self.lat, elev_m=self.elev_m,
                             area_km2=self.area_km2, notes=dict(self.notes), **cut)
@@ -268,7 +269,7 @@ def read_streamflow(path, gauge_id: str | None = None) -> Streamflow:
             raise bad_file(p, lineno, f"negative discharge {v} with flag {flag}",
                            "discharge is >= 0 or -999 with flag M")
         flags.append(flag)
-    if not dates:
+    if not dates or want is None or first is None:
         raise bad_file(p, 0, "no rows", "take the file from usgs_streamflow/ of CAMELS-US")
     try:
         days = np.array(dates, dtype="datetime64[D]")

@@ -40,6 +40,7 @@ import logging
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -102,7 +103,7 @@ def fetch_continuous(site: str, start: datetime, end: datetime, *, base_url: str
     t = start
     while t <= end:
         stop = min(end, t + timedelta(days=_CHUNK_DAYS))
-        kwargs = dict(monitoring_location_id=f"USGS-{gid}", parameter_code=parameter_code,
+        kwargs: dict[str, Any] = dict(monitoring_location_id=f"USGS-{gid}", parameter_code=parameter_code,
                       time=f"{_iso(t)}/{_iso(stop)}")
         configs = [WaterdataConfiguration(base_url=base_url.rstrip("/"))] if base_url else []
         try:

@@ -113,7 +113,7 @@ def make_executor(folder: str | Path, site: SiteSettings, cluster: str | None = 
     if site.gpus_per_node:
         params["gpus_per_node"] = site.gpus_per_node
     if ex.cluster == "slurm":
-        extra = {"slurm_array_parallelism": site.array_parallelism}
+        extra: dict[str, Any] = {"slurm_array_parallelism": site.array_parallelism}
         for key in ("partition", "account", "qos", "constraint"):
             if getattr(site, key):
                 extra[f"slurm_{key}"] = getattr(site, key)
