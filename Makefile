@@ -10,11 +10,12 @@ TORCH_SPEC ?= torch==2.13.0
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 DEMO_DIR ?= results/demo
 
-.PHONY: help venv demo test bench clean
+.PHONY: help venv demo test lint bench clean
 
 help:
 	@echo "make demo   build the four synthetic demo basins and simulate each (no network, no GPU)"
 	@echo "make test   run the test suite"
+	@echo "make lint   ruff (lint + import order) and mypy (strict for core, env, store, train)"
 	@echo "make bench  run the simulator, metrics, report and HPC benchmarks"
 
 $(STAMP): setup.cfg pyproject.toml
@@ -31,6 +32,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) -m hydroagent_hpc.bench

@@ -10,9 +10,9 @@ is then a percentage).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
 
 __all__ = ["ParamSpec", "PARAMS", "PARAM_NAMES", "CREST_NAMES", "KW_NAMES", "DEFAULTS", "TUNABLE",
            "check_values"]

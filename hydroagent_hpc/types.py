@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 
@@ -80,7 +80,8 @@ class SimulationResult:
     def evaluation_mask(self) -> np.ndarray:
         """Steps to score: after warm-up, observed finite and not EF5's -999 sentinel."""
         obs = self.observed
-        return (~self.warmup) & np.isfinite(obs) & (obs > -998.0) & np.isfinite(self.discharge)
+        mask: np.ndarray = (~self.warmup) & np.isfinite(obs) & (obs > -998.0) & np.isfinite(self.discharge)
+        return mask
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from helpers.waiting import wait_until
 from hydroagent_hpc.campaign import CampaignError, expand, load_campaign, run_campaign
 from hydroagent_hpc.store import read_episodes, read_sims, stored_ids
 
@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _write(tmp_path: Path, basin: Path, agents: str, seeds: str = "[0, 1]", extra: str = "") -> Path:
     p = tmp_path / "c.yaml"
     p.write_text(f"name: t\nbasins: [{basin}]\nagents:\n{agents}\nseeds: {seeds}\n"
-                 "env: {preset: paper, max_simulations: 12, max_turns: null, patience: null, target_nse: 0.99}\n" + extra)
+                 "env: {preset: paper, max_simulations: 12, max_turns: null, patience: null, target_nse: 0.99}\n"
+                 + extra)
     return p
 
 
@@ -64,16 +65,11 @@ def test_killed_campaign_resumes_without_repeats(tmp_path, small_basin_dir):
     cmd = [sys.executable, "-m", "hydroagent_hpc.cli", "-q", "campaign", "run", str(cfile), "--out", str(out),
            "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if out.exists():
-            try:
-                if len(stored_ids(out)) >= 2:
-                    break
-            except Exception:  # noqa: BLE001 - the file may be mid-creation
-                pass
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
+    try:  # the store may not exist yet, or be mid-creation at the instant it is read: that is "not yet"
+        wait_until(lambda: out.exists() and len(stored_ids(out)) >= 2, 120, "two stored episodes",
+                   ignore=(Exception,))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     first = stored_ids(out)
     assert 2 <= len(first) < 8

@@ -14,7 +14,8 @@ from hydroagent_hpc.sim.outputs import read_ts_csv
 
 
 def _run(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "hydroagent_hpc.cli", *args], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "hydroagent_hpc.cli", *args], capture_output=True, text=True,
+                          timeout=300)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc

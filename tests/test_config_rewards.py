@@ -27,7 +27,8 @@ def test_yaml_is_strict(tmp_path):
     assert cfg.rewards.per_turn is False  # the rest of the preset is kept
     bad = tmp_path / "bad.yaml"
     bad.write_text("preset: paper\nmax_turns: 30\nrewards:\n  parse_failur: -1.0\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml:4: rewards.parse_failur: unknown key; valid keys: .*parse_failure"):
+    with pytest.raises(ConfigError,
+                       match=r"bad.yaml:4: rewards.parse_failur: unknown key; valid keys: .*parse_failure"):
         load_config(bad)
     bad.write_text("max_turns: fifty\n")
     with pytest.raises(ConfigError, match=r"bad.yaml:1: max_turns: expected a whole number"):

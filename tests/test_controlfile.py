@@ -37,7 +37,8 @@ def test_syntax_comments_case_and_shared_lines(tmp_path, reference_dir, tiny_tex
     p = _tiny_copy(tmp_path, reference_dir, text)
     cf = parse_control(p)
     assert cf.basic.proj == "geographic" and cf.basic.esriddm is True and cf.basic.selffam is False
-    assert cf.param_sets["syncrest"].values["outlet"] == {"wm": 100.0, "b": 0.5, "im": 5.0, "ke": 0.8, "fc": 5.0, "iwu": 50.0}
+    assert cf.param_sets["syncrest"].values["outlet"] == {"wm": 100.0, "b": 0.5, "im": 5.0, "ke": 0.8, "fc": 5.0,
+                                                          "iwu": 50.0}
     assert cf.task().time_begin.year == 2020 and cf.execute == ["synrun"]
 
 
@@ -111,7 +112,8 @@ def test_render_roundtrip_numbers_only(reference_dir, tmp_path):
 
 def test_cli_reports_error_without_traceback(tmp_path, reference_dir, tiny_text):
     p = _tiny_copy(tmp_path, reference_dir, tiny_text.replace("[Gauge Outlet]", "[Gage Outlet]"))
-    proc = subprocess.run([sys.executable, "-m", "hydroagent_hpc.cli", "simulate", str(p)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "hydroagent_hpc.cli", "simulate", str(p)], capture_output=True,
+                          text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert f"{p}:" in proc.stderr and "unknown section [Gage]" in proc.stderr and "fix:" in proc.stderr
@@ -122,7 +124,8 @@ def test_model_must_precede_param_set(tmp_path, reference_dir, tiny_text):
     p = _tiny_copy(tmp_path, reference_dir, text)
     with pytest.raises(ControlFileError, match="PARAM_SET comes before MODEL"):
         parse_control(p)
-    text = tiny_text.replace("ROUTING=KW\n", "").replace("ROUTING_PARAM_SET=SynKW\n", "ROUTING_PARAM_SET=SynKW\nROUTING=KW\n")
+    text = tiny_text.replace("ROUTING=KW\n", "").replace("ROUTING_PARAM_SET=SynKW\n",
+                                                         "ROUTING_PARAM_SET=SynKW\nROUTING=KW\n")
     with pytest.raises(ControlFileError, match="ROUTING_PARAM_SET comes before ROUTING"):
         parse_control(_tiny_copy(tmp_path, reference_dir, text))
 

@@ -45,11 +45,12 @@ def sim(basin):
 
 def test_layout_control_and_daily_files(basin):
     text = (basin / "control.txt").read_text()
-    for line in ("TIMESTEP=1d", "UNIT=mm/d", "FREQ=1d", "TYPE=ASC", "TIME_BEGIN=199510020000", "TIME_WARMEND=199610020000",
-                 "TIME_END=199810010000", "[Gauge 12010000]"):
+    for line in ("TIMESTEP=1d", "UNIT=mm/d", "FREQ=1d", "TYPE=ASC", "TIME_BEGIN=199510020000",
+                 "TIME_WARMEND=199610020000", "TIME_END=199810010000", "[Gauge 12010000]"):
         assert line in text, line
     days = 365 + 730
-    assert len(list((basin / "precip").glob("P.*.asc"))) == days and len(list((basin / "pet").glob("PET.*.asc"))) == days
+    assert len(list((basin / "precip").glob("P.*.asc"))) == days
+    assert len(list((basin / "pet").glob("PET.*.asc"))) == days
     assert (basin / "precip" / "P.19951003.asc").stat().st_size < 160  # one 1x1 grid per day, ~100 bytes
     meta = json.loads((basin / "basin.json").read_text())
     assert meta["timestep"] == "1d" and meta["pet_method"] == "priestley_taylor" and meta["spinup_days"] == 0
@@ -100,17 +101,18 @@ def test_daily_step_agrees_with_an_hourly_run_of_the_same_forcing(basin, sim, tm
         assert vol_d == pytest.approx(vol_h, rel=0.02)
         daily_mean_h = qh.reshape(-1, 24).mean(axis=1)
         keep = ~sim.warmup
-        err = np.sum((qd[keep] - daily_mean_h[keep]) ** 2) / np.sum((daily_mean_h[keep] - daily_mean_h[keep].mean()) ** 2)
+        err = (np.sum((qd[keep] - daily_mean_h[keep]) ** 2)
+               / np.sum((daily_mean_h[keep] - daily_mean_h[keep].mean()) ** 2))
         assert 1.0 - err > 0.9
 
 
 def test_environment_and_diagnostics_at_a_daily_step(basin, sim):
     from hydroagent_hpc.agents.optimizers.policy import make_optimizer_policy
-    from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.config import preset
     from hydroagent_hpc.env.environment import CalibrationEnv
-    from hydroagent_hpc.env.prompts import format_timestep
     from hydroagent_hpc.env.episode import run_episode
+    from hydroagent_hpc.env.prompts import format_timestep
+    from hydroagent_hpc.sim.basin import load_basin
 
     b = load_basin(basin)
     assert b.timestep == "1d" and b.window_start == "1996-10-02 00:00" and b.area_km2 == pytest.approx(142.18, rel=1e-5)
@@ -138,7 +140,8 @@ def test_forcing_cache_serves_a_second_load(basin, tmp_path, monkeypatch):
 
 
 def test_forcing_finer_than_the_step_is_refused(basin, tmp_path):
-    text = (basin / "control.txt").read_text().replace("UNIT=mm/d\nFREQ=1d\nLOC=precip", "UNIT=mm/d\nFREQ=1h\nLOC=precip")
+    text = (basin / "control.txt").read_text().replace("UNIT=mm/d\nFREQ=1d\nLOC=precip",
+                                                       "UNIT=mm/d\nFREQ=1h\nLOC=precip")
     (tmp_path / "c.txt").write_text(_relocated(basin, text))
     with pytest.raises(InputError, match="FREQ=1h, finer than TIMESTEP=1d"):
         EmbeddedSimulator(tmp_path / "c.txt", cache_dir=False)

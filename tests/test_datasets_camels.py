@@ -36,7 +36,8 @@ def test_cfs_is_exactly_a_cubic_foot_and_sentinels_are_missing():
     q = units.cfs_to_m3s([100.0, -999.0, -999999.0, np.nan, 0.0])
     assert q[0] == pytest.approx(2.8316846592) and np.isnan(q[1:4]).all() and q[4] == 0.0
     assert units.m3s_to_mm_per_day(1.0, 86.4) == pytest.approx(1.0)
-    assert units.mm_per_day_to_m3s(units.cfs_to_mm_per_day(123.0, 500.0), 500.0) == pytest.approx(123 * units.CFS_TO_M3S)
+    assert units.mm_per_day_to_m3s(units.cfs_to_mm_per_day(123.0, 500.0), 500.0) == pytest.approx(
+        123 * units.CFS_TO_M3S)
     with pytest.raises(ValueError, match="area"):
         units.m3s_to_mm_per_day(1.0, 0.0)
 
@@ -66,7 +67,8 @@ def test_hargreaves_needs_a_range_and_priestley_taylor_does_not():
 def test_every_forcing_variant_reads_and_gets_the_right_pet_method(nh, source, method):
     f = camels.read_forcing(camels.find_forcing_file(nh, "01022500", source))
     assert f.source == source and f.gauge_id == "01022500"
-    assert f.lat == pytest.approx(44.82) and f.elev_m == pytest.approx(133.0) and f.area_km2 == pytest.approx(587.675987)
+    assert f.lat == pytest.approx(44.82) and f.elev_m == pytest.approx(133.0)
+    assert f.area_km2 == pytest.approx(587.675987)
     assert f.dates[0] == np.datetime64("2000-01-01") and np.all(np.diff(f.dates).astype(int) == 1)
     assert pet.choose_method(f.tmax, f.tmin) == method  # the NLDAS/Maurer quirk: Tmax == Tmin
     assert np.all(f.prcp >= 0) and 2.5 < f.prcp.mean() < 5.0
@@ -114,7 +116,8 @@ def test_our_priestley_taylor_reproduces_the_camels_pet(mo_dir):
 def test_attributes_keep_ids_as_strings_and_give_area_location_climate(nh):
     a = attributes.read_attributes(nh / "camels_attributes_v2.0", "01013500")
     assert a.gauge_id == "01013500" and a.huc02 == "01" and "Fish River" in a.name
-    assert a.area_km2 == pytest.approx(2252.7) and a.lat == pytest.approx(47.23739) and a.lon == pytest.approx(-68.58264)
+    assert a.area_km2 == pytest.approx(2252.7)
+    assert a.lat == pytest.approx(47.23739) and a.lon == pytest.approx(-68.58264)
     assert a.climate()["aridity"] == pytest.approx(0.63055865946247) and a.frac_snow == pytest.approx(0.3134, abs=1e-3)
     assert isinstance(a.values["max_water_content"], float)
     table = attributes.read_attribute_table(nh / "camels_attributes_v2.0" / "camels_topo.txt")

@@ -7,8 +7,8 @@ import csv
 import pytest
 
 from conftest import CAMELS, require
-from hydroagent_hpc.sim.basin import CANONICAL_GAUGE, CANONICAL_TARGET, DEFAULT_TARGET
 from hydroagent_hpc.datasets.gauges import COLUMNS, DEFAULT_FILE, load_paper_gauges, paper_gauge
+from hydroagent_hpc.sim.basin import CANONICAL_GAUGE, CANONICAL_TARGET, DEFAULT_TARGET
 from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.sim.synth.basins import DEMO_BASINS
 
@@ -41,7 +41,8 @@ def test_agrees_with_the_shared_metadata_and_the_demo_twins():
     ours = {g.gauge_id: g for g in load_paper_gauges()}
     for row in csv.DictReader(meta.open()):
         g = ours[row["gauge_id"]]
-        assert g.split == row["split"] and g.area_km2 == pytest.approx(float(row["basin_area_km2"]), abs=0.53)  # whole km2 there
+        assert g.split == row["split"]
+        assert g.area_km2 == pytest.approx(float(row["basin_area_km2"]), abs=0.53)  # whole km2 there
         assert f"{g.window_start:%Y-%m-%dT%H:%M}" == row["window_begin_utc"]
         assert f"{g.window_end:%Y-%m-%dT%H:%M}" == row["window_end_utc"]
         if row["lat"]:

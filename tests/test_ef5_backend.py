@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import GOLDEN_CASES
+from helpers.waiting import wait_until
 from hydroagent_hpc.sim.ef5 import EF5Simulator
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import InputError, SimulationError
@@ -97,11 +98,8 @@ def test_timeout_kills_the_process_group(tmp_path, control):
         sim.run()
     assert time.monotonic() - t0 < 15
     child = int(pidfile.read_text())
-    for _ in range(50):
-        if not Path(f"/proc/{child}").exists() or "zombie" in _state(child):
-            break
-        time.sleep(0.1)
-    assert not Path(f"/proc/{child}").exists() or "zombie" in _state(child), "the grandchild survived"
+    wait_until(lambda: not Path(f"/proc/{child}").exists() or "zombie" in _state(child), 5,
+               f"the grandchild {child} to die with the process group (it survived)")
 
 
 def _state(pid: int) -> str:
@@ -130,8 +128,9 @@ def test_binary_must_be_configured(control, monkeypatch, tmp_path):
 def test_cli_ef5_backend_copies_ef5_outputs(standin, control, tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "HYDROAGENT_EF5": str(standin)}
-    proc = subprocess.run([sys.executable, "-m", "hydroagent_hpc.cli", "-q", "simulate", str(control), "--backend", "ef5",
-                           "--set", "alpha=1.5", "--output", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "hydroagent_hpc.cli", "-q", "simulate", str(control),
+                           "--backend", "ef5", "--set", "alpha=1.5", "--output", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "ts.inner.crest.csv", "ts.outlet.crest.csv"]
     assert '"backend": "ef5"' in proc.stdout

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from hydroagent_hpc.agents.scripted import ScriptedPolicy
-from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.episode import run_episode
-from hydroagent_hpc.sim.synth.basins import read_truth
 from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response
+from hydroagent_hpc.sim.basin import load_basin
+from hydroagent_hpc.sim.synth.basins import read_truth
 from hydroagent_hpc.types import ToolCall
 
 SET = "set_parameters"
@@ -77,7 +77,8 @@ def test_released_preset_pays_terminal_only(basin, small_sim):
     assert set(ep.turns[1].observation) == {"status", "message", "output_file", "run_number"}
     assert {"NSE", "CC", "KGE", "sim_peak", "obs_peak", "peak_ratio", "lag_hours_sim_minus_obs", "num_points"} <= \
         set(ep.turns[2].observation)
-    assert "unpaid_delta_nse_previous" in ep.turns[2].reward_terms and "unpaid_parse_failure" in ep.turns[3].reward_terms
+    assert "unpaid_delta_nse_previous" in ep.turns[2].reward_terms
+    assert "unpaid_parse_failure" in ep.turns[3].reward_terms
     assert ep.terminal_reward == pytest.approx(sum(ep.terminal_terms.values()))
     assert ep.total_reward == pytest.approx(ep.terminal_reward)
 
@@ -114,7 +115,7 @@ def test_turn_cap_and_parse_failure_streak(basin, small_sim):
         env.step(call(SET, wm=2.0))
     assert env.done and env.stop_reason == "max_turns" and len(env.turns) == 3
     env = make_env(basin, small_sim)
-    for i in range(4):
+    for _ in range(4):
         r = env.step("<tool_call>{broken</tool_call>")
     assert r.done and env.stop_reason == "parse_failures" and env.counters["parse_failures"] == 4
 

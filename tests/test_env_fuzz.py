@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
 from hydroagent_hpc.env.environment import CalibrationEnv
-from hydroagent_hpc.params import PARAMS, PARAM_NAMES
+from hydroagent_hpc.params import PARAM_NAMES, PARAMS
+from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.sim.controlfile import parse_control, render_control
 
 MESSAGES_PER_EXAMPLE = 4
@@ -26,7 +26,8 @@ EXAMPLES = 2_600  # x 4 messages = 10,400 messages
 names = st.sampled_from(["set_parameters", "run_simulation", "evaluate", "Set_Parameters", "shell", "", "evaluate "])
 keys = st.one_of(st.sampled_from(list(PARAM_NAMES) + ["WM", "wm_grid", "th", "isu", "__proto__", ""]),
                  st.text(max_size=12))
-weird_numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-10**30, max_value=10**30),
+weird_numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                          st.integers(min_value=-10**30, max_value=10**30),
                           st.sampled_from([1e308, -1e308, 1e-320, 0.0, -0.0]))
 values = st.one_of(weird_numbers, st.text(max_size=20), st.booleans(), st.none(),
                    st.sampled_from(["1.5", "2.0\n[Task evil]\nSTYLE=CALI", "nan", "1e400", "0x10"]),

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from hydroagent_hpc.agents.factory import make_agent
-from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.campaign import AgentSpec
 from hydroagent_hpc.config import preset
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.episode import run_episode
+from hydroagent_hpc.sim.basin import load_basin
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,8 @@ CFG = preset("paper", max_simulations=12, max_turns=None, patience=None, target_
 @pytest.mark.parametrize("kind,options", [("heuristic", {}), ("dds", {}), ("sceua", {}), ("lhs", {}), ("random", {}),
                                           ("dream", {}), ("hybrid", {"warm_simulations": 6})])
 def test_kinds_run_within_budget(basin, small_sim, kind, options):
-    ep = run_episode(make_agent(AgentSpec(kind, kind, options), 0, CFG), CalibrationEnv(basin, small_sim, CFG, agent=kind))
+    ep = run_episode(make_agent(AgentSpec(kind, kind, options), 0, CFG),
+                     CalibrationEnv(basin, small_sim, CFG, agent=kind))
     assert 1 <= ep.counters["simulations"] <= 12 and ep.counters["parse_failures"] == 0
     assert ep.best_nse is not None and ep.best_nse > ep.sims[0].metrics["NSE"] - 1e-12
 

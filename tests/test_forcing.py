@@ -52,9 +52,11 @@ def test_three_hourly_files_are_reused_and_converted(tmp_path, reference_dir):
     dem = read_asc(case / "basic" / "dem.asc")
     for h in range(3, 73, 3):
         t = datetime(2020, 6, 1) + (datetime(2020, 6, 1, 1) - datetime(2020, 6, 1)) * h
-        write_asc(case / "precip" / f"r3.{t:%Y%m%d%H}.asc", Grid(np.full(dem.data.shape, 6.0), dem.xll, dem.yll, dem.cellsize))
+        write_asc(case / "precip" / f"r3.{t:%Y%m%d%H}.asc",
+                  Grid(np.full(dem.data.shape, 6.0), dem.xll, dem.yll, dem.cellsize))
     p = case / "control_a.txt"
-    p.write_text(p.read_text().replace("UNIT=mm/h\nFREQ=1h", "UNIT=mm/3h\nFREQ=3h").replace("rain.YYYYMMDDHH", "r3.YYYYMMDDHH"))
+    p.write_text(p.read_text().replace("UNIT=mm/h\nFREQ=1h", "UNIT=mm/3h\nFREQ=3h")
+                 .replace("rain.YYYYMMDDHH", "r3.YYYYMMDDHH"))
     sim = EmbeddedSimulator(p, cache_dir=False)
     np.testing.assert_allclose(sim.precip, 2.0)  # 6 mm per 3 h = 2 mm/h, every hourly step
     assert sim.missing_precip == 0

@@ -13,8 +13,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import GOLDEN_CASES
+
 from hydroagent_hpc.sim.grids import read_tif
 from hydroagent_hpc.sim.outputs import read_ts_csv
 
@@ -57,6 +57,6 @@ def test_ascii_and_tif_inputs_agree(reference_dir):
 
     a = EmbeddedSimulator(reference_dir / "dendritic" / "control_a.txt", cache_dir=False).run()
     t = EmbeddedSimulator(reference_dir / "tif" / "control.txt", cache_dir=False).run()
-    for g in ("outlet", "inner"):
-        np.testing.assert_allclose(a.gauges[g].discharge, t.gauges[g].discharge, rtol=1e-6, atol=1e-6)  # float32 TIF vs decimal ASCII
-        np.testing.assert_allclose(a.gauges[g].soil_moisture, t.gauges[g].soil_moisture, rtol=1e-6, atol=1e-6)  # float32 TIF vs decimal ASCII
+    for g in ("outlet", "inner"):  # tolerances: float32 TIF vs decimal ASCII
+        np.testing.assert_allclose(a.gauges[g].discharge, t.gauges[g].discharge, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(a.gauges[g].soil_moisture, t.gauges[g].soil_moisture, rtol=1e-6, atol=1e-6)

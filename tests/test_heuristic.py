@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
-from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.episode import run_episode
 from hydroagent_hpc.env.toolcalls import parse_message
+from hydroagent_hpc.sim.basin import load_basin
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +32,12 @@ def test_calibrates_and_speaks_the_tool_format(basin, small_sim):
         if t.text:  # every message: a diagnosis, then exactly one call
             parsed = parse_message(t.text)
             assert len(parsed.calls) == 1 and not parsed.failures and parsed.text.strip()
-    assert ep.turns[0].tool == "set_parameters" and ep.turns[1].tool == "run_simulation" and ep.turns[2].tool == "evaluate"
+    assert [t.tool for t in ep.turns[:3]] == ["set_parameters", "run_simulation", "evaluate"]
 
 
 def test_deterministic_for_a_seed(basin, small_sim):
-    a, b = _episode(basin, small_sim, seed=3, max_simulations=15), _episode(basin, small_sim, seed=3, max_simulations=15)
+    a = _episode(basin, small_sim, seed=3, max_simulations=15)
+    b = _episode(basin, small_sim, seed=3, max_simulations=15)
     assert [s.params for s in a.sims] == [s.params for s in b.sims]
     assert [t.text for t in a.turns] == [t.text for t in b.turns]
 

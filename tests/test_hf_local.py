@@ -27,12 +27,12 @@ from hypothesis import strategies as st  # noqa: E402
 
 from hydroagent_hpc.agents.base import Policy  # noqa: E402
 from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy, turn_seed  # noqa: E402
-from hydroagent_hpc.sim.basin import load_basin  # noqa: E402
 from hydroagent_hpc.config import preset  # noqa: E402
 from hydroagent_hpc.env.environment import CalibrationEnv  # noqa: E402
-from hydroagent_hpc.train import tiny  # noqa: E402
 from hydroagent_hpc.env.episode import run_episode  # noqa: E402
 from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response, tool_schemas  # noqa: E402
+from hydroagent_hpc.sim.basin import load_basin  # noqa: E402
+from hydroagent_hpc.train import tiny  # noqa: E402
 from hydroagent_hpc.types import ToolCall  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 
 Signatures and events: test_metrics_signatures.py; properties: test_metrics_properties.py;
 cross-checks against hydroeval / HydroErr: test_metrics_crosscheck.py. The synthetic series
-helpers below are shared with those modules.
+they share are in tests/helpers/series.py.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import math
 import numpy as np
 import pytest
 
+from helpers.series import T0, hourly, hydrograph, noisy
 from hydroagent_hpc import metrics as m
-
-T0 = np.datetime64("2021-06-01T00:00")
 
 REQUIRED_KEYS = (
     "NSE", "logNSE", "KGE", "KGE_r", "KGE_alpha", "KGE_beta", "KGEprime", "KGEprime_gamma",
@@ -25,38 +24,6 @@ REQUIRED_KEYS = (
     "bfi_sim", "bfi_obs", "events_sim", "events_obs", "FHV", "FLV", "FMS", "KGE_high",
     "KGE_low", "n_points", "nse_band",
 )
-
-
-def hourly(n: int, step_h: float = 1.0) -> np.ndarray:
-    """``n`` regular time stamps from :data:`T0`, ``step_h`` hours apart."""
-    return T0 + (np.arange(n) * round(step_h * 3600)).astype("timedelta64[s]")
-
-
-def hydrograph(
-    n: int = 1440,
-    peaks: tuple[int, ...] = (200, 560, 900, 1250),
-    heights: tuple[float, ...] = (80.0, 40.0, 120.0, 60.0),
-    base: float = 5.0,
-    rise: int = 8,
-    k: float = 0.04,
-    shift: int = 0,
-) -> np.ndarray:
-    """Baseflow plus events: linear rise over ``rise`` steps, then exponential fall at rate ``k``."""
-    t = np.arange(n, dtype=float)
-    q = np.full(n, base)
-    for p, h in zip(peaks, heights, strict=True):
-        p = p + shift
-        up = (t >= p - rise) & (t < p)
-        q[up] += h * (t[up] - (p - rise)) / rise
-        down = t >= p
-        q[down] += h * np.exp(-k * (t[down] - p))
-    return q
-
-
-def noisy(q: np.ndarray, seed: int, rel: float = 0.05) -> np.ndarray:
-    """Multiplicative Gaussian noise, kept positive."""
-    rng = np.random.default_rng(seed)
-    return np.maximum(q * (1.0 + rel * rng.standard_normal(q.size)), 0.01)
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
+from helpers.series import hydrograph, noisy
 from hydroagent_hpc import metrics as m
-from test_metrics import hydrograph, noisy
 
 he = pytest.importorskip("hydroeval", reason="hydroeval (dev extra) not installed")
 hr = pytest.importorskip("HydroErr", reason="HydroErr (dev extra) not installed")

@@ -11,10 +11,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from helpers.series import hourly, quickflow_loop
 from hydroagent_hpc import metrics as m
 from hydroagent_hpc.metrics.signatures import _quickflow_pass
-from test_metrics import hourly
-from test_metrics_signatures import quickflow_loop
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

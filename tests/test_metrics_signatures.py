@@ -7,19 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from helpers.series import hourly, hydrograph, noisy, quickflow_loop
 from hydroagent_hpc import metrics as m
 from hydroagent_hpc.metrics.signatures import _quickflow_pass
-from test_metrics import hourly, hydrograph, noisy
-
-
-def quickflow_loop(q: np.ndarray, alpha: float) -> np.ndarray:
-    """Plain Lyne-Hollick forward pass, written as the textbook recursion."""
-    qf = np.zeros(q.size)
-    c = 0.5 * (1 + alpha)
-    for t in range(1, q.size):
-        qf[t] = min(max(alpha * qf[t - 1] + c * (q[t] - q[t - 1]), 0.0), q[t])
-    return qf
-
 
 # --------------------------------------------------------------------------- events
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_helpers import BIN, ROOT, assert_same_episodes, job_env, write_campaign
+from helpers.hpc import BIN, ROOT, assert_same_episodes, job_env, write_campaign
 from hydroagent_hpc.campaign import load_campaign, run_campaign
 from hydroagent_hpc.store import stored_ids
 

@@ -24,21 +24,23 @@ import pytest
 
 pytest.importorskip("openai")
 
-from hydroagent_hpc.agents.base import Policy  # noqa: E402
-from hydroagent_hpc.agents.llm.client import (ChatClient, LLMRequestError, RateLimiter,  # noqa: E402
-                                              parse_retry_after)
-from hydroagent_hpc.agents.llm.models_file import (MissingAPIKeyError, ModelSpec, ModelsFileError,  # noqa: E402
-                                               get_model, load_models)
-from hydroagent_hpc.agents.llm.openai_api import (OpenAIAgent, make_openai_agent, native_calls_to_text,  # noqa: E402
-                                             with_changes)
-from hydroagent_hpc.agents.llm.replay_server import ReplayServer, check_tool_messages  # noqa: E402
-from hydroagent_hpc.sim.basin import load_basin  # noqa: E402
-from hydroagent_hpc.config import preset  # noqa: E402
-from hydroagent_hpc.env.environment import CalibrationEnv  # noqa: E402
-from hydroagent_hpc.env.episode import run_episode  # noqa: E402
-from hydroagent_hpc.env.toolcalls import (from_openai_tool_calls, parse_message, render_hermes,  # noqa: E402
-                                      render_tool_response, tool_schemas)
-from hydroagent_hpc.types import ToolCall  # noqa: E402
+from hydroagent_hpc.agents.base import Policy
+from hydroagent_hpc.agents.llm.client import ChatClient, LLMRequestError, RateLimiter, parse_retry_after
+from hydroagent_hpc.agents.llm.models_file import MissingAPIKeyError, ModelsFileError, ModelSpec, get_model, load_models
+from hydroagent_hpc.agents.llm.openai_api import OpenAIAgent, make_openai_agent, native_calls_to_text, with_changes
+from hydroagent_hpc.agents.llm.replay_server import ReplayServer, check_tool_messages
+from hydroagent_hpc.config import preset
+from hydroagent_hpc.env.environment import CalibrationEnv
+from hydroagent_hpc.env.episode import run_episode
+from hydroagent_hpc.env.toolcalls import (
+    from_openai_tool_calls,
+    parse_message,
+    render_hermes,
+    render_tool_response,
+    tool_schemas,
+)
+from hydroagent_hpc.sim.basin import load_basin
+from hydroagent_hpc.types import ToolCall
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "tests" / "data" / "recorded"
@@ -284,7 +286,8 @@ def test_retries_run_out_into_a_policy_error(basin, small_sim, caplog):
 
 
 def test_bad_request_fails_at_once_with_a_hint():
-    err = {"status": 404, "body": {"error": {"message": "The model `nope` does not exist", "type": "invalid_request_error"}}}
+    err = {"status": 404,
+           "body": {"error": {"message": "The model `nope` does not exist", "type": "invalid_request_error"}}}
     with ReplayServer([err]) as srv:
         agent = OpenAIAgent(fast_spec(srv.base_url, model="nope"))
         with pytest.raises(LLMRequestError) as exc:

@@ -12,16 +12,21 @@ from hypothesis import strategies as st
 from hydroagent_hpc.agents.base import DirectPolicy
 from hydroagent_hpc.agents.optimizers.dds import DDS, dds_initial_count, dds_perturb, dds_probability
 from hydroagent_hpc.agents.optimizers.dream import DREAM, nse_log_likelihood
-from hydroagent_hpc.agents.optimizers.policy import (OPTIMIZERS, OptimizerPolicy, make_optimizer, make_optimizer_policy,
-                                              simulation_budget)
+from hydroagent_hpc.agents.optimizers.policy import (
+    OPTIMIZERS,
+    OptimizerPolicy,
+    make_optimizer,
+    make_optimizer_policy,
+    simulation_budget,
+)
 from hydroagent_hpc.agents.optimizers.sampling import LatinHypercubeSearch
 from hydroagent_hpc.agents.optimizers.sceua import SCEUA, trapezoidal_probabilities
 from hydroagent_hpc.agents.optimizers.space import ParameterSpace, clean_score, reflect
-from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
 from hydroagent_hpc.env.environment import CalibrationEnv
-from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.env.episode import run_episode
+from hydroagent_hpc.params import PARAMS, TUNABLE
+from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.sim.errors import HydroAgentError
 
 SPACE = ParameterSpace()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
+from helpers.waiting import wait_until
 from hydroagent_hpc.hpc.pool import ProcessPool, SerialPool, open_pool
 
 
@@ -70,18 +72,27 @@ def test_in_flight_limit_caps_workers():
         open_pool("mpi-ish")
 
 
-def slow_first(x):
+def held_first(item):
+    """Task 0 finishes only once ``release`` exists (a file: the event crosses processes); the others at once."""
+    x, release = item
     if x == 0:
-        time.sleep(1.5)
+        wait_until(Path(release).exists, 60, "the test to release task 0")
     return x
 
 
-def test_unordered_map_yields_each_result_as_it_finishes():
+def test_unordered_map_yields_each_result_as_it_finishes(tmp_path):
+    release = tmp_path / "release"
+    items = [(x, str(release)) for x in range(6)]
+    out = []
     with ProcessPool(workers=2) as pool:
-        out = list(pool.map(slow_first, range(6), ordered=False))
-    assert sorted(r.index for r in out) == list(range(6)) and all(r.ok for r in out)
-    assert out[-1].index == 0  # the slow task did not hold back the others
-    assert [r.value for r in SerialPool().map(slow_first, [1, 2], ordered=False)] == [1, 2]
+        for r in pool.map(held_first, items, ordered=False):
+            out.append(r)
+            if len(out) == 5:  # every other task came back while task 0 was still running: let it finish
+                release.touch()
+    assert sorted(r.index for r in out) == list(range(6)) and all(r.ok for r in out), [r.error for r in out]
+    assert out[-1].index == 0 and not out[-1].error  # the held task did not hold back the others
+    release.touch()
+    assert [r.value for r in SerialPool().map(held_first, items[1:3], ordered=False)] == [1, 2]
 
 
 def test_open_pool_mpi_points_to_the_launcher():

@@ -7,11 +7,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.env.prompts import (
-    PRESETS, Budget, format_coordinates, format_timestep, render_messages, system_prompt, user_prompt,
+    PRESETS,
+    Budget,
+    format_coordinates,
+    format_timestep,
+    render_messages,
+    system_prompt,
+    user_prompt,
 )
 from hydroagent_hpc.env.toolcalls import format_example, parse_message, tool_schemas
+from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.types import Basin, ToolCall
 
 CANONICAL = Basin(

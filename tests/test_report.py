@@ -107,7 +107,8 @@ def test_comparison_and_recovery_equal_independent_computation(store, report):
         b = best[(best.agent == "llm") & (best.basin_id == basin)]
         for key, va, vb in (("NSE", a["NSE"].mean(), b["NSE"].mean()),
                             ("abs_lag_h", a["peak_lag_h"].abs().mean(), b["peak_lag_h"].abs().mean()),
-                            ("peak_ratio_error", (a["peak_ratio"] - 1).abs().mean(), (b["peak_ratio"] - 1).abs().mean())):
+                            ("peak_ratio_error", (a["peak_ratio"] - 1).abs().mean(),
+                             (b["peak_ratio"] - 1).abs().mean())):
             assert comp.loc[basin, f"{key}.base"] == pytest.approx(va, abs=1e-12)
             assert comp.loc[basin, f"{key}.other"] == pytest.approx(vb, abs=1e-12)
             if va != 0:

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from hpc_helpers import BIN, assert_same_episodes, job_env, write_campaign
+from helpers.hpc import BIN, assert_same_episodes, job_env, write_campaign
 from hydroagent_hpc.campaign import expand, load_campaign, run_campaign, shard_of
 from hydroagent_hpc.campaign.shards import list_shards, merge_run, parse_shard, shard_path, skip_stores
 from hydroagent_hpc.store import MergeError, stored_ids

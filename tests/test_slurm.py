@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from hpc_helpers import ROOT, assert_same_episodes, job_env, write_campaign
+from helpers.hpc import ROOT, assert_same_episodes, job_env, write_campaign
+from helpers.waiting import wait_until
 from hydroagent_hpc.campaign import expand, load_campaign, run_campaign
-from hydroagent_hpc.hpc.slurm import SiteSettings, slurm_available
 from hydroagent_hpc.campaign.shards import shard_path
+from hydroagent_hpc.hpc.slurm import SiteSettings, slurm_available
 from hydroagent_hpc.store import stored_ids
 
 pytestmark = pytest.mark.slurm
@@ -43,23 +44,20 @@ def _state(job: str) -> str:
 
 
 def wait_job(job: str, timeout: float = 240) -> str:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
+    """The job's terminal state; a job still running after ``timeout`` s is cancelled and the test fails."""
+    def finished() -> str:
         state = _state(job)
-        if state in TERMINAL:
-            return state
-        time.sleep(0.5)
-    subprocess.run(["scancel", job], timeout=30)
-    raise AssertionError(f"job {job} did not finish within {timeout} s (last state {_state(job)!r})")
+        return state if state in TERMINAL else ""
+
+    try:
+        return wait_until(finished, timeout, f"job {job} to finish", interval=0.5)
+    except AssertionError:
+        subprocess.run(["scancel", job], timeout=30)
+        raise AssertionError(f"job {job} did not finish within {timeout} s (last state {_state(job)!r})") from None
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    wait_until(predicate, timeout, what, interval=0.2)
 
 
 def _stored(path: Path) -> int:

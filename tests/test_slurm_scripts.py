@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from hpc_helpers import ROOT, job_env, write_campaign
+from helpers.hpc import ROOT, job_env, write_campaign
 from hydroagent_hpc.hpc.slurm import SiteSettings, slurm_available
 from hydroagent_hpc.store import stored_ids
 

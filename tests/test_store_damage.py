@@ -49,7 +49,7 @@ SEVERITY = {"true": 0, "error": 1, "crash": 2, "lie": 3, "hang": 4}
 
 
 def build_store(path: Path) -> None:
-    from test_store import basin_of, make_episode
+    from helpers.store import basin_of, make_episode
 
     from hydroagent_hpc.store import EpisodeWriter
 

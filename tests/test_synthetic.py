@@ -5,19 +5,28 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hydroagent_hpc.params import DEFAULTS, PARAM_NAMES, PARAMS
-from hydroagent_hpc.sim.synth import basins as synthetic
 from hydroagent_hpc.sim.controlfile import parse_control
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.grids import read_grid
-from hydroagent_hpc.sim.synth.basins import (DEMO_BASINS, TRUTH_RANGES, auto_cellsize, build_demo_basins, draw_truth,
-                                          estimate_cells, read_truth, synthesize_basin)
+from hydroagent_hpc.sim.synth import basins as synthetic
+from hydroagent_hpc.sim.synth.basins import (
+    DEMO_BASINS,
+    TRUTH_RANGES,
+    auto_cellsize,
+    build_demo_basins,
+    draw_truth,
+    estimate_cells,
+    read_truth,
+    synthesize_basin,
+)
 from hydroagent_hpc.sim.synth.terrain import TERRAIN_STYLES, make_terrain
 
 SMALL = dict(name="syn_test", area_km2=120.0, window_days=6, warmup_days=2, seed=11, start="2021-07-01")
@@ -192,6 +201,17 @@ def test_bad_arguments_raise_value_error_naming_the_argument(tmp_path, change, w
     with pytest.raises(ValueError, match=word):
         synthesize_basin(tmp_path / "x", **{**SMALL, **change})
     assert not (tmp_path / "x").exists()
+
+
+def test_settings_are_frozen_and_are_the_generator_record(basin):
+    s = synthetic.SynthSettings.from_arguments(SMALL["name"], SMALL["area_km2"], SMALL["window_days"],
+                                               SMALL["warmup_days"], SMALL["seed"], None, SMALL["start"], 35.0, -97.0,
+                                               "hills", "humid", None, "")
+    with pytest.raises(FrozenInstanceError):
+        s.seed = 12
+    assert s.as_dict() == json.loads((basin / "basin.json").read_text())["generator"]
+    assert (s.begin, s.end) == (datetime(2021, 6, 29), datetime(2021, 7, 7))
+    assert replace(s, seed=12).as_dict()["seed"] == 12 and s.as_dict()["seed"] == SMALL["seed"]
 
 
 def test_read_truth_of_a_folder_that_is_not_a_basin(tmp_path):

@@ -12,12 +12,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hydroagent_hpc.params import DEFAULTS, PARAMS, TUNABLE
 from hydroagent_hpc.env.toolcalls import (
-    MAX_MESSAGE_CHARS, PARSE_REASONS, TOOL_NAMES, VALIDATION_REASONS, ParseFailure, ParsedMessage,
-    from_openai_tool_calls, parse_message, render_hermes, render_tool_response, retry_hint, to_openai_tool_call,
-    tool_schemas, validate_arguments,
+    MAX_MESSAGE_CHARS,
+    PARSE_REASONS,
+    TOOL_NAMES,
+    VALIDATION_REASONS,
+    ParsedMessage,
+    ParseFailure,
+    from_openai_tool_calls,
+    parse_message,
+    render_hermes,
+    render_tool_response,
+    retry_hint,
+    to_openai_tool_call,
+    tool_schemas,
+    validate_arguments,
 )
+from hydroagent_hpc.params import DEFAULTS, PARAMS, TUNABLE
 from hydroagent_hpc.types import ToolCall
 
 CUR = dict(DEFAULTS)

@@ -37,7 +37,7 @@ class _Replay:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 outer.requests.append(self.path)
                 url = urlsplit(self.path)
                 q = parse_qs(url.query)
@@ -133,7 +133,8 @@ def test_local_times_with_offsets_across_dst_become_utc():
                  "2019-03-10T03:15:00-05:00"], ["10", "20", "30", "40"])
     times, q, stats = to_hourly(df, datetime(2019, 3, 10, 8), datetime(2019, 3, 10, 9))
     assert list(times) == [datetime(2019, 3, 10, 8), datetime(2019, 3, 10, 9)]
-    assert q[0] == pytest.approx(20 * CFS) and q[1] == pytest.approx(40 * CFS)  # (07:00, 08:00] holds 07:30, 07:45, 08:00
+    # (07:00, 08:00] holds 07:30, 07:45, 08:00
+    assert q[0] == pytest.approx(20 * CFS) and q[1] == pytest.approx(40 * CFS)
     assert stats["duplicate_rows"] == 0
 
 
@@ -148,7 +149,8 @@ def test_metric_units_pass_and_unknown_units_fail():
                         datetime(2019, 1, 1, 1))
     assert q[0] == 2.5
     with pytest.raises(ValueError, match="unit"):
-        to_hourly(_frame(["2019-01-01T01:00:00Z"], ["2.5"], unit="ft"), datetime(2019, 1, 1, 1), datetime(2019, 1, 1, 1))
+        to_hourly(_frame(["2019-01-01T01:00:00Z"], ["2.5"], unit="ft"), datetime(2019, 1, 1, 1),
+                  datetime(2019, 1, 1, 1))
 
 
 def test_qualifier_strings_from_other_clients_are_understood():

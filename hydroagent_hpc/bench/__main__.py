@@ -22,7 +22,8 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--basins", default=str(ROOT / "results" / "demo" / "basins"), help="where the demo basins are (built if missing)")
+    ap.add_argument("--basins", default=str(ROOT / "results" / "demo" / "basins"),
+                    help="where the demo basins are (built if missing)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--skip-demo", action="store_true", help="only the reference case")
     args = ap.parse_args(argv)
@@ -43,10 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         from hydroagent_hpc.bench.fidelity import fidelity_rows
 
         out("## Fidelity against EF5 1.2.3 (unrounded ours vs EF5's printed 2-decimal values)\n\n")
-        out("| case | gauge | rows | max dQ m3/s | at Q | max dSM % | max dFast | max dSlow |\n|---|---|---|---|---|---|---|---|\n")
+        out("| case | gauge | rows | max dQ m3/s | at Q | max dSM % | max dFast | max dSlow |\n"
+            "|---|---|---|---|---|---|---|---|\n")
         for r in fidelity_rows(ref.parent.parent):
-            out(f"| {r['case']} | {r['gauge']} | {r['rows']} | {r['max_dQ']:.4f} | {r['at_Q']:.2f} | {r['max_dSM']:.4f} | "
-                f"{r['max_dFast']:.5f} | {r['max_dSlow']:.5f} |\n")
+            out(f"| {r['case']} | {r['gauge']} | {r['rows']} | {r['max_dQ']:.4f} | {r['at_Q']:.2f} | "
+                f"{r['max_dSM']:.4f} | {r['max_dFast']:.5f} | {r['max_dSlow']:.5f} |\n")
         out("\n")
 
     out("## Simulator (embedded engine)\n\n")
@@ -82,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from hydroagent_hpc.bench import hpc as hbench
 
-    control = next((str(c) for _, c in cases if c.parent.name == "syn_01403060"), None)
+    hpc_control = next((str(c) for _, c in cases if c.parent.name == "syn_01403060"), None)
     out("\n## HPC pools and Slurm (`python -m hydroagent_hpc.bench.hpc`)\n\n")
-    out(hbench.markdown(control or hbench.default_control()))
+    out(hbench.markdown(hpc_control or hbench.default_control()))
     return 0
 
 

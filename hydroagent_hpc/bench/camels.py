@@ -106,7 +106,8 @@ def cases(data: Path, raim: bool) -> list[dict]:
     mo = data / "camels_us_model_output"
     if mo.is_dir() and attrs.is_dir():
         for gid in ("01031500", "13331500"):
-            out.append({"label": gid, "gauge": gid, "root": str(mo), "forcing": "model_output", "attributes": str(attrs)})
+            out.append({"label": gid, "gauge": gid, "root": str(mo), "forcing": "model_output",
+                        "attributes": str(attrs)})
             if raim:
                 out.append({"label": f"{gid}_raim", "gauge": gid, "root": str(mo), "forcing": "model_output",
                             "attributes": str(attrs), "precip": "raim"})
@@ -146,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['val_days']} | {r['seconds']} |\n")
         sys.stdout.flush()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"calibration": [str(d) for d in CAL], "validation": [str(d) for d in VAL],
-                                                  "simulations": args.simulations, "seed": args.seed, "rows": rows},
-                                                 indent=2) + "\n")
+    results = {"calibration": [str(d) for d in CAL], "validation": [str(d) for d in VAL],
+               "simulations": args.simulations, "seed": args.seed, "rows": rows}
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     w(f"\nresults: {out / 'results.json'}\n")
     return 0
 

@@ -22,14 +22,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from hydroagent_hpc.bench.timing import median_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 _SIM: dict[str, Any] = {}
+
+
+def _submit_trivial(executor: Any) -> Any:
+    """Submit :func:`trivial` and wait for its result (one latency sample)."""
+    return executor.submit(trivial, 0).result()
 
 
 def trivial(x: int) -> int:
@@ -101,7 +108,7 @@ def pool_overhead(n: int = 2000) -> list[dict[str, Any]]:
     """Milliseconds per trivial task on each backend."""
     from hydroagent_hpc.hpc.pool import ProcessPool, SerialPool
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     serial = _time_map(SerialPool(), trivial, list(range(n)))
     rows.append({"backend": "serial", "workers": 1, "ms_per_task": 1e3 * serial / n})
     with ProcessPool(workers=2) as pool:
@@ -146,12 +153,12 @@ def slurm_latency(repeats: int = 3) -> list[dict[str, Any]] | None:
 
     if not slurm_available():
         return None
-    rows = []
+    rows: list[dict[str, Any]] = []
     site = SiteSettings(time_min=5)
     with tempfile.TemporaryDirectory(prefix="hydroagent-bench-") as tmp:
         for cluster in ("local", "slurm"):
             ex = make_executor(Path(tmp) / cluster, site, cluster, name="bench-latency")
-            seconds = median_seconds(lambda: ex.submit(trivial, 0).result(), repeats, warm_up=False)
+            seconds = median_seconds(partial(_submit_trivial, ex), repeats, warm_up=False)
             rows.append({"path": f"submitit {cluster}", "median_s": seconds})
         sbatch = ["sbatch", "--wait", "--quiet", "-o", "/dev/null", "--wrap", "true"]
         seconds = median_seconds(lambda: subprocess.run(sbatch, check=True, timeout=300, cwd=tmp), repeats,

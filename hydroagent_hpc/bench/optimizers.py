@@ -24,11 +24,11 @@ import numpy as np
 
 from hydroagent_hpc.agents.optimizers.policy import OPTIMIZERS, make_optimizer_policy
 from hydroagent_hpc.agents.optimizers.space import ParameterSpace, clean_score
-from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.config import preset
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.episode import run_episode
 from hydroagent_hpc.report.recovery import recovery_error
+from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.synth.basins import read_truth
 from hydroagent_hpc.types import Episode
@@ -74,8 +74,8 @@ def run_optimizer(basin_dir: Path, sim, name: str, seed: int, budget: int, proto
     policy = make_optimizer_policy(name, seed, budget, **options)
     t0 = time.perf_counter()
     ep = run_episode(policy, env)
-    return OptimizerRun(basin_dir.name, name, seed, best_trace(ep), ep.best_params, time.perf_counter() - t0,
-                        ep.stop_reason)
+    best = dict(ep.best_params) if ep.best_params is not None else None
+    return OptimizerRun(basin_dir.name, name, seed, best_trace(ep), best, time.perf_counter() - t0, ep.stop_reason)
 
 
 def _f(x: float | None) -> str:

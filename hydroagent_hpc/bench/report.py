@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from hydroagent_hpc.bench.timing import median_seconds
 from hydroagent_hpc.metrics import evaluate
 from hydroagent_hpc.params import DEFAULTS, PARAMS, TUNABLE
 from hydroagent_hpc.store import EpisodeWriter, read_episodes, read_sims
 from hydroagent_hpc.types import Basin, Episode, SimRecord
-from hydroagent_hpc.bench.timing import median_seconds
 
 __all__ = ["synthetic_campaign", "run", "main", "AGENTS", "BASINS"]
 
@@ -112,7 +112,8 @@ def _episode(basin: Basin, agent: str, a: int, seed: int, sims: int, times: np.n
     return Episode(
         episode_id=f"bench/{basin.basin_id}/{agent}/{seed}", basin_id=basin.basin_id, agent=agent, preset="paper",
         protocol="turns", seed=seed, config={"env": {"max_simulations": sims}}, sims=records,
-        best_nse=float(best), best_run=best_run, best_params=dict(records[best_run].params) if best_run is not None else None,
+        best_nse=float(best), best_run=best_run,
+        best_params=dict(records[best_run].params) if best_run is not None else None,
         stop_reason="max_simulations", counters={"turns": 2 * sims, "parse_failures": seed % 3 if agent == "llm" else 0,
                                                  "simulations": sims, "rounds": 0},
         wall_time_s=0.05 * sims, started_utc=f"2021-01-01T00:{seed % 60:02d}:00+00:00",

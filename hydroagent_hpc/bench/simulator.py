@@ -1,6 +1,7 @@
 """Simulator benchmarks: cold/warm load, one run, a batch of 8, the whole process, and EF5.
 
-Runs use calibration-like parameters (:func:`typical_params`). Every figure is reported with the baseline it is compared to, measured in the same run:
+Runs use calibration-like parameters (:func:`typical_params`). Every figure is reported with the
+baseline it is compared to, measured in the same run:
 ``batch8 / run`` (goal <= 2.5), ``EF5 run / warm run`` (goal >= 5) and
 ``hydroagent process / EF5 process`` (goal <= 1) when ``$HYDROAGENT_EF5`` names a binary;
 without one, the EF5 columns say so and the published EF5 wall time of the reference case is
@@ -20,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.bench.timing import median_seconds
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
 __all__ = ["CaseTiming", "bench_case"]
 

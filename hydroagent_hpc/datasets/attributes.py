@@ -122,8 +122,8 @@ def read_attributes(folder, gauge_id: str) -> Attributes:
             sources.append(path.name)
     if "area_gages2" not in values:
         raise InputError(f"gauge {gid} is not in {f / 'camels_topo.txt'}",
-                         fix="give --attributes a camels_attributes_v2.0 folder that covers this gauge (the full CAMELS "
-                             "tables have 671 basins)")
+                         fix="give --attributes a camels_attributes_v2.0 folder that covers this gauge "
+                             "(the full CAMELS tables have 671 basins)")
     name = values.get("gauge_name")
     huc = values.get("huc_02")
     return Attributes(

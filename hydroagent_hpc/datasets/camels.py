@@ -25,6 +25,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -81,11 +82,11 @@ class BasinForcing:
     pet: np.ndarray | None = None  # mm/day, only where the source has it (model output)
     notes: dict = field(default_factory=dict)
 
-    def window(self, start, end) -> "BasinForcing":
+    def window(self, start, end) -> BasinForcing:
         """The days ``start..end`` inclusive (``datetime64[D]`` or ISO dates)."""
         a, b = np.datetime64(start, "D"), np.datetime64(end, "D")
         keep = (self.dates >= a) & (self.dates <= b)
-        cut = {k: (getattr(self, k)[keep] if getattr(self, k) is not None else None)
+        cut: dict[str, Any] = {k: (getattr(self, k)[keep] if getattr(self, k) is not None else None)
                for k in ("dates", "prcp", "tmax", "tmin", "srad", "vp", "dayl", "pet")}
         return BasinForcing(self.gauge_id, self.source, self.path, lat=self.lat, elev_m=self.elev_m,
                             area_km2=self.area_km2, notes=dict(self.notes), **cut)
@@ -154,7 +155,8 @@ def _header_number(path: Path, lineno: int, text: str, what: str) -> float:
         return float(text.split()[0])
     except (ValueError, IndexError):
         raise bad_file(path, lineno, f"expected the {what} as a number, got {text.strip()[:40]!r}",
-                       "a CAMELS forcing file starts with latitude, elevation (m) and area (m2) on three lines") from None
+                       "a CAMELS forcing file starts with latitude, elevation (m) and area (m2) on three lines"
+                       ) from None
 
 
 def _column_key(name: str) -> str:
@@ -219,7 +221,8 @@ def read_forcing(path, source: str | None = None, gauge_id: str | None = None) -
     neg = col["prcp"] < 0
     if neg.any():
         i = int(np.argmax(neg))
-        raise bad_file(p, 5 + i, f"negative precipitation {col['prcp'][i]} on {dates[i]}", "precipitation is >= 0 mm/day")
+        raise bad_file(p, 5 + i, f"negative precipitation {col['prcp'][i]} on {dates[i]}",
+                       "precipitation is >= 0 mm/day")
     name_id = p.name.split("_")[0]
     gid = check_gauge_id(gauge_id or name_id)
     src = source or next((s for s in ("maurer_extended", "daymet", "nldas", "maurer") if s in p.parts),
@@ -263,9 +266,10 @@ def read_streamflow(path, gauge_id: str | None = None) -> Streamflow:
             first = lineno
         q.append(np.nan if flag == "M" or v <= -998.0 else v)
         if flag != "M" and v < 0 and v > -998.0:
-            raise bad_file(p, lineno, f"negative discharge {v} with flag {flag}", "discharge is >= 0 or -999 with flag M")
+            raise bad_file(p, lineno, f"negative discharge {v} with flag {flag}",
+                           "discharge is >= 0 or -999 with flag M")
         flags.append(flag)
-    if not dates:
+    if not dates or want is None or first is None:
         raise bad_file(p, 0, "no rows", "take the file from usgs_streamflow/ of CAMELS-US")
     try:
         days = np.array(dates, dtype="datetime64[D]")

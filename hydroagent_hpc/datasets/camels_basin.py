@@ -50,8 +50,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,12 +63,12 @@ from hydroagent_hpc.params import DEFAULTS
 from hydroagent_hpc.sim.controlfile import Forcing, Gauge
 from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
-from hydroagent_hpc.sim.synth.landscape import GRID_FILES
 from hydroagent_hpc.sim.manifest import write_manifest
 from hydroagent_hpc.sim.network import build_network
 from hydroagent_hpc.sim.staging import staged_folder
-from hydroagent_hpc.sim.templates import basin_control_text
+from hydroagent_hpc.sim.synth.landscape import GRID_FILES
 from hydroagent_hpc.sim.synth.terrain import NODATA, TERRAIN_STYLES, Terrain, cell_km, make_terrain
+from hydroagent_hpc.sim.templates import basin_control_text
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +103,14 @@ def load_camels_inputs(root, gauge_id: str, forcing: str = "nldas", attributes=N
     elev = f.elev_m if f.elev_m is not None else (attrs.elev_mean_m if attrs else None)
     doy = (f.dates - f.dates.astype("datetime64[Y]")).astype(np.int64) + 1
     method = pet.choose_method(f.tmax, f.tmin)
-    if method == "hargreaves":
+    if method == "hargreaves" and lat is not None:
         values = pet.hargreaves(f.tmax, f.tmin, lat, doy)
-    else:
+    elif method != "hargreaves" and lat is not None and elev is not None:
         values = pet.priestley_taylor(f.tmax, f.tmin, f.srad, f.dayl, f.vp, elev, lat, doy)
+    else:
+        need = "latitude" if method == "hargreaves" else "latitude and elevation"
+        raise InputError(f"{f.path}: gauge {gid} has no PET column, and the {need} {method} PET needs are unknown",
+                         fix="give --attributes DIR, a camels_attributes_v2.0 folder that lists this gauge")
     return f, values, method, flow, attrs
 
 
@@ -119,9 +125,10 @@ def _series(dates: np.ndarray, values: np.ndarray, first: date, last: date, spin
     early = idx < 0
     if early.any():
         if spinup != "repeat":
+            most = int((np.datetime64(first, "D") - d0).astype(int))
             raise InputError(f"{path}: the {what} starts on {d0}, but the warm-up needs {days[0]}",
-                             fix=f"give fewer --warmup-days (at most {int((np.datetime64(first, 'D') - d0).astype(int))}"
-                                 " here, when --start is the first scored day), a later --start, or --spinup repeat")
+                             fix=f"give fewer --warmup-days (at most {most} here, when --start is the first scored "
+                                 "day), a later --start, or --spinup repeat")
         years = np.ceil(-idx[early] / 365.0).astype(np.int64)
         idx[early] = idx[early] + 365 * years
         if np.any(idx > dates.size - 1):
@@ -208,10 +215,11 @@ def _asc_1x1(path: Path, geo: tuple, value: float, fmt: str) -> None:
 def _control_text(gid: str, cell: tuple[int, int], begin: datetime, warm: datetime | None, end: datetime,
                   header: str) -> str:
     return basin_control_text(
-        header=[header, "written by hydroagent_hpc.datasets.camels_basin; all paths relative: cd here && ef5 control.txt"],
+        header=[header,
+                "written by hydroagent_hpc.datasets.camels_basin; all paths relative: cd here && ef5 control.txt"],
         gauge=gid, cell=cell, precip=Forcing("PRECIP", "ASC", "mm/d", "1d", Path("precip"), "P.YYYYMMDD.asc"),
-        pet=Forcing("PET", "ASC", "mm/d", "1d", Path("pet"), "PET.YYYYMMDD.asc"), timestep="1d", begin=begin, warm=warm, end=end,
-        grid_files=GRID_FILES, scalars=DEFAULTS)
+        pet=Forcing("PET", "ASC", "mm/d", "1d", Path("pet"), "PET.YYYYMMDD.asc"), timestep="1d", begin=begin,
+        warm=warm, end=end, grid_files=GRID_FILES, scalars=DEFAULTS)
 
 
 def _a_priori(attrs) -> dict[str, float]:
@@ -223,16 +231,46 @@ def _a_priori(attrs) -> dict[str, float]:
     return {k: round(x, 4) for k, x in v.items()}
 
 
-def write_camels_basin(out_dir, *, root, gauge_id: str, start, end, warmup_days: int = 365, forcing: str = "nldas",
-                       attributes=None, spinup: str = "none", precip_column: str = "prcp", target_cells: int = 150,
-                       network: str = "comb", command: str | None = None) -> Path:
-    """Write one CAMELS gauge as a daily EF5 basin in ``out_dir``; return its control file.
+@dataclass(frozen=True)
+class _Request:
+    """The checked scalar arguments of :func:`write_camels_basin`."""
 
-    ``start``/``end``: first and last scored day (inclusive); ``forcing``: nldas, daymet,
-    maurer, maurer_extended or model_output; ``attributes``: a camels_attributes_v2.0 folder
-    (default: the one under ``root``). ``out_dir`` must not exist or be empty, or hold an
-    earlier basin written by this function (it is replaced).
-    """
+    gid: str
+    first: date  # first scored day
+    last: date  # last scored day
+    warmup_days: int
+
+    @property
+    def warm_first(self) -> date:
+        return self.first - timedelta(days=self.warmup_days)
+
+
+@dataclass(frozen=True)
+class _Site:
+    """Where the gauge is and how large its basin is (CAMELS attributes, else the forcing header)."""
+
+    name: str
+    area_km2: float
+    area_source: str
+    lat: float
+    lon: float
+
+
+@dataclass(frozen=True)
+class _Daily:
+    """The simulated days with their forcing, and the discharge observed within them."""
+
+    days: np.ndarray  # datetime64[D], warm-up included
+    prcp: np.ndarray  # mm/d
+    pet: np.ndarray  # mm/d
+    spun: int  # days filled by repeating the year after (spinup="repeat")
+    q_days: np.ndarray  # datetime64[D] of the observations within ``days``
+    q: np.ndarray  # m3/s, NaN where missing
+    flags: dict[str, int]  # USGS qualification flags within ``days`` and their counts
+
+
+def _check_request(gauge_id: str, start: object, end: object, warmup_days: object, spinup: str,
+                   target_cells: int) -> _Request:
     gid = camels.check_gauge_id(gauge_id)
     first, last = _day(start, "start"), _day(end, "end")
     if last < first:
@@ -243,16 +281,23 @@ def write_camels_basin(out_dir, *, root, gauge_id: str, start, end, warmup_days:
         raise ValueError(f"--spinup {spinup!r}: use none or repeat")
     if not 40 <= int(target_cells) <= 5000:
         raise ValueError(f"target_cells={target_cells!r} must be within 40..5000")
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        meta = out / "basin.json"
-        try:
-            ok = json.loads(meta.read_text()).get("generator", {}).get("module") == __name__
-        except (OSError, ValueError, AttributeError):
-            ok = False
-        if not ok:
-            raise ValueError(f"--out {out} exists and is not a basin written by from-camels; give a new or empty folder")
-    f, pet_values, pet_method, flow, attrs = load_camels_inputs(root, gid, forcing, attributes, precip_column)
+    return _Request(gid, first, last, warmup_days)
+
+
+def _check_out(out: Path) -> None:
+    """``out`` must be new, empty, or an earlier basin written here (which is then replaced)."""
+    if not (out.exists() and any(out.iterdir())):
+        return
+    meta = out / "basin.json"
+    try:
+        ok = json.loads(meta.read_text()).get("generator", {}).get("module") == __name__
+    except (OSError, ValueError, AttributeError):
+        ok = False
+    if not ok:
+        raise ValueError(f"--out {out} exists and is not a basin written by from-camels; give a new or empty folder")
+
+
+def _site(gid: str, f: Any, attrs: Any) -> _Site:
     area = attrs.area_km2 if attrs and attrs.area_km2 else f.area_km2
     area_src = "area_gages2 (camels_topo.txt)" if attrs and attrs.area_km2 else "forcing file header (line 3)"
     lat = attrs.lat if attrs and attrs.lat is not None else f.lat
@@ -260,78 +305,146 @@ def write_camels_basin(out_dir, *, root, gauge_id: str, start, end, warmup_days:
     if area is None or lat is None or lon is None:
         raise InputError(f"gauge {gid}: area, latitude or longitude unknown (no CAMELS attributes for it)",
                          fix="give --attributes DIR, a camels_attributes_v2.0 folder that lists this gauge")
-    warm_first = first - timedelta(days=warmup_days)
-    days, prcp, spun = _series(f.dates, f.prcp, warm_first, last, spinup, "forcing", f.path)
-    _, pet_d, _ = _series(f.dates, pet_values, warm_first, last, spinup, "forcing", f.path)
+    name = attrs.name if attrs and attrs.name else gid
+    return _Site(name, float(area), area_src, float(lat), float(lon))
+
+
+def _daily(req: _Request, f: Any, pet_values: np.ndarray, flow: Any, spinup: str) -> _Daily:
+    """Forcing for every simulated day (spun up if asked) and the observations among them."""
+    days, prcp, spun = _series(f.dates, f.prcp, req.warm_first, req.last, spinup, "forcing", f.path)
+    _, pet_d, _ = _series(f.dates, pet_values, req.warm_first, req.last, spinup, "forcing", f.path)
     in_run = (flow.dates >= days[0]) & (flow.dates <= days[-1])
     q = flow.q_m3s[in_run]
     q_days = flow.dates[in_run]
-    scored = (q_days >= np.datetime64(first)) & np.isfinite(q)
+    scored = (q_days >= np.datetime64(req.first)) & np.isfinite(q)
     if not scored.any():
-        raise InputError(f"{flow.path}: no observed discharge between {first} and {last}",
+        raise InputError(f"{flow.path}: no observed discharge between {req.first} and {req.last}",
                          fix="pick --start/--end inside the streamflow record "
                              f"({flow.dates[0]}..{flow.dates[-1]})")
+    flags = {str(k): int(v) for k, v in zip(*np.unique(flow.flags[in_run], return_counts=True))}
+    return _Daily(days, prcp, pet_d, spun, q_days, q, flags)
+
+
+def _clock(req: _Request, days: np.ndarray) -> tuple[datetime, datetime | None, datetime]:
+    """TIME_BEGIN, TIME_WARMEND (None without a warm-up) and TIME_END: stamps end a day (see the module doc)."""
+    begin = datetime.combine(days[0].astype(date), datetime.min.time())
+    warm = datetime.combine(req.first + timedelta(days=1), datetime.min.time()) if req.warmup_days else None
+    end = datetime.combine(req.last + timedelta(days=1), datetime.min.time())
+    return begin, warm, end
+
+
+def _write_grids(folder: Path, dem: Grid, ddm: Grid, fam: Grid, prior: dict[str, float]) -> None:
+    """The basin folders, the DEM, directions and accumulation, and one uniform grid per parameter."""
+    for sub in ("basic", "params", "precip", "pet", "obs", "output"):
+        (folder / sub).mkdir(parents=True)
+    write_asc(folder / "basic" / "dem.asc", dem, fmt="%.2f")
+    write_asc(folder / "basic" / "ddm.asc", ddm, fmt="%d")
+    write_asc(folder / "basic" / "fam.asc", fam, fmt="%d")
+    for key, fname in GRID_FILES.items():
+        write_tif(folder / "params" / fname, Grid(np.full(dem.data.shape, prior[key]), dem.xll, dem.yll, dem.cellsize,
+                                                  NODATA))
+
+
+def _write_forcing(folder: Path, dem: Grid, daily: _Daily) -> None:
+    """One 1x1 grid per day covering the whole DEM, stamped at the end of its day."""
+    size = (max(dem.nrows, dem.ncols) + 2) * dem.cellsize
+    geo = (dem.xll - dem.cellsize, dem.yll - dem.cellsize, size)
+    stamps = [(d + np.timedelta64(1, "D")).astype(date) for d in daily.days]
+    for stamp, p_mm, e_mm in zip(stamps, daily.prcp, daily.pet):
+        _asc_1x1(folder / "precip" / f"P.{stamp:%Y%m%d}.asc", geo, float(p_mm), ".2f")
+        _asc_1x1(folder / "pet" / f"PET.{stamp:%Y%m%d}.asc", geo, float(e_mm), ".3f")
+
+
+def _write_observations(path: Path, daily: _Daily) -> None:
+    """``obs.csv`` in m3/s, stamped at the end of each day; missing days are left out."""
+    rows = ["Date,Discharge(m3/s)"] + [f"{(d + np.timedelta64(1, 'D')).astype(date):%Y-%m-%d} 00:00,{v:.4f}"
+                                       for d, v in zip(daily.q_days, daily.q) if np.isfinite(v)]
+    path.write_text("\n".join(rows) + "\n")
+
+
+def _basin_meta(req: _Request, site: _Site, daily: _Daily, *, f: Any, flow: Any, attrs: Any, pet_method: str,
+                network: str, style: str, cells: int, dem: Grid, model_area: float, prior: dict[str, float],
+                clock: tuple[datetime, datetime | None, datetime], settings: dict[str, Any]) -> dict[str, Any]:
+    """The ``basin.json`` record: every choice the writer made and where each number came from."""
+    gid = req.gid
+    begin, warm, t_end = clock
+    if network == "comb":
+        kind = "synthetic template: cardinal comb (camels_basin.comb_terrain)"
+    else:
+        kind = "synthetic template: D8 valley (hydroagent_hpc.sim.synth.terrain.make_terrain)"
+    return {
+        "name": f"camels_{gid}", "gauge": gid, "gauge_name": site.name, "synthetic": False,
+        "description": f"CAMELS-US gauge {gid}: real daily basin-mean forcing and USGS discharge on a synthetic "
+                       "river-network template of the right area",
+        "lat": site.lat, "lon": site.lon, "area_km2": round(model_area, 3), "area_km2_source": site.area_source,
+        "area_km2_requested": site.area_km2, "huc02": attrs.huc02 if attrs else None,
+        "network": {"kind": kind, "style": style, "seed": int(gid) if network == "valley" else None, "cells": cells,
+                    "cellsize_deg": dem.cellsize,
+                    "grid": {"nrows": dem.nrows, "ncols": dem.ncols, "xllcorner": dem.xll, "yllcorner": dem.yll}},
+        "timestep": "1d", "time_convention": "stamps mark the end of the day: the step, forcing files and "
+                                             "observation stamped D 00:00 are CAMELS day D-1",
+        "time_begin": f"{begin:%Y-%m-%d %H:%M}", "time_warmend": f"{warm:%Y-%m-%d %H:%M}" if warm else None,
+        "time_end": f"{t_end:%Y-%m-%d %H:%M}", "scored_days": [str(req.first), str(req.last)],
+        "warmup_days": req.warmup_days, "spinup_days": daily.spun, "forcing": {"source": f.source, "file": f.path,
+                                                                                **f.notes},
+        "pet_method": pet_method, "pet_mean_mm_d": round(float(np.mean(daily.pet)), 3),
+        "precip_mean_mm_d": round(float(np.mean(daily.prcp)), 3),
+        "obs": {"file": flow.path, "days": int(np.isfinite(daily.q).sum()),
+                "missing_days": int((~np.isfinite(daily.q)).sum()), "flags": daily.flags, "unit": "m3/s",
+                "conversion": "cfs * 0.028316846592"},
+        "a_priori": prior, "attributes": attrs.climate() if attrs else {}, "control": CONTROL_NAME,
+        "files": {"precip": len(daily.days), "pet": len(daily.days)}, "generator": settings,
+    }
+
+
+def write_camels_basin(out_dir: str | Path, *, root: str | Path, gauge_id: str, start: object, end: object,
+                       warmup_days: int = 365, forcing: str = "nldas", attributes: str | Path | None = None,
+                       spinup: str = "none", precip_column: str = "prcp", target_cells: int = 150,
+                       network: str = "comb", command: str | None = None) -> Path:
+    """Write one CAMELS gauge as a daily EF5 basin in ``out_dir``; return its control file.
+
+    ``start``/``end``: first and last scored day (inclusive); ``forcing``: nldas, daymet,
+    maurer, maurer_extended or model_output; ``attributes``: a camels_attributes_v2.0 folder
+    (default: the one under ``root``). ``out_dir`` must not exist or be empty, or hold an
+    earlier basin written by this function (it is replaced).
+
+    The steps: check the request and the folder; read the gauge's inputs; place the gauge
+    (:func:`_site`); cut the daily series (:func:`_daily`); size the network template
+    (:func:`_template`); then write grids, forcing, observations, the control file, basin.json
+    and the manifest into a staged folder that replaces ``out_dir`` only when complete.
+    """
+    req = _check_request(gauge_id, start, end, warmup_days, spinup, target_cells)
+    gid = req.gid
+    out = Path(out_dir)
+    _check_out(out)
+    f, pet_values, pet_method, flow, attrs = load_camels_inputs(root, gid, forcing, attributes, precip_column)
+    site = _site(gid, f, attrs)
+    daily = _daily(req, f, pet_values, flow, spinup)
     style = _style(attrs)
-    terrain, (dem, ddm, fam), net, model_area = _template(gid, float(area), float(lat), float(lon),
+    terrain, (dem, ddm, fam), net, model_area = _template(gid, site.area_km2, site.lat, site.lon,
                                                           int(target_cells), style, network)
     settings = {"module": __name__, "version": WRITER_VERSION, "gauge_id": gid, "root": str(Path(root).resolve()),
                 "forcing": forcing, "precip_column": precip_column if forcing == "model_output" else "prcp",
-                "attributes": str(Path(attributes).resolve()) if attributes else None, "start": str(first),
-                "end": str(last), "warmup_days": warmup_days, "spinup": spinup, "target_cells": int(target_cells),
+                "attributes": str(Path(attributes).resolve()) if attributes else None, "start": str(req.first),
+                "end": str(req.last), "warmup_days": warmup_days, "spinup": spinup, "target_cells": int(target_cells),
                 "network": network}
+    prior = _a_priori(attrs)
+    clock = _clock(req, daily.days)
     with staged_folder(out) as tmp:
-        for sub in ("basic", "params", "precip", "pet", "obs", "output"):
-            (tmp / sub).mkdir(parents=True)
-        write_asc(tmp / "basic" / "dem.asc", dem, fmt="%.2f")
-        write_asc(tmp / "basic" / "ddm.asc", ddm, fmt="%d")
-        write_asc(tmp / "basic" / "fam.asc", fam, fmt="%d")
-        prior = _a_priori(attrs)
-        for key, fname in GRID_FILES.items():
-            write_tif(tmp / "params" / fname, Grid(np.full(dem.data.shape, prior[key]), dem.xll, dem.yll, dem.cellsize,
-                                                   NODATA))
-        size = (max(dem.nrows, dem.ncols) + 2) * dem.cellsize
-        geo = (dem.xll - dem.cellsize, dem.yll - dem.cellsize, size)
-        stamps = [(d + np.timedelta64(1, "D")).astype(date) for d in days]
-        for stamp, p_mm, e_mm in zip(stamps, prcp, pet_d):
-            _asc_1x1(tmp / "precip" / f"P.{stamp:%Y%m%d}.asc", geo, float(p_mm), ".2f")
-            _asc_1x1(tmp / "pet" / f"PET.{stamp:%Y%m%d}.asc", geo, float(e_mm), ".3f")
-        rows = ["Date,Discharge(m3/s)"] + [f"{(d + np.timedelta64(1, 'D')).astype(date):%Y-%m-%d} 00:00,{v:.4f}"
-                                           for d, v in zip(q_days, q) if np.isfinite(v)]
-        (tmp / "obs" / "obs.csv").write_text("\n".join(rows) + "\n")
-        begin = datetime.combine(days[0].astype(date), datetime.min.time())
-        warm = datetime.combine(first + timedelta(days=1), datetime.min.time()) if warmup_days else None
-        t_end = datetime.combine(last + timedelta(days=1), datetime.min.time())
-        name = attrs.name if attrs and attrs.name else gid
-        (tmp / CONTROL_NAME).write_text(_control_text(gid, terrain.gauge, begin, warm, t_end,
-                                                      f"CAMELS-US {gid} ({name}), daily, synthetic network template"))
-        flags = {str(k): int(v) for k, v in zip(*np.unique(flow.flags[in_run], return_counts=True))}
-        meta = {
-            "name": f"camels_{gid}", "gauge": gid, "gauge_name": name, "synthetic": False,
-            "description": f"CAMELS-US gauge {gid}: real daily basin-mean forcing and USGS discharge on a synthetic "
-                           "river-network template of the right area",
-            "lat": float(lat), "lon": float(lon), "area_km2": round(model_area, 3), "area_km2_source": area_src,
-            "area_km2_requested": float(area), "huc02": attrs.huc02 if attrs else None,
-            "network": {"kind": ("synthetic template: cardinal comb (camels_basin.comb_terrain)" if network == "comb"
-                                 else "synthetic template: D8 valley (hydroagent_hpc.sim.synth.terrain.make_terrain)"),
-                        "style": style, "seed": int(gid) if network == "valley" else None, "cells": int(net.n), "cellsize_deg": dem.cellsize,
-                        "grid": {"nrows": dem.nrows, "ncols": dem.ncols, "xllcorner": dem.xll, "yllcorner": dem.yll}},
-            "timestep": "1d", "time_convention": "stamps mark the end of the day: the step, forcing files and "
-                                                 "observation stamped D 00:00 are CAMELS day D-1",
-            "time_begin": f"{begin:%Y-%m-%d %H:%M}", "time_warmend": f"{warm:%Y-%m-%d %H:%M}" if warm else None,
-            "time_end": f"{t_end:%Y-%m-%d %H:%M}", "scored_days": [str(first), str(last)], "warmup_days": warmup_days,
-            "spinup_days": spun, "forcing": {"source": f.source, "file": f.path, **f.notes},
-            "pet_method": pet_method, "pet_mean_mm_d": round(float(np.mean(pet_d)), 3),
-            "precip_mean_mm_d": round(float(np.mean(prcp)), 3),
-            "obs": {"file": flow.path, "days": int(np.isfinite(q).sum()), "missing_days": int((~np.isfinite(q)).sum()),
-                    "flags": flags, "unit": "m3/s", "conversion": "cfs * 0.028316846592"},
-            "a_priori": prior, "attributes": attrs.climate() if attrs else {}, "control": CONTROL_NAME,
-            "files": {"precip": len(days), "pet": len(days)}, "generator": settings,
-        }
+        _write_grids(tmp, dem, ddm, fam, prior)
+        _write_forcing(tmp, dem, daily)
+        _write_observations(tmp / "obs" / "obs.csv", daily)
+        (tmp / CONTROL_NAME).write_text(_control_text(gid, terrain.gauge, *clock,
+                                                      f"CAMELS-US {gid} ({site.name}), daily, synthetic network "
+                                                      "template"))
+        meta = _basin_meta(req, site, daily, f=f, flow=flow, attrs=attrs, pet_method=pet_method, network=network,
+                           style=style, cells=int(net.n), dem=dem, model_area=model_area, prior=prior, clock=clock,
+                           settings=settings)
         (tmp / "basin.json").write_text(json.dumps(meta, indent=2) + "\n")
         write_manifest(tmp, source={"dataset": "CAMELS-US", "gauge_id": gid, "forcing": f.path, "streamflow": flow.path,
                                     "attributes": attrs.sources if attrs else [],
                                     "writer": f"{__name__} v{WRITER_VERSION}"},
                        command=command or f"write_camels_basin({settings})", basin=out.name)
     log.info("wrote CAMELS basin %s: %d cells, %.1f km2, %d days (%d spin-up), PET %s", out, net.n, model_area,
-             len(days), spun, pet_method)
+             len(daily.days), daily.spun, pet_method)
     return out / CONTROL_NAME

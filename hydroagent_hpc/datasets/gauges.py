@@ -79,8 +79,8 @@ def _time(path, line, key, text) -> datetime:
     try:
         return datetime.strptime(text.strip(), "%Y-%m-%d %H:%M")
     except ValueError:
-        raise bad_file(path, line, f"{key}={text!r} is not a UTC time", "write YYYY-MM-DD HH:MM, e.g. 2018-07-01 00:00") \
-            from None
+        raise bad_file(path, line, f"{key}={text!r} is not a UTC time",
+                       "write YYYY-MM-DD HH:MM, e.g. 2018-07-01 00:00") from None
 
 
 def load_paper_gauges(path=None, *, expect_counts: tuple[int, int] | None = (4, 10)) -> list[PaperGauge]:
@@ -121,8 +121,9 @@ def load_paper_gauges(path=None, *, expect_counts: tuple[int, int] | None = (4, 
                                                                                       r["window_end_utc"])
         span = end - start + timedelta(hours=1)
         if start.hour or start.minute or end.hour != 23 or end.minute or span.days < 1 or span.seconds:
-            raise bad_file(p, line, f"window {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} is not whole days of hourly "
-                                    "steps", "the window runs 00:00 of the first day to 23:00 of the last (UTC)")
+            raise bad_file(p, line,
+                           f"window {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} is not whole days of hourly steps",
+                           "the window runs 00:00 of the first day to 23:00 of the last (UTC)")
         if not r["name"] or not r["source"]:
             raise bad_file(p, line, "name or source is empty", "give the station name and where each fact comes from")
         out.append(PaperGauge(

@@ -99,7 +99,8 @@ def reference_nse(mo: ModelOutput, start, end, streamflow: Streamflow | None = N
         outside = (mo.dates < streamflow.dates[0]) | (mo.dates > streamflow.dates[-1])
         keep &= ~outside & ~np.isin(mo.dates, np.array(sorted(missing), dtype="datetime64[D]"))
     if keep.sum() < 2:
-        raise ValueError(f"{mo.path}: no scored days between {a} and {b}; the file covers {mo.dates[0]}..{mo.dates[-1]}")
+        raise ValueError(f"{mo.path}: no scored days between {a} and {b}; "
+                         f"the file covers {mo.dates[0]}..{mo.dates[-1]}")
     days = mo.dates[keep]
     return {"nse": nse(mo["obs_run"][keep], mo["mod_run"][keep], min_points=2), "days": int(keep.sum()),
             "start": str(days[0]), "end": str(days[-1])}
@@ -118,4 +119,5 @@ def forcing_from_model_output(mo: ModelOutput, precip: str = "prcp") -> BasinFor
     nan = np.full(n, np.nan)
     return BasinForcing(mo.gauge_id, "model_output", mo.path, mo.dates.copy(), mo[precip].copy(), mo["tair"].copy(),
                         mo["tair"].copy(), nan, nan.copy(), nan.copy(), pet=mo["pet"].copy(),
-                        notes={"precip_column": precip.upper(), "pet": "PET column of the model output (Priestley-Taylor)"})
+                        notes={"precip_column": precip.upper(),
+                               "pet": "PET column of the model output (Priestley-Taylor)"})

@@ -47,7 +47,8 @@ def extraterrestrial_radiation(lat_deg: float, doy) -> np.ndarray:
     dr = 1.0 + 0.033 * np.cos(2.0 * np.pi * j / 365.0)
     delta = 0.409 * np.sin(2.0 * np.pi * j / 365.0 - 1.39)
     ws = np.arccos(np.clip(-np.tan(phi) * np.tan(delta), -1.0, 1.0))
-    return 24.0 * 60.0 / np.pi * _GSC * dr * (ws * np.sin(phi) * np.sin(delta) + np.cos(phi) * np.cos(delta) * np.sin(ws))
+    return 24.0 * 60.0 / np.pi * _GSC * dr * (ws * np.sin(phi) * np.sin(delta)
+                                             + np.cos(phi) * np.cos(delta) * np.sin(ws))
 
 
 def hargreaves(tmax_c, tmin_c, lat_deg: float, doy) -> np.ndarray:

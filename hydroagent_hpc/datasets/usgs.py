@@ -40,6 +40,7 @@ import logging
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -90,10 +91,10 @@ def fetch_continuous(site: str, start: datetime, end: datetime, *, base_url: str
 
     try:
         import dataretrieval
+        import httpx
         from dataretrieval import waterdata
         from dataretrieval.exceptions import DataRetrievalError
         from dataretrieval.waterdata import WaterdataConfiguration
-        import httpx
     except ImportError as exc:  # an old dataretrieval without the Water Data API or configure()
         raise RuntimeError(f"dataretrieval >= 1.4 is needed for the USGS Water Data API ({exc}); "
                            "pip install -U dataretrieval") from None
@@ -102,7 +103,7 @@ def fetch_continuous(site: str, start: datetime, end: datetime, *, base_url: str
     t = start
     while t <= end:
         stop = min(end, t + timedelta(days=_CHUNK_DAYS))
-        kwargs = dict(monitoring_location_id=f"USGS-{gid}", parameter_code=parameter_code,
+        kwargs: dict[str, Any] = dict(monitoring_location_id=f"USGS-{gid}", parameter_code=parameter_code,
                       time=f"{_iso(t)}/{_iso(stop)}")
         configs = [WaterdataConfiguration(base_url=base_url.rstrip("/"))] if base_url else []
         try:
@@ -147,7 +148,8 @@ def to_hourly(df, start: datetime, end: datetime) -> tuple[np.ndarray, np.ndarra
         raw_t = raw_t.dt.tz_localize("UTC")
     times = raw_t.dt.tz_convert("UTC")
     values = pd.to_numeric(df["value"], errors="coerce").to_numpy(dtype=np.float64)
-    units = df["unit_of_measure"].astype(str).str.strip() if "unit_of_measure" in df else pd.Series(["ft^3/s"] * len(df))
+    units = (df["unit_of_measure"].astype(str).str.strip() if "unit_of_measure" in df
+             else pd.Series(["ft^3/s"] * len(df)))
     unknown = sorted(set(units) - set(_UNITS))
     if unknown:
         raise ValueError(f"USGS discharge in unit(s) {unknown}; expected ft^3/s or m^3/s (parameter code 00060)")
@@ -207,7 +209,8 @@ def download_hourly(site: str, start: str, end: str, out, *, base_url: str | Non
                          f"({stats['values']} values returned); check the site id and the window")
     import dataretrieval
 
-    meta = {"site": gid, "parameter_code": "00060", "start_utc": f"{a:%Y-%m-%d %H:%M}", "end_utc": f"{b:%Y-%m-%d %H:%M}",
+    meta = {"site": gid, "parameter_code": "00060", "start_utc": f"{a:%Y-%m-%d %H:%M}",
+            "end_utc": f"{b:%Y-%m-%d %H:%M}",
             "unit": "m3/s", "conversion": "ft3/s * 0.028316846592", "aggregation": "mean over (H-1h, H], stamped H",
             "missing": "hours without a kept value have no row (EF5 reads nan)", "requests": urls,
             "dataretrieval": getattr(dataretrieval, "__version__", "?"), **stats}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from hydroagent_hpc.agents.base import Agent, DirectPolicy, MetersUsage, Policy, StopsWithReason
+from hydroagent_hpc.env.policy import Agent, DirectPolicy, MetersUsage, Policy, StopsWithReason
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.toolcalls import render_tool_response
 from hydroagent_hpc.types import Episode
@@ -19,9 +19,9 @@ ROLE_TOOL = "tool"
 def run_episode(policy: Agent, env: CalibrationEnv) -> Episode:
     """Alternate policy messages and environment steps until the episode ends.
 
-    A text :class:`~hydroagent_hpc.agents.base.Policy` (``act(messages)``) gets the conversation:
+    A text :class:`~hydroagent_hpc.env.policy.Policy` (``act(messages)``) gets the conversation:
     it holds the assistant messages and one ``tool`` message per observation, in the order the
-    calls ran. A :class:`~hydroagent_hpc.agents.base.DirectPolicy` (``run(env)``, and no ``act``)
+    calls ran. A :class:`~hydroagent_hpc.env.policy.DirectPolicy` (``run(env)``, and no ``act``)
     drives the direct tools instead. A policy that returns ``None`` ends the episode (its
     ``stop_reason`` if it has one, else "policy_stopped"); one that raises ends it with
     "policy_error" and the error is logged. Anything else is a ``TypeError``.

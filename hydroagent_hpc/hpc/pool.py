@@ -22,8 +22,9 @@ import multiprocessing as mp
 import multiprocessing.connection
 import time
 import traceback
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.registry import Registry
@@ -162,7 +163,7 @@ class ProcessPool:
         self.timeout_s = timeout_s
         self.initializer = initializer
         self.log_failures = log_failures
-        self._ctx = mp.get_context(context)
+        self._ctx: Any = mp.get_context(context)  # typeshed's BaseContext lacks Process
         self._slots: list[_Slot] = []
 
     def _spawn(self) -> _Slot:
@@ -188,19 +189,21 @@ class ProcessPool:
             self._slots.append(self._spawn())
         try:
             while next_out < total:
-                for k, slot in enumerate(self._slots):
+                for slot in self._slots:
                     if slot.task is None and todo:
                         index, item = todo.pop()
                         slot.task, slot.started = index, time.perf_counter()
                         slot.conn.send((index, fn, item))
-                ready = mp.connection.wait([s.conn for s in self._slots if s.task is not None] +
-                                           [s.proc.sentinel for s in self._slots if s.task is not None], timeout=0.05)
+                signalled = mp.connection.wait([s.conn for s in self._slots if s.task is not None] +
+                                               [s.proc.sentinel for s in self._slots if s.task is not None],
+                                               timeout=0.05)
                 now = time.perf_counter()
                 for k, slot in enumerate(self._slots):
                     if slot.task is None:
                         continue
+                    task = slot.task
                     failure = None
-                    if slot.conn in ready or slot.conn.poll():
+                    if slot.conn in signalled or slot.conn.poll():
                         try:
                             index, ok, payload = slot.conn.recv()
                             results[index] = TaskResult(index, ok, payload if ok else None, "" if ok else payload,
@@ -215,8 +218,8 @@ class ProcessPool:
                         failure = f"timed out after {self.timeout_s:g} s; the worker was killed"
                     if failure:
                         if self.log_failures:
-                            log.warning("task %d failed: %s", slot.task, failure)
-                        results[slot.task] = TaskResult(slot.task, False, error=failure, seconds=now - slot.started)
+                            log.warning("task %d failed: %s", task, failure)
+                        results[task] = TaskResult(task, False, error=failure, seconds=now - slot.started)
                         self._retire(slot)
                         self._slots[k] = self._spawn()
                 ready, next_out = release(results, next_out, ordered)

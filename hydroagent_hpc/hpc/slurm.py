@@ -46,7 +46,7 @@ class SiteSettings:
     setup: tuple[str, ...] = field(default_factory=tuple)
 
     @classmethod
-    def from_env(cls, **given: Any) -> "SiteSettings":
+    def from_env(cls, **given: Any) -> SiteSettings:
         """Settings from ``given`` (None values ignored), then the environment, then the defaults."""
         env = os.environ
         values: dict[str, Any] = {
@@ -75,7 +75,7 @@ class SiteSettings:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def with_(self, **changes: Any) -> "SiteSettings":
+    def with_(self, **changes: Any) -> SiteSettings:
         return replace(self, **changes)
 
 
@@ -113,7 +113,7 @@ def make_executor(folder: str | Path, site: SiteSettings, cluster: str | None = 
     if site.gpus_per_node:
         params["gpus_per_node"] = site.gpus_per_node
     if ex.cluster == "slurm":
-        extra = {"slurm_array_parallelism": site.array_parallelism}
+        extra: dict[str, Any] = {"slurm_array_parallelism": site.array_parallelism}
         for key in ("partition", "account", "qos", "constraint"):
             if getattr(site, key):
                 extra[f"slurm_{key}"] = getattr(site, key)

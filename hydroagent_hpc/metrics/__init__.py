@@ -13,6 +13,7 @@ Modules: ``series`` (mask, time axis), ``scores`` (NSE, KGE family, bands), ``er
 ``signatures`` (baseflow index, recession constant), ``evaluate`` (everything at once).
 """
 
+from hydroagent_hpc.metrics.errors import mae, mean_error, pbias, rmse, rsr, volume_ratio
 from hydroagent_hpc.metrics.evaluate import METRIC_KEYS, evaluate
 from hydroagent_hpc.metrics.events import Event, EventDetector, detect_events, event_count
 from hydroagent_hpc.metrics.fdc import fhv, flv, fms
@@ -24,7 +25,6 @@ from hydroagent_hpc.metrics.peaks import (
     peak_timing,
     time_to_peak_h,
 )
-from hydroagent_hpc.metrics.errors import mae, mean_error, pbias, rmse, rsr, volume_ratio
 from hydroagent_hpc.metrics.scores import (
     kge,
     kge_components,

@@ -44,7 +44,7 @@ def _peak_values(ps: PairedSeries) -> dict[str, Scored]:
     """Whole-window peak metrics on a prepared pair."""
     if ps.n_valid < 2:
         why = undefined(too_few(ps.n_valid, 2))
-        return {k: why for k in ("peak_obs", "peak_sim", "peak_ratio", "peak_error_pct", "peak_lag_h")}
+        return dict.fromkeys(("peak_obs", "peak_sim", "peak_ratio", "peak_error_pct", "peak_lag_h"), why)
     io, is_ = int(np.argmax(ps.o)), int(np.argmax(ps.s))
     po, psim = float(ps.o[io]), float(ps.s[is_])
     out: dict[str, Scored] = {"peak_obs": (po, None), "peak_sim": (psim, None)}

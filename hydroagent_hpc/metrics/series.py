@@ -99,7 +99,8 @@ def as_hours(times: TimesLike, n: int | None = None) -> FloatArray:
     return hours
 
 
-def single_series(q: ArrayLike, times: "TimesLike", mask: ArrayLike | None) -> tuple[FloatArray, BoolArray, FloatArray, float]:
+def single_series(q: ArrayLike, times: TimesLike,
+                  mask: ArrayLike | None) -> tuple[FloatArray, BoolArray, FloatArray, float]:
     """One discharge series ready for signature metrics: values, usable points, hours, step.
 
     Usable = finite, not EF5's -999 sentinel and, when ``mask`` (boolean, True = use) is given,

@@ -117,7 +117,8 @@ def _hydrographs(w: _Writer, res: CampaignResults, best: pd.DataFrame, precip: b
         basin = str(r["basin_id"])
         series = load_best_series(res.path, r["episode_id"], int(r["best_run"]))
         if series is None:
-            w.note(f"{basin}: the best run ({r['episode_id']} run {r['best_run']}) has no stored discharge; no hydrograph")
+            w.note(f"{basin}: the best run ({r['episode_id']} run {r['best_run']}) has no stored discharge; "
+                   "no hydrograph")
             continue
         rain, why = None, "not requested (--no-precip)"
         if precip and basin in controls:
@@ -162,8 +163,9 @@ def _comparison(w: _Writer, best: pd.DataFrame, pair: tuple[str, str] | None) ->
     labels = {k: label for k, label, _ in tab.COMPARE_METRICS}
     w.blocks.append(Paragraph(
         f"Agent **{other}** compared with agent **{base}** (the reference), on the best run of each episode, mean "
-        f"over seeds, per basin both ran; change = 100 ({other} - {base}) / |{base}|. NSE and r: higher is better; peak-ratio error "
-        f"and |lag|: lower is better. Bold: {other} is better. Data: `{w.csv('comparison.csv', comp)}`."))
+        f"over seeds, per basin both ran; change = 100 ({other} - {base}) / |{base}|. NSE and r: higher is better; "
+        f"peak-ratio error and |lag|: lower is better. Bold: {other} is better. "
+        f"Data: `{w.csv('comparison.csv', comp)}`."))
     rows = []
     for r in comp.to_dict("records"):
         cells = []

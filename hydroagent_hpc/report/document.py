@@ -15,7 +15,6 @@ import html
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 __all__ = ["Heading", "Paragraph", "Bullets", "Table", "Figure", "Block", "to_markdown", "to_html"]
 
@@ -55,7 +54,7 @@ class Figure:
     caption: str
 
 
-Block = Union[Heading, Paragraph, Bullets, Table, Figure]
+Block = Heading | Paragraph | Bullets | Table | Figure
 
 
 def _md_cell(text: str) -> str:

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import matplotlib.style
@@ -24,13 +25,16 @@ from hydroagent_hpc.params import TUNABLE
 __all__ = ["agent_colors", "running_best_figure", "comparison_figure", "recovery_figure", "hydrograph_figure",
            "NSE_FLOOR"]
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType  # matplotlib >= 3.9; annotations only
+
 log = logging.getLogger(__name__)
 
 #: Running-best panels show NSE from this value up (lower values are drawn at the edge).
 NSE_FLOOR = -1.0
 DPI = 100
-_RC = {"font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3,
-       "svg.hashsalt": "hydroagent", "figure.max_open_warning": 0}
+_RC: dict[RcKeyType, Any] = {"font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "axes.grid": True,
+                             "grid.alpha": 0.3, "svg.hashsalt": "hydroagent", "figure.max_open_warning": 0}
 
 
 @contextmanager

@@ -99,8 +99,8 @@ def summary_blocks(summary: pd.DataFrame, panel: pd.DataFrame, summary_csv: str,
         return col in summary.columns and summary[col].notna().any() and bool((summary[col].fillna(0) != 0).any())
 
     rounds = has("rounds_mean")
-    usage = [(c, label, spec) for c, label, spec in (("tokens_mean", "tokens", ",.0f"), ("cost_usd_mean", "cost USD", ".4f"))
-             if has(c)]
+    usage = [(c, label, spec)
+             for c, label, spec in (("tokens_mean", "tokens", ",.0f"), ("cost_usd_mean", "cost USD", ".4f")) if has(c)]
     head = ("basin", "agent", "seeds", "best NSE mean ± std", "band", "min – max", "target hits", "sims", "turns",
             *(("rounds",) if rounds else ()), "parse fail", "wall s", *(label for _, label, _ in usage), "stop reasons")
     rows = []

@@ -31,18 +31,27 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast,
-                          Qwen3Config, Qwen3ForCausalLM)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from hydroagent_hpc.env import prompts
-from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response, tool_schemas
+from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.types import ToolCall
 
 __all__ = ["SPECIAL_TOKENS", "EOS_TOKEN", "PAD_TOKEN", "CHAT_TEMPLATE", "TINY_QWEN3_SIZES", "synthetic_corpus",
@@ -128,7 +137,7 @@ CHAT_TEMPLATE = r"""{%- if tools %}
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}
-"""
+"""  # noqa: E501 (the template's fixed system text stays on one line each, as Qwen's own template has it)
 
 _PROSE = (
     "The simulated peaks are too low, so I will lower wm to produce more runoff.",
@@ -212,13 +221,13 @@ def build_tiny_tokenizer(corpus_lines: Iterable[str] | None = None, *, vocab_siz
     return fast
 
 
-def build_tiny_qwen3(tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overrides) -> Qwen3ForCausalLM:
+def build_tiny_qwen3(tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overrides: int) -> Qwen3ForCausalLM:
     """A random ``Qwen3ForCausalLM`` for ``tokenizer`` (sizes :data:`TINY_QWEN3_SIZES`, ``overrides`` win).
 
     Weights depend only on ``seed`` and the sizes; the global torch RNG is left as it was. The
     generation config carries eos/pad only (no sampling defaults), in float32 on the CPU.
     """
-    sizes = {**TINY_QWEN3_SIZES, **overrides}
+    sizes: dict[str, Any] = {**TINY_QWEN3_SIZES, **overrides}
     config = Qwen3Config(vocab_size=len(tokenizer), tie_word_embeddings=True, bos_token_id=None,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **sizes)
     with torch.random.fork_rng(devices=[]):
@@ -226,16 +235,19 @@ def build_tiny_qwen3(tokenizer: PreTrainedTokenizerFast, seed: int = 0, **overri
         model = Qwen3ForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
                                                pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    return model.eval()
+    model.eval()
+    return model
 
 
-def build_tiny(seed: int = 0, corpus_lines: Sequence[str] | None = None):
+def build_tiny(seed: int = 0,
+               corpus_lines: Sequence[str] | None = None) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
     """``(model, tokenizer)``: :func:`build_tiny_tokenizer` then :func:`build_tiny_qwen3`."""
     tokenizer = build_tiny_tokenizer(corpus_lines)
     return build_tiny_qwen3(tokenizer, seed=seed), tokenizer
 
 
-def save_tiny(path: str | os.PathLike, model=None, tokenizer=None, seed: int = 0) -> Path:
+def save_tiny(path: str | os.PathLike[str], model: PreTrainedModel | None = None,
+              tokenizer: PreTrainedTokenizerFast | None = None, seed: int = 0) -> Path:
     """Write a ``from_pretrained``-loadable folder (builds the model and tokenizer if not given)."""
     if tokenizer is None:
         tokenizer = build_tiny_tokenizer()
@@ -248,8 +260,10 @@ def save_tiny(path: str | os.PathLike, model=None, tokenizer=None, seed: int = 0
     return out
 
 
-def load_tiny(path: str | os.PathLike, dtype=torch.float32):
+def load_tiny(path: str | os.PathLike[str],
+              dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` from a :func:`save_tiny` folder, from local files only."""
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    return model.eval(), tokenizer
+    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    model.eval()
+    return model, tokenizer

@@ -10,7 +10,7 @@ from :data:`hydroagent_hpc.sim.synth.storms.CLIMATES`.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -172,6 +172,7 @@ def make_terrain(rng: np.random.Generator, *, area_km2: float, cellsize_deg: flo
             break
         if upa[ok].max() < target:
             grow *= 1.25
+    assert best is not None  # the loop ran at least once
     e, filled, d8, flw, upa, k = best
     basin = flw.basins(idxs=np.array([k])) > 0
     r0, c0 = divmod(k, d8.shape[1])

@@ -1,4 +1,5 @@
-"""Shared by the HPC tests: a small campaign file and comparisons of stored episodes."""
+"""Shared by the HPC tests (serial, processes, MPI, Slurm): a small campaign file, the job environment,
+and comparisons of stored episodes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pandas as pd
 
 from hydroagent_hpc.store import read_episodes, read_sims, read_turns
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 BIN = Path(sys.executable).parent
 
 
