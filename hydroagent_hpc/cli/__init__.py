@@ -14,7 +14,7 @@ import logging
 import sys
 
 from hydroagent_hpc import __version__
-from hydroagent_hpc.cli import basins, runs
+from hydroagent_hpc.cli import basins, runs, train
 from hydroagent_hpc.errors import HydroAgentError, one_line
 
 __all__ = ["build_parser", "main"]
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     basins.add_parsers(sub)
     runs.add_parsers(sub)
+    train.add_parsers(sub)
     return p
 
 
