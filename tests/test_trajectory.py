@@ -211,3 +211,40 @@ def test_builder_ids_equal_the_local_policy_sequence(tok, small_basin_dir, small
     assert not any(t.rerendered for t in policy.trace)
     # and a builder made from scratch with the same tokenizer and tools agrees
     assert TrajectoryBuilder(tok, tools=tool_schemas()).build(seen).input_ids == ids
+
+
+def test_masks_agree_with_generation_markers_and_need_none(tok, builder):
+    """An independent check: on the tiny template, whose assistant text sits in {% generation %}, the
+    builder's ids and mask equal transformers' own ``return_assistant_tokens_mask``. Without the
+    markers (as in the stock Qwen3 templates) transformers' mask is all zeros; the builder's is unchanged."""
+    msgs, _ = conversation(7, 50, "mixed")
+    last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+    traj = builder.build(msgs)
+    n = len(traj)
+
+    def hf(template):
+        r = tok.apply_chat_template(msgs[:last + 1], tools=tool_schemas(), tokenize=True, return_dict=True,
+                                    return_assistant_tokens_mask=True, chat_template=template)
+        return list(r["input_ids"]), list(r["assistant_masks"])
+
+    ids, mask = hf(tiny.CHAT_TEMPLATE)
+    assert ids[:n] == traj.input_ids and mask[:n] == traj.assistant_mask
+    assert tok.decode(ids[n:]) == "\n" and mask[n:] == [0]  # the glue after the last <|im_end|>
+    plain = tiny.CHAT_TEMPLATE.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
+    assert "{%- generation" not in plain and "endgeneration" not in plain
+    ids0, mask0 = hf(plain)
+    assert ids0 == ids and not any(mask0)
+    again = TrajectoryBuilder(tok, tools=tool_schemas(), chat_template=plain).build(msgs)
+    assert again.input_ids == traj.input_ids and again.assistant_mask == traj.assistant_mask
+
+
+def test_training_code_is_not_imported_by_the_policy_side():
+    """agents/, env/ and sim/ never import train/; the builder loads without torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import hydroagent_hpc.agents.llm.trajectory, hydroagent_hpc.agents.llm.hf_local, "
+            "hydroagent_hpc.agents.factory, hydroagent_hpc.env.episode; "
+            "bad = [m for m in sys.modules if m.startswith('hydroagent_hpc.train') or m in ('torch', 'transformers')]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
