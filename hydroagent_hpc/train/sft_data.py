@@ -266,7 +266,8 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     dropped: dict[tuple[str, str], Counter] = defaultdict(Counter)
     sources = []
     for s, p in enumerate(paths):
-        eps = list(iter_episodes(p))
+        # only turns, config and scores are needed: drop simulations and series as they are read
+        eps = [dataclasses.replace(e, sims=[], times=None, observed=None, warmup=None) for e in iter_episodes(p)]
         text = [e for e in eps if has_text(e)]
         if not text:
             agents = sorted({e.agent for e in eps})
