@@ -3,7 +3,7 @@
 Subcommands, wired here and defined in :mod:`hydroagent_hpc.cli.basins` (``simulate``, a drop-in
 for ``ef5 control.txt``; ``basin synth|from-camels``; ``data usgs|verify``) and
 :mod:`hydroagent_hpc.cli.runs` (``calibrate``; ``campaign run|merge|status``; ``submit campaign``;
-``demo``; ``report``) and :mod:`hydroagent_hpc.cli.store` (``store verify|salvage``). Errors in the input print one clear message (file:line, key, fix) and exit
+``demo``; ``report``) and :mod:`hydroagent_hpc.cli.store` (``store verify|salvage``) and :mod:`hydroagent_hpc.cli.train` (``train sft-data``). Errors in the input print one clear message (file:line, key, fix) and exit
 with status 2 (an incomplete merge exits 1); no traceback unless ``--debug``.
 """
 
@@ -14,7 +14,7 @@ import logging
 import sys
 
 from hydroagent_hpc import __version__
-from hydroagent_hpc.cli import basins, runs, store
+from hydroagent_hpc.cli import basins, runs, store, train
 from hydroagent_hpc.errors import HydroAgentError, one_line
 
 __all__ = ["build_parser", "main"]
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     basins.add_parsers(sub)
     runs.add_parsers(sub)
     store.add_parsers(sub)
+    train.add_parsers(sub)
     return p
 
 

@@ -11,7 +11,9 @@ sequence**: the first prompt, then per turn the sampled ids (including the ``<|i
 model emitted) and the ids of the template glue + tool responses + next generation prompt. Only
 that suffix is tokenised each turn (it is the rendered conversation minus the text already
 held, which a prefix-stable template guarantees); the sampled ids are never re-tokenised, so
-the model is conditioned on exactly what it sampled. If a new rendering does not extend the held
+the model is conditioned on exactly what it sampled. The render / exact-prefix / suffix steps are
+those of :class:`~hydroagent_hpc.agents.llm.trajectory.TrajectoryBuilder` (``policy.builder``),
+which SFT and GRPO use to build their sequences. If a new rendering does not extend the held
 text (a template that rewrites history, or a caller that edits messages), the policy re-renders
 the whole conversation, logs a warning and marks the turn ``rerendered``. ``policy.trace`` holds
 per turn the fed ``prompt_ids`` and the sampled ``completion_ids`` (mask 0 / mask 1 for GRPO);
@@ -54,6 +56,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hydroagent_hpc.agents.llm.trajectory import TemplatePrefixError, TrajectoryBuilder
 from hydroagent_hpc.env import toolcalls
 
 log = logging.getLogger(__name__)
@@ -127,6 +130,7 @@ class HFLocalPolicy:
         self.seed = int(seed)
         self.tools = [dict(t) for t in (tools if tools is not None else toolcalls.tool_schemas())]
         self.chat_template = chat_template
+        self.builder = TrajectoryBuilder(self.tokenizer, self.tools, chat_template)
         self.logits_processors = list(logits_processors)
         self.keep_trace = bool(keep_trace)
         self.stop_ids = _stop_ids(self.tokenizer)
@@ -153,8 +157,14 @@ class HFLocalPolicy:
             self._new_episode()
         text = self._render(messages)
         rerendered = False
-        if turn > 0 and self._ids and turn == self._turn + 1 and text.startswith(self._text):
-            new_ids = self._encode(text[len(self._text):])
+        suffix = None
+        if turn > 0 and self._ids and turn == self._turn + 1:
+            try:  # the same exact-prefix step as the SFT/GRPO trajectory builder
+                suffix = self.builder.suffix(self._text, text, turn)
+            except TemplatePrefixError:
+                suffix = None
+        if suffix is not None:
+            new_ids = self._encode(suffix)
             ids = self._ids + new_ids
         else:
             if turn > 0:
@@ -220,12 +230,10 @@ class HFLocalPolicy:
                               "completion_tokens": completion, "finish_reason": finish, "wall_s": round(wall, 6)})
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template([dict(m) for m in messages], tools=self.tools, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt,
-                                                  chat_template=self.chat_template)
+        return self.builder.render(messages, add_generation_prompt)
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.builder.encode(text)
 
     def _generation_config(self):
         from transformers import GenerationConfig

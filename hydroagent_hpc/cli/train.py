@@ -1,0 +1,42 @@
+"""``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft_data.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+log = logging.getLogger("hydroagent")
+
+#: The SFT data presets (kept here too so building the parser does not import torch).
+_SFT_PRESETS = ("paper", "released")
+
+
+def cmd_sft_data(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.train.sft_data import build_sft_data
+
+    report = build_sft_data(args.stores, args.out, preset=args.preset, tokenizer=args.tokenizer,
+                            max_tokens=args.max_tokens)
+    summary = {"out": str(report.out), "preset": report.preset, "kept": report.kept, "dropped": report.dropped,
+               "weights": {k: report.weights[k] for k in ("min", "median", "mean", "max")},
+               "tokens": {k: report.lengths[k] for k in ("median", "max", "budget", "total_tokens")}}
+    print(json.dumps(summary))
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """``train sft-data``."""
+    t = sub.add_parser("train", help="training data and training runs", description="Training: SFT teacher data.")
+    tsub = t.add_subparsers(dest="train_command", required=True)
+    d = tsub.add_parser("sft-data", help="campaign stores -> weighted, token-exact SFT trajectories (HDF5)",
+                        description="Rebuild each text episode's conversation from campaign stores, filter and "
+                                    "weight it by preset, tokenise it with the shared trajectory builder and write "
+                                    "one HDF5 file (atomically). Sequences over --max-tokens are refused, not cut.")
+    d.add_argument("--from", dest="stores", action="append", required=True, metavar="STORE.h5",
+                   help="campaign store to read (repeatable; order is kept)")
+    d.add_argument("--out", required=True, metavar="DATA.h5", help="data file to write")
+    d.add_argument("--preset", choices=_SFT_PRESETS, default="paper",
+                   help="paper: drop final NSE <= 0.6, weight by NSE percentile; released: clip((NSE+1)/2, 0.1, 1)")
+    d.add_argument("--tokenizer", default="tiny", help="tokenizer folder or hub id (its chat template), or 'tiny'")
+    d.add_argument("--max-tokens", type=int, default=16384, help="context budget per sequence (default 16384)")
+    d.set_defaults(func=cmd_sft_data)

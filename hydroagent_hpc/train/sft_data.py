@@ -1,0 +1,466 @@
+"""Teacher data for SFT: campaign stores -> token-exact, weighted trajectories in one HDF5 file.
+
+``hydroagent train sft-data --from STORE.h5 [--from ...] --out DATA.h5`` calls :func:`build_sft_data`.
+
+Episodes. Each committed episode of each store (stores in the order given, episodes in commit
+order) becomes at most one trajectory: its conversation is rebuilt from the store
+(:func:`episode_messages`: the system and user prompts the environment rendered from the
+recorded basin, preset and budget; per assistant message the text the environment executed,
+stored on the message's first turn; one ``tool`` message per recorded observation, rendered as
+the environment did) and tokenised with the one
+:class:`~hydroagent_hpc.agents.llm.trajectory.TrajectoryBuilder` the local policy and GRPO use,
+with the tool schemas the episode's environment announced. Tool messages after the last
+assistant turn carry no loss and are left out.
+
+Text. The heuristic hydrologist writes diagnosis + Hermes tool-call text; hosted models keep
+their own text (native calls were executed as Hermes text, which is what is stored). Classic
+optimizers (dds, sceua, lhs, random, dream) drive the tools directly and write no text: such
+episodes are dropped (reason ``no_text``), and a store that holds no episode with text is
+refused with :class:`SFTDataError`, since there is nothing in it a language model could imitate.
+
+Presets (reference-implementation.md section 6):
+
+- ``paper``: drop episodes whose final best NSE <= 0.6 (or that never scored one); weight each
+  kept episode by the percentile of its final best NSE among the kept episodes of the whole
+  data set: the mid-rank percentile ``(below + (ties + 1) / 2) / n`` (``below`` episodes have a
+  lower NSE, ``ties`` the same one, itself included; pandas ``rank(method="average", pct=True)``),
+  so an untied best episode weighs 1 and an untied worst 1/n.
+- ``released``: keep every episode with text; weight ``clip((NSE + 1) / 2, 0.1, 1)`` (the
+  authors' released ``prepare_sft_data.py``), an episode without any NSE at the floor 0.1.
+
+One trajectory per episode, in its original order; augmentation at valid stopping points is not
+implemented yet. Sequences longer than ``max_tokens`` are refused (every such episode named, with
+its length) and nothing is written: they are never truncated silently.
+
+Output (:data:`DATA_SCHEMA`, written to a temporary file beside ``out`` and renamed into place):
+ragged ``input_ids`` (int32) and ``assistant_mask`` (uint8) concatenated, addressed by
+``offsets`` (n + 1); ``spans`` (per assistant turn ``[start, end)`` relative to its sequence)
+addressed by ``span_offsets``; per example ``weight``, ``best_nse``, ``episode_id``,
+``basin_id``, ``agent``, ``source`` (index into the sources); root attributes ``preset``,
+``tokenizer``, ``max_tokens``, ``git_commit``, ``created_utc`` and JSON ``sources`` (path,
+sha256, episodes), ``counts`` (kept/dropped per basin and agent), ``weights`` and ``lengths``
+(distributions). :class:`SFTDataset` reads it as a ``torch.utils.data.Dataset``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from hydroagent_hpc.agents.llm.trajectory import Trajectory, TrajectoryBuilder, TrajectoryError
+from hydroagent_hpc.env import prompts
+from hydroagent_hpc.env.episode import ROLE_TOOL
+from hydroagent_hpc.env.toolcalls import render_tool_response, tool_schemas
+from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.provenance import git_commit
+from hydroagent_hpc.store import iter_episodes
+from hydroagent_hpc.store.writer import install_file
+from hydroagent_hpc.types import Basin, Episode
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SFT_PRESETS", "PAPER_MIN_NSE", "DATA_SCHEMA", "SFTDataError", "SFTDataReport", "episode_messages",
+           "episode_tools", "paper_weights", "released_weights", "load_tokenizer", "build_sft_data", "SFTDataset"]
+
+SFT_PRESETS = ("paper", "released")
+#: ``paper`` drops episodes whose final best NSE is at or below this.
+PAPER_MIN_NSE = 0.6
+#: Root attribute ``schema`` of a data file.
+DATA_SCHEMA = "hydroagent_hpc.sft_data"
+DATA_VERSION = 1
+
+
+class SFTDataError(HydroAgentError, ValueError):
+    """Teacher data that cannot be built (the message names the store or episodes and the fix)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# An episode's conversation
+
+
+def _budget(env: dict[str, Any], target: float | None) -> prompts.Budget:
+    """The prompts' budget of an episode, from its recorded environment config (as the
+    environment computes it: the rounds protocol without a simulation limit announces
+    ``max_rounds * candidates_per_round`` simulations)."""
+    names = {f.name for f in dataclasses.fields(prompts.Budget)}
+    values = {k: v for k, v in env.items() if k in names}
+    if values.get("protocol") == "rounds" and values.get("max_simulations") is None:
+        values["max_simulations"] = int(values["max_rounds"]) * int(values["candidates_per_round"])
+    values["target_nse"] = target
+    return prompts.Budget(**values)
+
+
+def has_text(episode: Episode) -> bool:
+    """True when some turn carries assistant text (classic optimizers write none)."""
+    return any(t.text for t in episode.turns)
+
+
+def episode_messages(episode: Episode) -> list[dict[str, str]]:
+    """The conversation of a stored text episode: system, user, then per assistant message its
+    text and one tool message per recorded turn (observation rendered as the environment did).
+
+    Raises :class:`SFTDataError` when the episode has no text or lacks what the prompts need.
+    """
+    eid = episode.episode_id
+    if not has_text(episode):
+        raise SFTDataError(f"episode {eid!r} (agent {episode.agent!r}) has no assistant text: it was driven "
+                           f"through the tools directly (a classic optimizer), so there is nothing to imitate",
+                           fix="build teacher data from text agents (heuristic, hosted or local models)")
+    cfg: dict[str, Any] = dict(episode.config or {})
+    try:
+        basin = Basin(**cfg["basin"])
+        budget = _budget(cfg["env"], cfg.get("target_nse"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SFTDataError(f"episode {eid!r}: its recorded config lacks the basin or environment the prompts "
+                           f"need ({type(exc).__name__}: {exc})",
+                           fix="rerun the campaign with this version of hydroagent_hpc") from None
+    messages = prompts.render_messages(basin, episode.preset, budget)
+    current = None
+    for turn in episode.turns:
+        if turn.message_index != current:
+            if current is not None and turn.message_index != current + 1:
+                raise SFTDataError(f"episode {eid!r}: assistant message {current + 1} has no recorded turn, so its "
+                                   f"text is unknown", fix="drop this episode or rerun it")
+            current = turn.message_index
+            messages.append({"role": "assistant", "content": turn.text})
+        messages.append({"role": ROLE_TOOL, "content": render_tool_response(turn.observation or {})})
+    return messages
+
+
+def episode_tools(episode: Episode) -> list[dict]:
+    """The tool schemas the episode's environment announced."""
+    env: dict[str, Any] = dict((episode.config or {}).get("env") or {})  # type: ignore[call-overload]
+    return tool_schemas(clip_out_of_bounds=bool(env.get("clip_out_of_bounds", True)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+
+
+def paper_weights(nse: Sequence[float]) -> np.ndarray:
+    """Mid-rank percentile of each final NSE among ``nse`` (ascending ranks, ties averaged, / n)."""
+    import pandas as pd
+
+    x = pd.Series(np.asarray(nse, dtype=float))
+    return x.rank(method="average", pct=True).to_numpy(dtype=float) if len(x) else np.zeros(0)
+
+
+def released_weights(nse: Sequence[float | None]) -> np.ndarray:
+    """``clip((NSE + 1) / 2, 0.1, 1)``; a missing NSE gets the floor 0.1."""
+    x = np.array([-math.inf if v is None or not math.isfinite(v) else v for v in nse], dtype=float)
+    return np.clip((x + 1.0) / 2.0, 0.1, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def load_tokenizer(name: str) -> Any:
+    """``"tiny"``: the offline tiny Qwen3 tokenizer (:mod:`hydroagent_hpc.train.tiny`); otherwise a
+    local folder or hub id for ``AutoTokenizer.from_pretrained`` (its own chat template)."""
+    if name == "tiny":
+        from hydroagent_hpc.train.tiny import build_tiny_tokenizer
+
+        return build_tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        raise SFTDataError(f"--tokenizer {name}: cannot load a tokenizer ({exc})",
+                           fix="pass a save_pretrained folder, a cached hub id, or 'tiny'") from None
+    if not getattr(tok, "chat_template", None):
+        raise SFTDataError(f"--tokenizer {name}: the tokenizer has no chat template",
+                           fix="use an instruct checkpoint's tokenizer (Qwen3-*-Instruct) or 'tiny'")
+    return tok
+
+
+# ---------------------------------------------------------------------------------------------
+# The data set
+
+
+@dataclass
+class _Example:
+    episode_id: str
+    basin_id: str
+    agent: str
+    source: int
+    best_nse: float | None
+    weight: float = 0.0
+
+
+@dataclass
+class SFTDataReport:
+    """What :func:`build_sft_data` kept, dropped and wrote (also stored in the file's attributes)."""
+
+    out: Path
+    preset: str
+    kept: int
+    dropped: dict[str, int]
+    counts: dict[str, dict[str, Any]]
+    weights: dict[str, Any]
+    lengths: dict[str, Any]
+    sources: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _summary(x: np.ndarray) -> dict[str, float]:
+    if len(x) == 0:
+        return {}
+    q = np.quantile(x, [0.0, 0.25, 0.5, 0.75, 0.9, 1.0])
+    return {"n": int(len(x)), "mean": float(x.mean()), "min": float(q[0]), "p25": float(q[1]),
+            "median": float(q[2]), "p75": float(q[3]), "p90": float(q[4]), "max": float(q[5])}
+
+
+def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, preset: str = "paper",
+                   tokenizer: Any = "tiny", max_tokens: int = 16384, tokenizer_name: str | None = None
+                   ) -> SFTDataReport:
+    """Read ``stores``, filter and weight by ``preset``, tokenise, and write ``out`` atomically.
+
+    ``tokenizer``: a tokenizer object or a name for :func:`load_tokenizer`. Raises
+    :class:`SFTDataError` for a missing store, a store without text episodes, an unknown preset,
+    no episode left, or sequences longer than ``max_tokens``; nothing is written then.
+    """
+    if preset not in SFT_PRESETS:
+        raise SFTDataError(f"--preset {preset!r}: unknown", fix=f"use one of {', '.join(SFT_PRESETS)}")
+    if int(max_tokens) < 1:
+        raise SFTDataError(f"--max-tokens {max_tokens}: must be at least 1")
+    if not stores:
+        raise SFTDataError("no store given", fix="pass --from STORE.h5 (repeatable)")
+    paths = [Path(s) for s in stores]
+    for p in paths:
+        if not p.is_file():
+            raise SFTDataError(f"--from {p}: no such episode store", fix="pass the .h5 file a campaign wrote")
+    out = Path(out)
+    if any(out.resolve() == p.resolve() for p in paths):
+        raise SFTDataError(f"--out {out} is one of the stores read", fix="write the data to another file")
+    if isinstance(tokenizer, str):
+        tokenizer_name = tokenizer_name or tokenizer
+        tokenizer = load_tokenizer(tokenizer)
+    tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+
+    # 1. read: which episodes have text, their final NSE
+    examples: list[_Example] = []
+    episodes: list[Episode] = []
+    dropped: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    sources = []
+    for s, p in enumerate(paths):
+        # only turns, config and scores are needed: drop simulations and series as they are read
+        eps = [dataclasses.replace(e, sims=[], times=None, observed=None, warmup=None) for e in iter_episodes(p)]
+        text = [e for e in eps if has_text(e)]
+        if not text:
+            agents = sorted({e.agent for e in eps})
+            raise SFTDataError(
+                f"--from {p}: no episode with assistant text ({len(eps)} episodes"
+                + (f", agents {', '.join(agents)}" if agents else "") + "); classic optimizers drive the tools "
+                "directly and write no text a model could imitate",
+                fix="pass stores of text agents (heuristic, hosted or local language models)")
+        for e in eps:
+            if not has_text(e):
+                dropped[(e.basin_id, e.agent)]["no_text"] += 1
+                continue
+            examples.append(_Example(e.episode_id, e.basin_id, e.agent, s, e.best_nse))
+            episodes.append(e)
+        sources.append({"path": str(p.resolve()), "sha256": _sha256(p), "episodes": len(eps)})
+
+    # 2. filter and weight
+    if preset == "paper":
+        keep = [ex.best_nse is not None and math.isfinite(ex.best_nse) and ex.best_nse > PAPER_MIN_NSE
+                for ex in examples]
+        for ex, k in zip(examples, keep):
+            if not k:
+                dropped[(ex.basin_id, ex.agent)]["nse_le_0.6"] += 1
+        pairs = [(ex, e) for ex, e, k in zip(examples, episodes, keep) if k]
+        w = paper_weights([float(ex.best_nse) for ex, _ in pairs])  # type: ignore[arg-type]
+    else:
+        pairs = list(zip(examples, episodes))
+        w = released_weights([ex.best_nse for ex, _ in pairs])
+    if not pairs:
+        raise SFTDataError(f"preset {preset}: no episode is left of {len(examples)} with text "
+                           f"(paper keeps final best NSE > {PAPER_MIN_NSE})",
+                           fix="add stores with better episodes, or use --preset released")
+    for (ex, _), wi in zip(pairs, w):
+        ex.weight = float(wi)
+
+    # 3. tokenise with the shared builder (one per tool-schema variant)
+    builders: dict[str, TrajectoryBuilder] = {}
+    too_long: list[tuple[str, int]] = []
+    built: list[tuple[_Example, Trajectory]] = []
+    for ex, e in pairs:
+        tools = episode_tools(e)
+        key = json.dumps(tools, sort_keys=True)
+        b = builders.get(key) or builders.setdefault(key, TrajectoryBuilder(tokenizer, tools=tools))
+        try:
+            traj = b.build(episode_messages(e))
+        except TrajectoryError as exc:
+            raise SFTDataError(f"episode {ex.episode_id!r} of {paths[ex.source]}: {exc.message}", fix=exc.fix) from None
+        if len(traj) > max_tokens:
+            too_long.append((ex.episode_id, len(traj)))
+        built.append((ex, traj))
+    lengths = np.array([len(t) for _, t in built])
+    if too_long:
+        named = ", ".join(f"{eid} ({n} tokens)" for eid, n in too_long[:10])
+        more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
+        raise SFTDataError(f"{len(too_long)} of {len(pairs)} sequences exceed --max-tokens {max_tokens}: {named}{more}; "
+                           f"nothing was written (sequences are never truncated)",
+                           fix=f"raise --max-tokens to at least {int(lengths.max())}, or build from shorter episodes")
+
+    # 4. report
+    kept_by: Counter[tuple[str, str]] = Counter((ex.basin_id, ex.agent) for ex, _ in pairs)
+    counts: dict[str, dict[str, Any]] = {}
+    for group in sorted(set(kept_by) | set(dropped)):
+        d = dict(sorted(dropped[group].items()))
+        counts[f"{group[0]}/{group[1]}"] = {"basin": group[0], "agent": group[1], "kept": int(kept_by[group]),
+                                        "dropped": int(sum(d.values())), "dropped_by": d}
+    weights = np.array([ex.weight for ex, _ in pairs])
+    hist, edges = np.histogram(weights, bins=10, range=(0.0, 1.0))
+    weight_info = {**_summary(weights), "histogram": hist.tolist(), "edges": [round(float(v), 2) for v in edges]}
+    assistant = np.array([t.n_assistant_tokens for _, t in built])
+    length_info = {**_summary(lengths.astype(float)), "budget": int(max_tokens), "total_tokens": int(lengths.sum()),
+                   "assistant_tokens": int(assistant.sum()), "over_budget": 0,
+                   "max_share_of_budget": float(lengths.max() / max_tokens)}
+    dropped_total: Counter[str] = Counter()
+    for c in dropped.values():
+        dropped_total.update(c)
+    report = SFTDataReport(out, preset, len(pairs), dict(dropped_total), counts, weight_info, length_info, sources)
+    _log_report(report)
+
+    # 5. write atomically
+    _write(out, built, report, tokenizer_name)
+    return report
+
+
+def _log_report(r: SFTDataReport) -> None:
+    log.info("sft-data %s: kept %d episodes, dropped %s", r.preset, r.kept, r.dropped or "none")
+    for row in r.counts.values():
+        log.info("  %-24s %-16s kept %4d dropped %4d %s", row["basin"], row["agent"], row["kept"], row["dropped"],
+                 row["dropped_by"] or "")
+    w = r.weights
+    log.info("weights: min %.3f median %.3f mean %.3f max %.3f; histogram over [0,1] in tenths %s",
+             w["min"], w["median"], w["mean"], w["max"], w["histogram"])
+    n = r.lengths
+    log.info("tokens: median %d p90 %d max %d of budget %d (%.0f%%); %d tokens, %d by the model",
+             n["median"], n["p90"], n["max"], n["budget"], 100 * n["max_share_of_budget"], n["total_tokens"],
+             n["assistant_tokens"])
+
+
+def _write(out: Path, pairs: list[tuple[_Example, Trajectory]], r: SFTDataReport, tokenizer_name: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.create-{os.getpid()}.tmp")
+    trajs = [t for _, t in pairs]
+    lengths = np.array([len(t) for t in trajs], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    n_spans = np.array([len(t.spans) for t in trajs], dtype=np.int64)
+    span_offsets = np.concatenate([[0], np.cumsum(n_spans)]).astype(np.int64)
+    string = h5py.string_dtype("utf-8")
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs.update({"schema": DATA_SCHEMA, "schema_version": DATA_VERSION, "preset": r.preset,
+                            "tokenizer": tokenizer_name, "max_tokens": int(r.lengths["budget"]),
+                            "git_commit": git_commit(),
+                            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            "sources": json.dumps(r.sources), "counts": json.dumps(r.counts),
+                            "dropped": json.dumps(r.dropped), "weights": json.dumps(r.weights),
+                            "lengths": json.dumps(r.lengths),
+                            "weighting": ("mid-rank percentile of final best NSE among kept episodes (NSE > 0.6)"
+                                          if r.preset == "paper" else "clip((best NSE + 1) / 2, 0.1, 1)")})
+            f.create_dataset("input_ids", data=np.concatenate([t.input_ids for t in trajs]).astype(np.int32))
+            f.create_dataset("assistant_mask", data=np.concatenate([t.assistant_mask for t in trajs]).astype(np.uint8))
+            f.create_dataset("offsets", data=offsets)
+            spans = [np.asarray(t.spans, dtype=np.int64).reshape(-1, 2) for t in trajs]
+            f.create_dataset("spans", data=np.concatenate(spans) if spans else np.zeros((0, 2), np.int64))
+            f.create_dataset("span_offsets", data=span_offsets)
+            f.create_dataset("weight", data=np.array([ex.weight for ex, _ in pairs], dtype=np.float64))
+            f.create_dataset("best_nse", data=np.array([np.nan if ex.best_nse is None else ex.best_nse
+                                                        for ex, _ in pairs], dtype=np.float64))
+            f.create_dataset("source", data=np.array([ex.source for ex, _ in pairs], dtype=np.int32))
+            for name in ("episode_id", "basin_id", "agent"):
+                f.create_dataset(name, data=[getattr(ex, name) for ex, _ in pairs], dtype=string)
+        install_file(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    log.info("wrote %s: %d sequences, %d tokens", out, len(trajs), int(offsets[-1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+class SFTDataset(Dataset):
+    """A data file of :func:`build_sft_data` as a ``torch.utils.data.Dataset``.
+
+    Item ``i``: ``input_ids`` (int64), ``assistant_mask`` (int64, 1 on model-written tokens),
+    ``weight`` (float32 scalar), ``spans`` (int64 ``[turns, 2]``) and ``episode_id``. The index
+    arrays are read once; token slices are read on demand from a handle opened per process
+    (safe with forked ``DataLoader`` workers).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise SFTDataError(f"{self.path}: no such SFT data file",
+                               fix="build it with `hydroagent train sft-data --from STORE.h5 --out DATA.h5`")
+        with h5py.File(self.path, "r") as f:
+            if f.attrs.get("schema") != DATA_SCHEMA:
+                raise SFTDataError(f"{self.path}: not an SFT data file (schema {f.attrs.get('schema')!r})",
+                                   fix="build it with `hydroagent train sft-data`")
+            self.offsets = f["offsets"][()]
+            self.span_offsets = f["span_offsets"][()]
+            self.weights = f["weight"][()]
+            self.episode_ids = [s.decode() if isinstance(s, bytes) else s for s in f["episode_id"][()]]
+            self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        self._f: h5py.File | None = None
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+    def _file(self) -> h5py.File:
+        if self._f is None or self._pid != os.getpid():
+            self._f = h5py.File(self.path, "r")
+            self._pid = os.getpid()
+        return self._f
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"{self.path}: item {i} of {len(self)}")
+        i = i % len(self)
+        f = self._file()
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        s, e = int(self.span_offsets[i]), int(self.span_offsets[i + 1])
+        return {"input_ids": torch.from_numpy(f["input_ids"][a:b].astype(np.int64)),
+                "assistant_mask": torch.from_numpy(f["assistant_mask"][a:b].astype(np.int64)),
+                "weight": torch.tensor(float(self.weights[i]), dtype=torch.float32),
+                "spans": torch.from_numpy(f["spans"][s:e]), "episode_id": self.episode_ids[i]}
+
+    def info(self, name: str) -> Any:
+        """A root attribute, JSON attributes decoded (``sources``, ``counts``, ``weights``, ...)."""
+        v = self.attrs[name]
+        return json.loads(v) if name in ("sources", "counts", "dropped", "weights", "lengths") else v
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_f"], state["_pid"] = None, -1
+        return state

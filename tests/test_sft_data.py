@@ -1,0 +1,218 @@
+"""Teacher data (train/sft_data.py, ``hydroagent train sft-data``) from real campaign stores.
+
+A small real campaign on the session's synthetic basin: the heuristic hydrologist (two step
+sizes), a scripted agent that ruins the fit (text, final NSE far below 0.6) and DDS (no text).
+Stores, episodes, templates and tokenizer are real; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from hydroagent_hpc.campaign import load_campaign, run_campaign  # noqa: E402
+from hydroagent_hpc.store import read_episodes, read_turns  # noqa: E402
+from hydroagent_hpc.train import tiny  # noqa: E402
+from hydroagent_hpc.train.sft_data import (SFTDataError, SFTDataset, build_sft_data,  # noqa: E402
+                                           episode_messages, paper_weights)
+from hydroagent_hpc.train.trajectory import TrajectoryBuilder  # noqa: E402
+
+ENV = "env: {preset: paper, max_simulations: 3, max_turns: null, patience: null, target_nse: 0.99}\n"
+
+
+def _campaign(tmp: Path, basin: Path, name: str, agents: str, seeds: str) -> Path:
+    spec = tmp / f"{name}.yaml"
+    spec.write_text(f"name: {name}\nbasins: [{basin}]\nagents:\n{agents}\nseeds: {seeds}\n" + ENV)
+    store = tmp / f"{name}.h5"
+    run_campaign(load_campaign(spec), store, workers=1, progress=False)
+    return store
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, small_basin_dir):
+    tmp = tmp_path_factory.mktemp("sft")
+    bad = tmp / "bad.json"
+    bad.write_text(json.dumps(["Dry everything out. <tool_call>\n{\"name\": \"set_parameters\", \"arguments\": "
+                               "{\"wm\": 10.0, \"im\": 0.0}}\n</tool_call>", {"name": "run_simulation"},
+                               {"name": "evaluate"}]))
+    agents = ("  - {name: heuristic, kind: heuristic}\n  - {name: slow, kind: heuristic, step0: 0.2}\n"
+              f"  - {{name: bad, kind: scripted, script: {bad}}}\n  - {{name: dds, kind: dds}}")
+    mixed = _campaign(tmp, small_basin_dir, "mixed", agents, "[0, 1]")
+    optim = _campaign(tmp, small_basin_dir, "optim", "  - {name: dds, kind: dds}", "[0]")
+    return {"mixed": mixed, "optim": optim, "tmp": tmp}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny.build_tiny_tokenizer()
+
+
+def _assistant_texts(store: Path) -> dict[str, list[str]]:
+    turns = read_turns(store)
+    first = turns.drop_duplicates(["episode_id", "message_index"])
+    return {eid: list(g.sort_values("message_index")["text"]) for eid, g in first.groupby("episode_id")}
+
+
+def test_paper_preset_filters_weights_and_masks(stores, tok, tmp_path):
+    eps = read_episodes(stores["mixed"]).set_index("episode_id")
+    text_agents = eps[eps["agent"] != "dds"]
+    good = text_agents[text_agents["best_nse"] > 0.6]
+    assert set(good["agent"]) == {"heuristic", "slow"} and (eps.loc[eps["agent"] == "bad", "best_nse"] <= 0.6).all()
+    out = tmp_path / "paper.h5"
+    report = build_sft_data([stores["mixed"]], out, preset="paper", tokenizer=tok, tokenizer_name="tiny",
+                            max_tokens=100_000)
+    assert report.kept == len(good) == 4
+    assert report.dropped == {"nse_le_0.6": 2, "no_text": 2}
+    c = report.counts
+    assert c["syn_small/heuristic"]["kept"] == 2 and c["syn_small/slow"]["kept"] == 2
+    assert c["syn_small/bad"] == {"basin": "syn_small", "agent": "bad", "kept": 0, "dropped": 2,
+                                  "dropped_by": {"nse_le_0.6": 2}}
+    assert c["syn_small/dds"]["dropped_by"] == {"no_text": 2}
+
+    ds = SFTDataset(out)
+    assert len(ds) == 4
+    order = [e for e in eps.index if e in good.index]  # original (commit) order
+    assert ds.episode_ids == order
+    nse = good.loc[order, "best_nse"].to_numpy()
+    expected = np.array([((nse < v).sum() + ((nse == v).sum() + 1) / 2) / len(nse) for v in nse])  # mid-rank
+    assert np.allclose(ds.weights, expected) and ds.weights[np.argmax(nse)] == ds.weights.max()
+    assert ds.info("preset") == "paper" and ds.info("tokenizer") == "tiny" and ds.info("max_tokens") == 100_000
+    assert ds.info("counts") == c and ds.info("lengths")["max"] <= 100_000
+    src = ds.info("sources")
+    assert src[0]["path"] == str(stores["mixed"].resolve()) and len(src[0]["sha256"]) == 64 and src[0]["episodes"] == 8
+    assert ds.info("git_commit")
+
+    texts = _assistant_texts(stores["mixed"])
+    for i in range(len(ds)):
+        item = ds[i]
+        ids, mask = item["input_ids"], item["assistant_mask"]
+        assert ids.dtype == torch.int64 and ids.shape == mask.shape and float(item["weight"]) == pytest.approx(
+            expected[i])
+        want = texts[item["episode_id"]]
+        assert len(item["spans"]) == len(want)
+        for (s, e), text in zip(item["spans"].tolist(), want):
+            assert tok.decode(ids[s:e].tolist(), skip_special_tokens=False) == text + "<|im_end|>"
+            assert mask[s:e].all() and (e == len(ids) or mask[e] == 0)
+        assert int(mask.sum()) == sum(e - s for s, e in item["spans"].tolist())
+        # the whole sequence is the rendered conversation, ending with the last assistant turn
+        assert tok.decode(ids.tolist(), skip_special_tokens=False).endswith(want[-1] + "<|im_end|>")
+        assert tok.decode(ids[mask == 0].tolist(), skip_special_tokens=False).count("<tool_response>") > 0
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False)
+    assert [b["episode_id"] for b in loader] == order
+
+
+def test_released_preset_keeps_every_text_episode_with_clipped_weights(stores, tok, tmp_path):
+    eps = read_episodes(stores["mixed"])
+    text = eps[eps["agent"] != "dds"]
+    out = tmp_path / "released.h5"
+    report = build_sft_data([stores["mixed"]], out, preset="released", tokenizer=tok, max_tokens=100_000)
+    assert report.kept == len(text) == 6 and report.dropped == {"no_text": 2}
+    ds = SFTDataset(out)
+    assert ds.episode_ids == list(text["episode_id"])
+    want = np.clip((text["best_nse"].to_numpy() + 1) / 2, 0.1, 1.0)
+    assert np.allclose(ds.weights, want) and ds.weights.min() < 0.6 < ds.weights.max()
+    assert "clip((best NSE + 1) / 2, 0.1, 1)" in ds.info("weighting")
+
+
+def test_stored_conversation_is_the_one_the_agent_saw(stores, tok, small_basin_dir, small_sim):
+    """Rebuilt from the store, an episode's messages and ids equal the live conversation's."""
+    from hydroagent_hpc.agents.factory import make_agent
+    from hydroagent_hpc.campaign import AgentSpec
+    from hydroagent_hpc.config import preset
+    from hydroagent_hpc.env.environment import CalibrationEnv
+    from hydroagent_hpc.env.episode import run_episode
+    from hydroagent_hpc.env.toolcalls import tool_schemas
+    from hydroagent_hpc.sim.basin import load_basin
+    from hydroagent_hpc.store import EpisodeWriter, load_episode
+
+    cfg = preset("paper", max_simulations=2, max_turns=None, patience=None, target_nse=0.99)
+    agent = make_agent(AgentSpec(name="heuristic", kind="heuristic", options={}), 0, cfg)
+    seen: list[dict] = []
+
+    class Recorder:
+        name = "heuristic"
+
+        def act(self, messages):
+            reply = agent.act(messages)
+            seen[:] = [dict(m) for m in messages] + [{"role": "assistant", "content": reply}]
+            return reply
+
+    ep = run_episode(Recorder(), CalibrationEnv(load_basin(small_basin_dir), small_sim, cfg, agent="heuristic"))
+    store = stores["tmp"] / "live.h5"
+    with EpisodeWriter(store) as w:
+        w.write(ep)
+    stored = load_episode(store, ep.episode_id)
+    msgs = episode_messages(stored)
+    assert msgs[:len(seen)] == seen and all(m["role"] == "tool" for m in msgs[len(seen):])
+    b = TrajectoryBuilder(tok, tools=tool_schemas())
+    assert b.build(msgs).input_ids == b.build(seen).input_ids
+
+
+def test_over_long_sequences_are_refused_by_name_and_nothing_is_written(stores, tok, tmp_path):
+    ok = tmp_path / "ok.h5"
+    r = build_sft_data([stores["mixed"]], ok, preset="paper", tokenizer=tok, max_tokens=100_000)
+    longest, shortest = int(r.lengths["max"]), int(r.lengths["min"])
+    assert shortest < longest  # the two heuristics' episodes differ in length
+    before = ok.read_bytes()
+    with pytest.raises(SFTDataError) as info:
+        build_sft_data([stores["mixed"]], ok, preset="paper", tokenizer=tok, max_tokens=longest - 1)
+    msg = str(info.value)
+    ds_ids = SFTDataset(ok).episode_ids
+    over = [e for e in ds_ids if f"{e} ({longest} tokens)" in msg]
+    assert over and f"exceed --max-tokens {longest - 1}" in msg and "nothing was written" in msg
+    assert f"at least {longest}" in msg
+    assert ok.read_bytes() == before  # the earlier file is untouched
+    new = tmp_path / "new.h5"
+    with pytest.raises(SFTDataError, match="exceed --max-tokens"):
+        build_sft_data([stores["mixed"]], new, preset="paper", tokenizer=tok, max_tokens=shortest - 1)
+    assert not new.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ok.h5"]
+    # exactly at the budget is fine
+    build_sft_data([stores["mixed"]], new, preset="paper", tokenizer=tok, max_tokens=longest)
+    assert len(SFTDataset(new)) == 4
+
+
+def test_bad_inputs_get_one_clear_error_each(stores, tok, tmp_path, capsys):
+    out = tmp_path / "d.h5"
+    with pytest.raises(SFTDataError, match=r"--from .*missing.h5: no such episode store"):
+        build_sft_data([stores["mixed"], tmp_path / "missing.h5"], out, tokenizer=tok)
+    with pytest.raises(SFTDataError, match=r"optim.h5: no episode with assistant text \(1 episodes, agents dds\); "
+                                           r"classic optimizers"):
+        build_sft_data([stores["mixed"], stores["optim"]], out, tokenizer=tok)
+    with pytest.raises(SFTDataError, match="--preset 'best': unknown"):
+        build_sft_data([stores["mixed"]], out, preset="best", tokenizer=tok)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    with pytest.raises(SFTDataError, match="no such SFT data file"):
+        SFTDataset(out)
+
+    from hydroagent_hpc.cli import main
+
+    rc = main(["train", "sft-data", "--from", str(stores["optim"]), "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "no episode with assistant text" in err[0] and "fix:" in err[0]
+    assert not out.exists()
+
+
+def test_cli_writes_the_data_file(stores, tmp_path, capsys):
+    from hydroagent_hpc.cli import main
+
+    out = tmp_path / "cli.h5"
+    rc = main(["-q", "train", "sft-data", "--from", str(stores["mixed"]), "--out", str(out), "--preset", "released",
+               "--tokenizer", "tiny", "--max-tokens", "100000"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and summary["kept"] == 6 and summary["dropped"] == {"no_text": 2}
+    assert len(SFTDataset(out)) == 6 and SFTDataset(out).info("tokenizer") == "tiny"
+
+
+def test_paper_weights_are_mid_rank_percentiles():
+    w = paper_weights([0.7, 0.9, 0.8, 0.9])
+    assert np.allclose(w, [0.25, (3 + 4) / 2 / 4, 0.5, (3 + 4) / 2 / 4])
+    assert paper_weights([]).size == 0 and math.isclose(paper_weights([0.61])[0], 1.0)
