@@ -16,9 +16,10 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.registry import Registry

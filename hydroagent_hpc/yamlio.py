@@ -19,9 +19,10 @@ located with :meth:`YamlDocument.line_of` or :meth:`YamlDocument.where`, followi
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
@@ -55,7 +56,7 @@ class _StrictLoader(yaml.SafeLoader):
     def _fail(self, mark: Any, message: str, fix: str = "") -> HydroAgentError:
         return self._error(f"{self._source}:{mark.line + 1}: {message}", fix)
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D102 - PyYAML hook
+    def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):  # the anchored node, already composed and counted
             return super().compose_node(parent, index)
         event = self.peek_event()
@@ -80,7 +81,7 @@ class _StrictLoader(yaml.SafeLoader):
         self._size[id(node)] = size
         return node
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # noqa: D102 - PyYAML hook
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, int] = {}
             for key_node, _ in node.value:

@@ -17,8 +17,15 @@ import pytest
 
 from conftest import CAMELS, require
 from hydroagent_hpc.datasets import attributes, camels
-from hydroagent_hpc.datasets.download import (ATTRIBUTE_FILES, OFFICIAL_BASE_URL, TIMESERIES_ZIP, DownloadError,
-                                              download_camels, fetch, unpack_zip)
+from hydroagent_hpc.datasets.download import (
+    ATTRIBUTE_FILES,
+    OFFICIAL_BASE_URL,
+    TIMESERIES_ZIP,
+    DownloadError,
+    download_camels,
+    fetch,
+    unpack_zip,
+)
 
 SAMPLE = CAMELS / "camels_us_nldas_sample"
 ATTRS = CAMELS / "camels_us_nh_testdata" / "camels_attributes_v2.0"
@@ -96,7 +103,7 @@ class Server:
     def base(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/camels/"
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         self.thread.start()
         return self
 

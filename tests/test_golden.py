@@ -13,8 +13,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import GOLDEN_CASES
 
+from conftest import GOLDEN_CASES
 from hydroagent_hpc.sim.grids import read_tif
 from hydroagent_hpc.sim.outputs import read_ts_csv
 

@@ -32,16 +32,16 @@ import pytest
 
 pytest.importorskip("openai")
 
-from hydroagent_hpc.agents.llm.client import ChatClient, LLMRequestError  # noqa: E402
-from hydroagent_hpc.agents.llm.models_file import MAX_REPLY_CHARS, MAX_RESPONSE_BYTES, get_model  # noqa: E402
-from hydroagent_hpc.agents.llm.openai_api import OpenAIAgent, with_changes  # noqa: E402
-from hydroagent_hpc.agents.llm.replay_server import ReplayServer  # noqa: E402
-from hydroagent_hpc.config import preset  # noqa: E402
-from hydroagent_hpc.env.environment import CalibrationEnv  # noqa: E402
-from hydroagent_hpc.env.episode import run_episode  # noqa: E402
-from hydroagent_hpc.env.toolcalls import parse_message, render_hermes  # noqa: E402
-from hydroagent_hpc.sim.basin import load_basin  # noqa: E402
-from hydroagent_hpc.types import ToolCall  # noqa: E402
+from hydroagent_hpc.agents.llm.client import ChatClient, LLMRequestError
+from hydroagent_hpc.agents.llm.models_file import MAX_REPLY_CHARS, MAX_RESPONSE_BYTES, get_model
+from hydroagent_hpc.agents.llm.openai_api import OpenAIAgent, with_changes
+from hydroagent_hpc.agents.llm.replay_server import ReplayServer
+from hydroagent_hpc.config import preset
+from hydroagent_hpc.env.environment import CalibrationEnv
+from hydroagent_hpc.env.episode import run_episode
+from hydroagent_hpc.env.toolcalls import parse_message, render_hermes
+from hydroagent_hpc.sim.basin import load_basin
+from hydroagent_hpc.types import ToolCall
 
 SEED = 20261201
 SENTINEL = "sk-test-BOUNDS-5d1e8a0c93f7"
@@ -268,7 +268,7 @@ def run_bounded(agent, env, srv, bound_s: float):
     def work():
         try:
             box["episode"] = run_episode(agent, env)
-        except BaseException as exc:  # noqa: BLE001 - recorded and asserted on
+        except BaseException as exc:
             box["error"] = exc
 
     t0 = time.monotonic()

@@ -24,9 +24,10 @@ generator finds per preset, shaping mode and farming class (it builds its own sm
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings, target
@@ -34,7 +35,7 @@ from hypothesis import strategies as st
 
 from hydroagent_hpc.config import EnvConfig, preset
 from hydroagent_hpc.env.environment import CalibrationEnv
-from hydroagent_hpc.params import PARAM_NAMES, PARAMS, TUNABLE
+from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.sim.synth.basins import read_truth
 from hydroagent_hpc.types import Basin, Episode

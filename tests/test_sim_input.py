@@ -22,9 +22,9 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -171,7 +171,7 @@ def set_key(control: Path, section: str, key: str, value: str) -> int:
 def _deadline() -> Iterator[None]:
     """No case may hang: each gets SECONDS_PER_CASE of wall time (SIGALRM in the main thread)."""
 
-    def expire(signum, frame):  # noqa: ARG001
+    def expire(signum, frame):
         raise TimeoutError(f"case ran longer than {SECONDS_PER_CASE} s")
 
     old = signal.signal(signal.SIGALRM, expire)

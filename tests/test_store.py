@@ -6,7 +6,6 @@ write them and the test can rebuild exactly what it wrote.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import signal
@@ -23,17 +22,39 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hydroagent_hpc.params import PARAM_NAMES
-from hydroagent_hpc.store import (SCHEMA_VERSION, DuplicateEpisodeError, EpisodeNotFoundError, EpisodeWriter,
-                                  MergeError, SchemaError, StoreLockedError, inspect_store, iter_episodes,
-                                  load_episode, merge, read_basins, read_episodes, read_series, read_sims,
-                                  read_turns, stored_ids)
-from hydroagent_hpc.types import Basin, Episode, SimRecord, Turn
+from hydroagent_hpc.store import (
+    SCHEMA_VERSION,
+    DuplicateEpisodeError,
+    EpisodeNotFoundError,
+    EpisodeWriter,
+    MergeError,
+    SchemaError,
+    StoreLockedError,
+    inspect_store,
+    iter_episodes,
+    load_episode,
+    merge,
+    read_basins,
+    read_episodes,
+    read_series,
+    read_sims,
+    read_turns,
+    stored_ids,
+)
+from hydroagent_hpc.types import Episode
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
-from helpers.store import (CRASH_SIZES, N_BASINS, UNICODE, assert_episode_equal, basin_of, basin_series,  # noqa: E402
-                           episode_id, make_episode)
+from helpers.store import (  # noqa: E402
+    CRASH_SIZES,
+    N_BASINS,
+    UNICODE,
+    assert_episode_equal,
+    basin_of,
+    episode_id,
+    make_episode,
+)
 
 
 @pytest.fixture

@@ -50,7 +50,6 @@ SEVERITY = {"true": 0, "error": 1, "crash": 2, "lie": 3, "hang": 4}
 
 def build_store(path: Path) -> None:
     from helpers.store import basin_of, make_episode
-
     from hydroagent_hpc.store import EpisodeWriter
 
     with EpisodeWriter(path) as w:
@@ -174,8 +173,15 @@ def damage(pristine: Path, case: dict[str, Any], out: Path) -> None:
 
 def snapshot(path: Path) -> dict[str, Any]:
     """Everything the public readers return, in a comparable form."""
-    from hydroagent_hpc.store import iter_episodes, read_basins, read_episodes, read_series, read_sims, read_turns
-    from hydroagent_hpc.store import stored_ids
+    from hydroagent_hpc.store import (
+        iter_episodes,
+        read_basins,
+        read_episodes,
+        read_series,
+        read_sims,
+        read_turns,
+        stored_ids,
+    )
 
     out: dict[str, Any] = {"ids": list(stored_ids(path))}
     for name, fn in (("episodes", read_episodes), ("sims", read_sims), ("turns", read_turns), ("basins", read_basins)):
@@ -225,7 +231,7 @@ def probe(path: Path, truth: dict[str, Any]) -> dict[str, Any]:
         got = snapshot(path)
     except StoreError as exc:
         return {"outcome": "error", "type": type(exc).__name__, "message": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - anything else is a traceback for the user
+    except Exception as exc:
         return {"outcome": "crash", "type": type(exc).__name__, "message": str(exc)[:300]}
     for key in truth:
         if not same(truth[key], got[key]):
@@ -241,7 +247,7 @@ def verify_outcome(path: Path) -> dict[str, Any]:
         return {}
     try:
         h = verify_store(path)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return {"verify": "raised", "verify_error": f"{type(exc).__name__}: {exc}"[:300]}
     return {"verify": "ok" if h.ok else "damaged", "intact": len(h.intact), "damaged": len(h.damaged)}
 
@@ -392,8 +398,16 @@ def _damaged_copy(tmp_path: Path, name: str) -> tuple[Path, list[str]]:
 
 def test_overwritten_discharge_is_named_and_the_rest_is_intact(tmp_path: Path) -> None:
     from hydroagent_hpc.errors import HydroAgentError
-    from hydroagent_hpc.store import (CorruptStoreError, StoreError, load_episode, read_episodes, read_series,
-                                      salvage, stored_ids, verify_store)
+    from hydroagent_hpc.store import (
+        CorruptStoreError,
+        StoreError,
+        load_episode,
+        read_episodes,
+        read_series,
+        salvage,
+        stored_ids,
+        verify_store,
+    )
 
     path, ids = _damaged_copy(tmp_path, "q.h5")
     assert issubclass(CorruptStoreError, StoreError) and issubclass(CorruptStoreError, HydroAgentError)

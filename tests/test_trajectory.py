@@ -18,8 +18,7 @@ pytest.importorskip("transformers")
 from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response, tool_schemas  # noqa: E402
 from hydroagent_hpc.params import PARAMS, TUNABLE  # noqa: E402
 from hydroagent_hpc.train import tiny  # noqa: E402
-from hydroagent_hpc.train.trajectory import (TemplatePrefixError, TrajectoryBuilder,  # noqa: E402
-                                             TrajectoryError)
+from hydroagent_hpc.train.trajectory import TemplatePrefixError, TrajectoryBuilder, TrajectoryError  # noqa: E402
 from hydroagent_hpc.types import ToolCall  # noqa: E402
 
 PROSE = ("The peaks are too low; I lower wm.", "Timing is late, so alpha goes up.", "",

@@ -28,8 +28,9 @@ import sys
 import time
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.env.toolcalls import render_hermes
+from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.types import ToolCall
 
 __all__ = ["HeuristicHydrologist"]
@@ -71,7 +71,7 @@ class HeuristicHydrologist:
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
-        self._steps = {k: self.step0 for k in TUNABLE}
+        self._steps = dict.fromkeys(TUNABLE, self.step0)
 
     # ------------------------------------------------------------------ protocol
     def act(self, messages: list[dict[str, str]]) -> str | None:
@@ -154,7 +154,7 @@ class HeuristicHydrologist:
             # converged locally: restart around the best with half the previous initial step
             self._restarts += 1
             size = self.step0 * 0.5 ** self._restarts
-            self._steps = {k: size for k in TUNABLE}
+            self._steps = dict.fromkeys(TUNABLE, size)
             live = list(TUNABLE)
         order = sorted(live, key=lambda k: (self._tried.get(k, -1), self._rng.random()))
         k = order[0]

@@ -13,8 +13,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from hydroagent_hpc.agents.base import Policy
-from hydroagent_hpc.agents.optimizers.dds import DDS
 from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
+from hydroagent_hpc.agents.optimizers.dds import DDS
 from hydroagent_hpc.agents.optimizers.policy import OptimizerPolicy
 from hydroagent_hpc.env.toolcalls import render_tool_response
 

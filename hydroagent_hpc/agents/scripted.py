@@ -8,8 +8,9 @@ or tool-call objects ``{"name": ..., "arguments": {...}}`` (rendered in the Herm
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hydroagent_hpc.env.toolcalls import render_hermes
 from hydroagent_hpc.types import ToolCall

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from hydroagent_hpc.campaign.spec import CampaignError, CampaignSpec, Task, check_requirements, expand, shard_of
 from hydroagent_hpc.types import Episode
@@ -42,9 +43,9 @@ def _simulator(basin_dir: str, backend: str = "embedded") -> Simulator:
 def run_task(task: Task) -> Episode:
     """Run one episode (in this process)."""
     from hydroagent_hpc.agents.factory import make_agent
-    from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.env.environment import CalibrationEnv
     from hydroagent_hpc.env.episode import run_episode
+    from hydroagent_hpc.sim.basin import load_basin
 
     basin = load_basin(task.basin_dir)
     sim = _simulator(task.basin_dir, str(task.agent.options.get("backend", "embedded")))
@@ -71,8 +72,8 @@ def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress
     one episode (process and MPI pools); an episode that fails or times out is listed in
     ``failed`` and stays missing, so a rerun tries it again.
     """
-    from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.hpc.pool import open_pool
+    from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.store import EpisodeWriter, stored_ids
 
     problems = check_requirements(spec)

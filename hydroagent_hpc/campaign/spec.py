@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hydroagent_hpc.agents.factory import AGENT_KINDS
 from hydroagent_hpc.config import PRESETS, EnvConfig, config_from_mapping, preset

@@ -24,11 +24,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hydroagent_hpc.campaign import (CampaignError, CampaignSpec, check_requirements, load_campaign, run_campaign,
-                                     worker_init)
+from hydroagent_hpc.campaign import (
+    CampaignError,
+    CampaignSpec,
+    check_requirements,
+    load_campaign,
+    run_campaign,
+    worker_init,
+)
+from hydroagent_hpc.campaign.shards import (
+    MERGED,
+    IncompleteMergeError,
+    merge_run,
+    shard_path,
+    skip_stores,
+    write_run_record,
+)
 from hydroagent_hpc.hpc.pool import BACKENDS as POOL_BACKENDS
 from hydroagent_hpc.hpc.slurm import SiteSettings, allocation_cpus, array_id, make_executor
-from hydroagent_hpc.campaign.shards import MERGED, IncompleteMergeError, merge_run, shard_path, skip_stores, write_run_record
 
 log = logging.getLogger(__name__)
 

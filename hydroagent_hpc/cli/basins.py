@@ -13,7 +13,7 @@ from pathlib import Path
 from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, seed
 from hydroagent_hpc.datasets.download import OFFICIAL_BASE_URL as OFFICIAL_CAMELS_URL
 from hydroagent_hpc.errors import UsageError
-from hydroagent_hpc.params import PARAMS, PARAM_NAMES
+from hydroagent_hpc.params import PARAM_NAMES, PARAMS
 from hydroagent_hpc.sim.errors import HydroAgentError
 
 log = logging.getLogger("hydroagent")

@@ -60,8 +60,8 @@ def _agent_options(args: argparse.Namespace) -> dict:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from hydroagent_hpc.campaign import AgentSpec, Task, run_task
-    from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.config import load_config, preset
+    from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.store import EpisodeWriter
 
     options = _agent_options(args)  # before anything is read or run: a wrong agent is a usage error
@@ -120,9 +120,7 @@ def cmd_campaign_run(args: argparse.Namespace) -> int:
 
 def cmd_campaign_merge(args: argparse.Namespace) -> int:
     from hydroagent_hpc.campaign import load_campaign
-    from hydroagent_hpc.campaign.shards import merge_run
-
-    from hydroagent_hpc.campaign.shards import IncompleteMergeError
+    from hydroagent_hpc.campaign.shards import IncompleteMergeError, merge_run
 
     try:
         summary = merge_run(load_campaign(args.file), args.run_dir, allow_missing=args.allow_missing)
@@ -154,8 +152,8 @@ def cmd_campaign_status(args: argparse.Namespace) -> int:
 
 
 def cmd_submit_campaign(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.hpc.slurm import SiteSettings
     from hydroagent_hpc.campaign.submit import submit_campaign
+    from hydroagent_hpc.hpc.slurm import SiteSettings
 
     site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
                                  constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,

@@ -49,9 +49,10 @@ import urllib.error
 import urllib.request
 import zipfile
 import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from hydroagent_hpc.errors import HydroAgentError
 
@@ -107,7 +108,7 @@ def _open(url: str, start: int, timeout: float) -> Any:
     req = urllib.request.Request(url, headers={"User-Agent": "hydroagent-hpc (CAMELS download)"})
     if start:
         req.add_header("Range", f"bytes={start}-")
-    return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 (http/https URLs only, checked by the caller)
+    return urllib.request.urlopen(req, timeout=timeout)
 
 
 def _http_error(url: str, exc: urllib.error.HTTPError, base_hint: str) -> DownloadError:

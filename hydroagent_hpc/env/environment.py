@@ -22,19 +22,19 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
-from hydroagent_hpc.env import prompts
-from hydroagent_hpc.env import toolcalls
 from hydroagent_hpc.config import EnvConfig, to_dict
+from hydroagent_hpc.env import prompts, toolcalls
 from hydroagent_hpc.env.observations import evaluate_run, evaluation_view, simulation_view
+from hydroagent_hpc.env.rewards import Payment, RewardLedger
 from hydroagent_hpc.params import PARAM_NAMES
 from hydroagent_hpc.provenance import provenance
-from hydroagent_hpc.env.rewards import Payment, RewardLedger
 from hydroagent_hpc.sim import Simulator
 from hydroagent_hpc.sim.errors import HydroAgentError
 from hydroagent_hpc.types import Basin, Episode, SimRecord, SimulationResult, ToolCall, Turn
@@ -143,7 +143,7 @@ class CalibrationEnv:
                                          max_chars=self.config.max_message_chars)
         return self._run_items(parsed, text[: self.config.max_message_chars])
 
-    def step_parsed(self, parsed: "toolcalls.ParsedMessage", text: str = "") -> StepResult:
+    def step_parsed(self, parsed: toolcalls.ParsedMessage, text: str = "") -> StepResult:
         """The same as :meth:`step` for calls already parsed (e.g. OpenAI function calls)."""
         if self.done:
             raise RuntimeError(f"episode {self.episode_id} is over ({self.stop_reason}); call reset()")

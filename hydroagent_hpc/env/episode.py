@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from hydroagent_hpc.env.policy import Agent, DirectPolicy, MetersUsage, Policy, StopsWithReason
 from hydroagent_hpc.env.environment import CalibrationEnv
+from hydroagent_hpc.env.policy import Agent, DirectPolicy, MetersUsage, Policy, StopsWithReason
 from hydroagent_hpc.env.toolcalls import render_tool_response
 from hydroagent_hpc.types import Episode
 

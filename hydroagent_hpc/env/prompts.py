@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.env.toolcalls import describe_parameter, format_example
+from hydroagent_hpc.params import PARAMS, TUNABLE
 from hydroagent_hpc.types import Basin, ToolCall
 
 __all__ = ["PRESETS", "Budget", "system_prompt", "user_prompt", "render_messages", "format_coordinates",
@@ -69,7 +70,7 @@ class Budget:
             raise ValueError(f"wall_clock_s={self.wall_clock_s!r}: must be positive or None (off)")
 
     @classmethod
-    def coerce(cls, obj: Any) -> "Budget":
+    def coerce(cls, obj: Any) -> Budget:
         """A Budget from a Budget, a mapping (unknown keys are errors) or any object with these
         attributes (e.g. an EnvConfig; missing ones take the defaults), or None (defaults)."""
         if obj is None:

@@ -53,8 +53,8 @@ A paid term is a key without the ``unpaid_`` prefix; ``reward == sum`` of the pa
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from hydroagent_hpc.config import RewardConfig
 

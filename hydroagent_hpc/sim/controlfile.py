@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Mapping
 
 from hydroagent_hpc.sim.errors import ControlFileError
 

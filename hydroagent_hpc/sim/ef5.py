@@ -21,9 +21,9 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 

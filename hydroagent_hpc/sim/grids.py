@@ -69,7 +69,7 @@ class Grid:
         """Boolean mask of cells that are not nodata and are finite."""
         return np.isfinite(self.data) & (self.data != self.nodata)
 
-    def same_shape(self, other: "Grid") -> bool:
+    def same_shape(self, other: Grid) -> bool:
         """EF5's ``IsSpatialMatch``: only nrows and ncols are compared."""
         return self.data.shape == other.data.shape
 
@@ -243,7 +243,7 @@ def read_tif(path: str | Path) -> Grid:
         raise
     except MemoryError:
         raise InputError(f"{p}: not enough memory to read this GeoTIFF", fix="check the file's size; it may be corrupt") from None
-    except Exception as exc:  # noqa: BLE001 - tifffile raises many kinds on a damaged file; all mean the same here
+    except Exception as exc:
         raise InputError(f"{p}: not a readable GeoTIFF ({type(exc).__name__}: {str(exc)[:200]})", fix=convert) from None
     if data.ndim != 2:
         raise InputError(f"{p}: expected one band, got an array of shape {data.shape}", fix="write a single-band grid")

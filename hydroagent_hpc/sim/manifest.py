@@ -22,8 +22,9 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Mapping
 
 from hydroagent_hpc.sim.controlfile import Forcing
 

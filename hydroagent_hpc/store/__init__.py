@@ -7,10 +7,28 @@ and copy the intact episodes of a damaged one with :func:`salvage`. The layout a
 ``docs/store_schema.md``.
 """
 
-from hydroagent_hpc.store.errors import (CorruptStoreError, DuplicateEpisodeError, EpisodeNotFoundError, MergeError,
-                                         SchemaError, StoreError, StoreLockedError)
-from hydroagent_hpc.store.frames import (Series, StoreInfo, inspect_store, iter_episodes, load_episode, read_basins,
-                                         read_episodes, read_series, read_sims, read_turns, stored_ids)
+from hydroagent_hpc.store.errors import (
+                                         CorruptStoreError,
+                                         DuplicateEpisodeError,
+                                         EpisodeNotFoundError,
+                                         MergeError,
+                                         SchemaError,
+                                         StoreError,
+                                         StoreLockedError,
+)
+from hydroagent_hpc.store.frames import (
+                                         Series,
+                                         StoreInfo,
+                                         inspect_store,
+                                         iter_episodes,
+                                         load_episode,
+                                         read_basins,
+                                         read_episodes,
+                                         read_series,
+                                         read_sims,
+                                         read_turns,
+                                         stored_ids,
+)
 from hydroagent_hpc.store.merge import merge
 from hydroagent_hpc.store.schema import SCHEMA_NAME, SCHEMA_VERSION
 from hydroagent_hpc.store.verify import StoreHealth, salvage, verify_store

@@ -20,8 +20,14 @@ from hydroagent_hpc.store.errors import CorruptStoreError, MergeError
 from hydroagent_hpc.store.frames import stored_ids
 from hydroagent_hpc.store.verify import explain
 from hydroagent_hpc.store.view import StoreView, open_store
-from hydroagent_hpc.store.writer import (Appender, WriterLock, install_file, new_store_file, remove_stale_temps,
-                                         temp_name)
+from hydroagent_hpc.store.writer import (
+    Appender,
+    WriterLock,
+    install_file,
+    new_store_file,
+    remove_stale_temps,
+    temp_name,
+)
 
 __all__ = ["merge"]
 

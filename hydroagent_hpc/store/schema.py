@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
-
 from importlib import metadata
+from pathlib import Path
 
 import h5py
 import numpy as np

@@ -209,8 +209,14 @@ def salvage(source: str | os.PathLike[str], dest: str | os.PathLike[str], *, ove
     Returns the health of ``source``; ``dest`` is built under a temporary name and renamed into
     place (complete or absent). Raises :class:`StoreError` when nothing of ``source`` can be read.
     """
-    from hydroagent_hpc.store.writer import (Appender, WriterLock, install_file, new_store_file,
-                                             remove_stale_temps, temp_name)
+    from hydroagent_hpc.store.writer import (
+        Appender,
+        WriterLock,
+        install_file,
+        new_store_file,
+        remove_stale_temps,
+        temp_name,
+    )
 
     src, out = Path(source), Path(dest)
     if out.exists() and not overwrite:

@@ -28,7 +28,8 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,17 @@ import h5py
 import numpy as np
 from h5py import h5f, h5p
 
-from hydroagent_hpc.store.codec import (ENCODING, Decoded, block_checksum, decode_rows, is_blank, row_checksums,
-                                        series_checksum, text_bounds_ok, text_span)
+from hydroagent_hpc.store.codec import (
+    ENCODING,
+    Decoded,
+    block_checksum,
+    decode_rows,
+    is_blank,
+    row_checksums,
+    series_checksum,
+    text_bounds_ok,
+    text_span,
+)
 from hydroagent_hpc.store.errors import CorruptStoreError, SchemaError, StoreError
 from hydroagent_hpc.store.rows import basin_digest, build_episode, build_sims, build_turns, decode_metrics
 from hydroagent_hpc.store.schema import BASINS, EPISODES, METRIC_KEYS, METRICS, SIMS, TURNS, Table, check_schema

@@ -32,10 +32,28 @@ from h5py import h5f, h5p
 
 from hydroagent_hpc.store.codec import block_checksum, encode_rows, series_checksum
 from hydroagent_hpc.store.errors import CorruptStoreError, DuplicateEpisodeError, StoreError, StoreLockedError
-from hydroagent_hpc.store.rows import (BasinRecord, basin_info, basin_record, episode_columns, metric_columns,
-                                       sim_columns, turn_columns)
-from hydroagent_hpc.store.schema import (BASINS, DATASETS, EPISODES, LIBVER, METRIC_KEYS, METRICS, SIMS, TURNS,
-                                         Table, check_schema, create_layout)
+from hydroagent_hpc.store.rows import (
+    BasinRecord,
+    basin_info,
+    basin_record,
+    episode_columns,
+    metric_columns,
+    sim_columns,
+    turn_columns,
+)
+from hydroagent_hpc.store.schema import (
+    BASINS,
+    DATASETS,
+    EPISODES,
+    LIBVER,
+    METRIC_KEYS,
+    METRICS,
+    SIMS,
+    TURNS,
+    Table,
+    check_schema,
+    create_layout,
+)
 from hydroagent_hpc.store.view import StoreView, open_store, register_writer, superblock_dirty
 from hydroagent_hpc.types import Basin, Episode
 
@@ -384,7 +402,7 @@ class EpisodeWriter:
             self._file = None
             self._lock.release()
 
-    def __enter__(self) -> "EpisodeWriter":
+    def __enter__(self) -> EpisodeWriter:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

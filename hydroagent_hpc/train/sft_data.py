@@ -51,10 +51,11 @@ import logging
 import math
 import os
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import h5py
 import numpy as np

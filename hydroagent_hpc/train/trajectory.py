@@ -6,8 +6,14 @@ agents; never the reverse). SFT data (:mod:`hydroagent_hpc.train.sft_data`) and 
 sequences with it, so training ids are the ids a policy sees at inference time.
 """
 
-from hydroagent_hpc.agents.llm.trajectory import (END_TOKEN, TemplatePrefixError, Trajectory, TrajectoryBuilder,
-                                                  TrajectoryError, common_prefix)
+from hydroagent_hpc.agents.llm.trajectory import (
+                                                  END_TOKEN,
+                                                  TemplatePrefixError,
+                                                  Trajectory,
+                                                  TrajectoryBuilder,
+                                                  TrajectoryError,
+                                                  common_prefix,
+)
 
 __all__ = ["Trajectory", "TrajectoryBuilder", "TrajectoryError", "TemplatePrefixError", "common_prefix",
            "END_TOKEN"]

@@ -41,9 +41,10 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from hydroagent_hpc.agents.llm.models_file import PLACEHOLDER_KEY, ModelSpec, resolve_api_key
 from hydroagent_hpc.env.toolcalls import LONE_SURROGATE

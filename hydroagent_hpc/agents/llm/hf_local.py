@@ -51,8 +51,9 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

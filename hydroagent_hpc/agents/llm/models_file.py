@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hydroagent_hpc.errors import ConfigError, HydroAgentError
 

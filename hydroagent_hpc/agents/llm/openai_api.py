@@ -48,11 +48,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from hydroagent_hpc.env import toolcalls
 from hydroagent_hpc.agents.llm.client import ChatClient, Completion
-from hydroagent_hpc.agents.llm.models_file import Limits, ModelSpec, ModelsFileError, Prices, Sampling, get_model
+from hydroagent_hpc.agents.llm.models_file import Limits, ModelsFileError, ModelSpec, Prices, Sampling, get_model
+from hydroagent_hpc.env import toolcalls
 from hydroagent_hpc.types import ToolCall
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ class OpenAIAgent:
         """Close the HTTP connections."""
         self.client.close()
 
-    def __enter__(self) -> "OpenAIAgent":
+    def __enter__(self) -> OpenAIAgent:
         return self
 
     def __exit__(self, *exc: Any) -> None:

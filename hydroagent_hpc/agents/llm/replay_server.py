@@ -37,10 +37,11 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,7 @@ class ReplayServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1"
 
-    def start(self) -> "ReplayServer":
+    def start(self) -> ReplayServer:
         """Serve in a background thread."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -262,7 +263,7 @@ class ReplayServer:
             self._thread = None
         self._httpd.server_close()
 
-    def __enter__(self) -> "ReplayServer":
+    def __enter__(self) -> ReplayServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -35,8 +35,9 @@ importing it loads neither torch nor transformers.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from hydroagent_hpc.errors import HydroAgentError
 

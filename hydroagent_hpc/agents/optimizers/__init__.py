@@ -5,6 +5,11 @@ Each algorithm is an ask/tell optimizer in the unit cube of the tunable multipli
 drives any of them through the environment's direct tools.
 """
 
-from hydroagent_hpc.agents.optimizers.policy import OptimizerPolicy, make_optimizer, make_optimizer_policy, simulation_budget
+from hydroagent_hpc.agents.optimizers.policy import (
+    OptimizerPolicy,
+    make_optimizer,
+    make_optimizer_policy,
+    simulation_budget,
+)
 
 __all__ = ["OptimizerPolicy", "make_optimizer", "make_optimizer_policy", "simulation_budget"]

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

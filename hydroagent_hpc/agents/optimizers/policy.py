@@ -27,7 +27,8 @@ wide-range multipliers unless ``scale="linear"``; see :func:`make_optimizer`): `
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from hydroagent_hpc.agents.optimizers.dds import DDS
 from hydroagent_hpc.agents.optimizers.dream import DREAM

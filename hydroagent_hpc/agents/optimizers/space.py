@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class ParameterSpace:
         self._log_width = np.log(np.where(self._log, self.upper, 1.0)) - self._log_lower
 
     @classmethod
-    def log_scaled(cls, names: Sequence[str] = TUNABLE) -> "ParameterSpace":
+    def log_scaled(cls, names: Sequence[str] = TUNABLE) -> ParameterSpace:
         """Log scale for every multiplier with ``lower >= 0.01`` and ``upper/lower >= 10`` (module docstring)."""
         logs = [n for n in names if PARAMS[n].lower >= 0.01 and PARAMS[n].upper / PARAMS[n].lower >= 10.0]
         return cls(names, log_names=logs)

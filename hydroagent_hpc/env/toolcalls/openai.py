@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from hydroagent_hpc.env.toolcalls.message import Builder, ParsedMessage, call_from_object
 from hydroagent_hpc.env.toolcalls.strictjson import Rejected, show, strict_loads, truncate

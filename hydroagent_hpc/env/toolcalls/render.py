@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from hydroagent_hpc.env.toolcalls.message import CLOSE_TAG, OPEN_TAG, ParseFailure
 from hydroagent_hpc.types import ToolCall

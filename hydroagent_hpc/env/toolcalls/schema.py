@@ -7,8 +7,8 @@ Parameter properties come from ``params.PARAMS``; ``{bounds_rule}`` in a descrip
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
 
 from hydroagent_hpc.params import PARAMS, TUNABLE
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, cast
+from typing import Any, cast
 
 from hydroagent_hpc.env.toolcalls.schema import TOOL_NAMES, VALID_NAMES_TEXT, fmt
 from hydroagent_hpc.env.toolcalls.strictjson import json_type, show

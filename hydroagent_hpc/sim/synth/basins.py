@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from hydroagent_hpc.metrics import nse
 from hydroagent_hpc.params import DEFAULTS
 from hydroagent_hpc.sim.controlfile import Forcing
 from hydroagent_hpc.sim.forcing import forcing_file_names, step_times
@@ -51,7 +52,6 @@ from hydroagent_hpc.sim.staging import staged_folder
 from hydroagent_hpc.sim.synth.evaporation import make_pet
 from hydroagent_hpc.sim.synth.landscape import GRID_FILES, make_parameter_grids
 from hydroagent_hpc.sim.synth.storms import CLIMATES, make_rainfall
-from hydroagent_hpc.metrics import nse
 from hydroagent_hpc.sim.synth.terrain import NODATA, TERRAIN_STYLES, Terrain, cell_km, make_terrain
 from hydroagent_hpc.sim.synth.truth import TRUTH_RANGES, draw_truth, implausibility, observe
 from hydroagent_hpc.sim.templates import basin_control_text
