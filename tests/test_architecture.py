@@ -61,7 +61,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "agents": CORE | {"metrics"} | ENV | AGENTS,
     "agents.optimizers": CORE | {"metrics"} | ENV | AGENTS,
     "agents.llm": CORE | {"metrics"} | ENV | AGENTS,
-    "train": CORE | ENV | AGENTS,
+    "train": CORE | {"metrics", "store"} | SIM | ENV | AGENTS,  # reads and writes stores; GRPO runs simulators
     "campaign": CORE | {"store", "hpc"} | ENV | AGENTS | SIM,
     "report": CORE | {"store", "metrics"} | SIM,
 }

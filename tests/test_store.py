@@ -326,7 +326,7 @@ sys.path.insert(0, {tests!r})
 from helpers.store import make_episode, episode_id, assert_episode_equal
 from hydroagent_hpc.store import load_episode, read_sims, read_turns, stored_ids
 print("ready", flush=True)
-polls, seen, deadline = 0, 0, time.time() + 60
+polls, seen, deadline = 0, 0, time.time() + 240
 while seen < {n} and time.time() < deadline:
     try:
         ids = stored_ids({path!r})
