@@ -726,7 +726,7 @@ def test_parameter_grid_holes_are_warned(tmp_path, caplog):
 
 def test_negative_cellsize_is_refused(tmp_path):
     control = make_case(tmp_path)
-    for name, data in (("dem", DEM), ("ddm", DDM), ("fam", FAM)):
+    for name in ("dem", "ddm", "fam"):
         p = tmp_path / "basic" / f"{name}.asc"
         p.write_text(p.read_text().replace("cellsize 0.01", "cellsize -0.01"))
     with pytest.raises(InputError) as ei:
@@ -762,11 +762,11 @@ def _obs_cases() -> list[tuple[str, str]]:
     rng = random.Random(29)
     junk = ["hello", "2020-06-01,abc", "x,y,z", "2020-13-01 00:00,1", "06/32/2020 01:00,2", "", "Date,Q", ";;"]
     cases = []
-    for i in range(12):
+    for _ in range(12):
         lines = [rng.choice(junk) for _ in range(rng.randint(1, 6))]
         cases.append(("none" if _has_data_line(lines) else "empty", "\n".join(lines)))
     cases += [("empty", ""), ("empty", "Date,Discharge(m3/s)\n"), ("empty", "\n\nDate,Q\n\n")]
-    for i in range(8):
+    for _ in range(8):
         good = [f"{BEGIN + timedelta(hours=h):%Y-%m-%d %H:%M},{rng.uniform(0, 5):.2f}" for h in range(1, 7)]
         good.insert(rng.randrange(len(good)), rng.choice(junk[:5]))
         cases.append(("some", "Date,Q\n" + "\n".join(good)))

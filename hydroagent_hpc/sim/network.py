@@ -209,7 +209,7 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
     owner: list[int] = []
     upstream_gauges: list[list[int]] = [[] for _ in located]
     gauge_nodes = np.full(len(located), -1, dtype=np.int64)
-    for gi, (g, cell) in enumerate(located):
+    for gi, (_g, cell) in enumerate(located):
         if node_of[cell] >= 0:
             continue  # reached from a downstream gauge already
         node_of[cell] = len(cells)
@@ -264,7 +264,7 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
     area = _area(lat_north, dem.cellsize)
     fac = fam.data.ravel()[cells_a].astype(np.float64)
 
-    for gi, (g, cell) in enumerate(located):
+    for gi, (g, _cell) in enumerate(located):
         n_up = int(np.sum(_count_upstream(down_a, int(gauge_nodes[gi]))))
         fam_v = fac[gauge_nodes[gi]]
         expect = n_up if selffam else n_up - 1
