@@ -40,17 +40,18 @@ def _parse_set(items: list[str] | None) -> dict[str, float]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.sim import open_simulator
+    from hydroagent_hpc.sim.ef5 import EF5Simulator
+    from hydroagent_hpc.sim.embedded import EmbeddedSimulator
     from hydroagent_hpc.sim.outputs import write_run
 
     overrides = _parse_set(args.set)
     t0 = time.perf_counter()
     if args.backend == "ef5":
-        sim = open_simulator(args.control, "ef5", task=args.task, binary=args.ef5, timeout_s=args.timeout)
-        out_dir = Path(args.output) if args.output else sim.task.output
-        result = sim.run(overrides, copy_outputs_to=out_dir)
+        ef5 = EF5Simulator(args.control, task=args.task, binary=args.ef5, timeout_s=args.timeout)
+        out_dir = Path(args.output) if args.output else ef5.task.output
+        result = ef5.run(overrides, copy_outputs_to=out_dir)
     else:
-        sim = open_simulator(args.control, "embedded", task=args.task, cache_dir=False if args.no_cache else None)
+        sim = EmbeddedSimulator(args.control, task=args.task, cache_dir=False if args.no_cache else None)
         out_dir = Path(args.output) if args.output else sim.task.output
         result = sim.run(overrides, keep_states=sim.task.states is not None)
         write_run(sim, result, out_dir, time.perf_counter() - t0, states_dir=Path(args.output) if args.output else None)

@@ -149,7 +149,7 @@ class CalibrationEnv:
             raise RuntimeError(f"episode {self.episode_id} is over ({self.stop_reason}); call reset()")
         return self._run_items(parsed, text)
 
-    def _run_items(self, parsed, text: str) -> StepResult:
+    def _run_items(self, parsed: toolcalls.ParsedMessage, text: str) -> StepResult:
         self.message_index += 1
         self.counters["messages"] += 1
         observations: list[dict[str, Any]] = []
@@ -213,7 +213,7 @@ class CalibrationEnv:
             return self._tool_run()
         return self._tool_evaluate()
 
-    def _parse_failure(self, reason: str, detail: str, args: Mapping | None = None) -> ToolOutcome:
+    def _parse_failure(self, reason: str, detail: str, args: Mapping[str, Any] | None = None) -> ToolOutcome:
         self.counters["parse_failures"] += 1
         self.parse_streak += 1
         obs = {"status": "error", "error": "parse_failure", "reason": reason, "detail": detail,

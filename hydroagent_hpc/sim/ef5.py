@@ -151,6 +151,7 @@ class EF5Simulator:
             times = data["times"]
             series[g] = GaugeSeries(data["discharge"], data["observed"], data["precip"], data["pet"], data["sm"],
                                     data["fast_flow"] / 1000.0, data["slow_flow"] / 1000.0)
+        assert times is not None  # __init__ refuses a task without an output gauge
         missing = 0
         rj = out / "results.json"
         if rj.exists():

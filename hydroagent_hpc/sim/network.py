@@ -140,6 +140,7 @@ def _locate_gauge(g: Gauge, dem: Grid, fam: Grid, valid: np.ndarray) -> tuple[in
 
 def _search_basinarea(g: Gauge, row: int, col: int, dem: Grid, fam: Grid) -> tuple[int, int]:
     """Move a LAT/LON gauge to the cell within ~20 km whose FAM best matches BASINAREA."""
+    assert g.basinarea is not None  # the caller searches only for a gauge with a positive BASINAREA
     lat_n = np.float32(dem.top - row * dem.cellsize)
     cell_km2 = float(_area(np.array([lat_n]), dem.cellsize)[0])
     target = g.basinarea / cell_km2
