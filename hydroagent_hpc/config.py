@@ -244,7 +244,8 @@ def config_from_mapping(cls: type[_C], data: Any, where: str = "", base: _C | No
     known = {f.name for f in fields(cls)}
     unknown = sorted((k for k in data if k not in known), key=str)
     if unknown:
-        raise ConfigError(f"{where + '.' if where else ''}{unknown[0]}: unknown key; valid keys: {', '.join(sorted(known))}")
+        raise ConfigError(f"{where + '.' if where else ''}{unknown[0]}: unknown key; "
+                          f"valid keys: {', '.join(sorted(known))}")
     values = {}
     for k, v in data.items():
         sub = f"{where}.{k}" if where else k

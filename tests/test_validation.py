@@ -490,8 +490,8 @@ def test_config_field_mutation_is_refused_before_anything_runs(case, tmp_path, s
     cfg = tmp_path / "env.yaml"
     cfg.write_text(text)
     out = tmp_path / "out.h5"
-    rc, err = run_main(["-q", "calibrate", "--basin", str(small_basin_dir), "--agent", "heuristic", "--config", str(cfg),
-                        "--out", str(out)], capsys)
+    rc, err = run_main(["-q", "calibrate", "--basin", str(small_basin_dir), "--agent", "heuristic",
+                        "--config", str(cfg), "--out", str(out)], capsys)
     assert_refused(rc, err, names=[path[-1]], written=[out])
     first, last = span(text, path)
     assert _located(err, "env.yaml", first, last), f"env.yaml:{first}..{last} not in: {err}"

@@ -32,8 +32,8 @@ from hydroagent_hpc.store import MergeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MERGED", "IncompleteMergeError", "run_status", "format_status", "shard_path", "parse_shard", "skip_stores", "list_shards", "merge_run", "write_run_record",
-           "missing_episodes"]
+__all__ = ["MERGED", "IncompleteMergeError", "run_status", "format_status", "shard_path", "parse_shard", "skip_stores",
+           "list_shards", "merge_run", "write_run_record", "missing_episodes"]
 
 MERGED = "campaign.h5"
 _SHARD = re.compile(r"^shard-(\d{4,})-of-(\d{4,})\.h5$")

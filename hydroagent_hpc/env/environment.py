@@ -270,7 +270,8 @@ class CalibrationEnv:
             why = ("no simulation has run yet" if last is None else
                    f"simulation {last.run_id} failed" if not last.ok else
                    f"simulation {last.run_id} was already evaluated")
-            return ToolOutcome({"status": "error", "message": f"nothing new to evaluate: {why}; call run_simulation first"},
+            return ToolOutcome({"status": "error",
+                                "message": f"nothing new to evaluate: {why}; call run_simulation first"},
                                self.ledger.nothing(), False, "no_fresh_run", None, {})
         rec = self.sims[self.fresh_run - 1]
         self.fresh_run = None
@@ -321,7 +322,8 @@ class CalibrationEnv:
         if self.best_run is None:
             return None
         rec = self.sims[self.best_run - 1]
-        return {"nse": round(_nse(rec), 4), "run": rec.run_id, "params": {k: round(v, 6) for k, v in rec.params.items()}}
+        return {"nse": round(_nse(rec), 4), "run": rec.run_id,
+                "params": {k: round(v, 6) for k, v in rec.params.items()}}
 
     # ------------------------------------------------------------------ simulation
     def _simulate(self, param_sets: list[dict[str, float]], round_: int | None = None) -> list[SimRecord]:

@@ -67,7 +67,8 @@ def load_basin(folder: str | Path, control: str = "control.txt") -> Basin:
     paper_id = meta.get("paper_gauge_id") or (primary if primary.isdigit() and len(primary) == 8 else None)
     basin_id = str(meta.get("name") or primary)
     return Basin(
-        basin_id=basin_id, name=str(meta.get("gauge_name") or meta.get("name") or primary), control=str(cfile.resolve()),
+        basin_id=basin_id, name=str(meta.get("gauge_name") or meta.get("name") or primary),
+        control=str(cfile.resolve()),
         area_km2=round(float(area), 3), lat=float(lat), lon=float(lon), timestep=task.timestep,
         window_start=f"{start:%Y-%m-%d %H:%M}", window_end=f"{task.time_end:%Y-%m-%d %H:%M}",
         warmup_start=f"{task.time_begin:%Y-%m-%d %H:%M}" if warm else None,

@@ -323,7 +323,8 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     if too_long:
         named = ", ".join(f"{eid} ({n} tokens)" for eid, n in too_long[:10])
         more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
-        raise SFTDataError(f"{len(too_long)} of {len(pairs)} sequences exceed --max-tokens {max_tokens}: {named}{more}; "
+        raise SFTDataError(f"{len(too_long)} of {len(pairs)} sequences exceed --max-tokens {max_tokens}: "
+                           f"{named}{more}; "
                            f"nothing was written (sequences are never truncated)",
                            fix=f"raise --max-tokens to at least {int(lengths.max())}, or build from shorter episodes")
 
