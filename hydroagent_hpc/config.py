@@ -19,7 +19,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.registry import Registry
@@ -27,6 +27,11 @@ from hydroagent_hpc.yamlio import brief, load_strict, path_of
 
 __all__ = ["RewardConfig", "EnvConfig", "PRESETS", "preset", "config_from_mapping", "load_config", "ConfigError",
            "to_dict"]
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_C = TypeVar("_C", bound="DataclassInstance")
 
 
 @dataclass(frozen=True)
@@ -175,7 +180,7 @@ def preset(name: str, **overrides: Any) -> EnvConfig:
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A JSON-ready dict of a config dataclass (tuples become lists)."""
-    return json_ready(dataclasses.asdict(cfg))
+    return {str(k): json_ready(v) for k, v in dataclasses.asdict(cfg).items()}
 
 
 def json_ready(value: Any) -> Any:
@@ -226,12 +231,12 @@ def _check_type(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected text, got {brief(value)}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return config_from_mapping(tp, value, where)
     return value
 
 
-def config_from_mapping(cls: type, data: Any, where: str = "", base: Any = None) -> Any:
+def config_from_mapping(cls: type[_C], data: Any, where: str = "", base: _C | None = None) -> _C:
     """Build dataclass ``cls`` from a mapping, strictly: unknown keys and wrong types are errors."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where or cls.__name__}: expected a mapping of keys, got {type(data).__name__}")
@@ -239,7 +244,8 @@ def config_from_mapping(cls: type, data: Any, where: str = "", base: Any = None)
     known = {f.name for f in fields(cls)}
     unknown = sorted((k for k in data if k not in known), key=str)
     if unknown:
-        raise ConfigError(f"{where + '.' if where else ''}{unknown[0]}: unknown key; valid keys: {', '.join(sorted(known))}")
+        raise ConfigError(f"{where + '.' if where else ''}{unknown[0]}: unknown key; "
+                          f"valid keys: {', '.join(sorted(known))}")
     values = {}
     for k, v in data.items():
         sub = f"{where}.{k}" if where else k

@@ -59,7 +59,7 @@ class _StrictLoader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):  # the anchored node, already composed and counted
             return super().compose_node(parent, index)
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # unannotated in types-PyYAML's Parser
         self._depth += 1
         if self._depth > self._max_depth:
             raise self._fail(event.start_mark, f"nested more than {self._max_depth} levels deep",
@@ -68,6 +68,8 @@ class _StrictLoader(yaml.SafeLoader):
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+        if node is None:  # Optional only in the stubs: PyYAML composes a node for every event it reaches here
+            return None
         if isinstance(node, yaml.SequenceNode):
             size = 1 + sum(self._size.get(id(c), 1) for c in node.value)
         elif isinstance(node, yaml.MappingNode):

@@ -189,7 +189,8 @@ def test_water_balance_closes(seed):
     precip = np.where(rng.random((1, n)) < 0.5, 0.0, rng.gamma(0.8, 4.0, (1, n)))
     pet = rng.uniform(0.0, 0.6, (1, n))
     wm = rng.uniform(5.0, 400.0, n)
-    b, im, ke, fc = rng.uniform(0.05, 3.0, n), rng.uniform(0.0, 0.3, n), rng.uniform(0.5, 1.5, n), rng.uniform(0.1, 20.0, n)
+    b, im = rng.uniform(0.05, 3.0, n), rng.uniform(0.0, 0.3, n)
+    ke, fc = rng.uniform(0.5, 1.5, n), rng.uniform(0.1, 20.0, n)
     w0 = wm * rng.uniform(0.0, 1.3, n)
     w0[:50] = 0.0
     w = w0.copy()

@@ -284,17 +284,22 @@ def measure(examples: int, shapings: Sequence[str | None]) -> dict[str, float]:
     truth = {k: float(v) for k, v in read_truth(control.parent)["multipliers"].items() if k in TUNABLE}
     pts = (start, truth, lerp(start, {k: PARAMS[k].upper for k in TUNABLE}, 0.6))
     judge = Judge(load_basin(control.parent), sim)
+
+    def search_class(name: str, shaping: str | None, cls: str, kinds: tuple[str, ...]) -> None:
+        # one search per (preset, shaping, class); its own scope binds them (not the loop's variables)
+        @settings(max_examples=examples, deadline=None, database=None, derandomize=True)
+        @given(recipe=recipes(before=kinds, after=kinds, max_blocks=4))
+        def search(recipe: Recipe) -> None:
+            steps, _ = build(recipe, *pts)
+            gain, _, _ = judge.excess(config(name, shaping, recipe.target_nse), steps, cls)
+            target(gain)
+
+        search()
+
     for name in ("paper", "released"):
         for shaping in shapings:
             for cls, kinds in CLASSES.items():
-                @settings(max_examples=examples, deadline=None, database=None, derandomize=True)
-                @given(recipe=recipes(before=kinds, after=kinds, max_blocks=4))
-                def search(recipe: Recipe) -> None:
-                    steps, _ = build(recipe, *pts)
-                    gain, _, _ = judge.excess(config(name, shaping, recipe.target_nse), steps, cls)
-                    target(gain)
-
-                search()
+                search_class(name, shaping, cls, kinds)
     return judge.largest
 
 

@@ -160,5 +160,6 @@ def test_the_cli_prints_an_error_on_one_line(tmp_path: Path, capsys):
     bad.write_text("name: c\nbasins: [b]\nagents:\n  - {kind: heuristic, colour: red}\n")
     assert main(["campaign", "run", str(bad), "--out", str(tmp_path / "o.h5")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"error: {bad}:4: agents[0].colour: agent kind 'heuristic' takes no option 'colour'")
+    assert err.count("\n") == 1 and err.startswith(f"error: {bad}:4: agents[0].colour: "
+                                                   f"agent kind 'heuristic' takes no option 'colour'")
     assert "; fix: remove 'colour'" in err

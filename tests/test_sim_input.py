@@ -643,8 +643,8 @@ def test_tif_headers(tmp_path, kind, args):
     except HydroAgentError as exc:
         _located(exc, path)
         if kind in ("dims", "scale", "tie"):
-            assert any(w in str(exc).lower() for w in ("cells", "pixelscale", "tiepoint", "square", "width", "length")), \
-                str(exc)
+            words = ("cells", "pixelscale", "tiepoint", "square", "width", "length")
+            assert any(w in str(exc).lower() for w in words), str(exc)
         return
     finally:
         assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) < 512 * 1024  # KiB: no huge allocation
@@ -726,7 +726,7 @@ def test_parameter_grid_holes_are_warned(tmp_path, caplog):
 
 def test_negative_cellsize_is_refused(tmp_path):
     control = make_case(tmp_path)
-    for name, data in (("dem", DEM), ("ddm", DDM), ("fam", FAM)):
+    for name in ("dem", "ddm", "fam"):
         p = tmp_path / "basic" / f"{name}.asc"
         p.write_text(p.read_text().replace("cellsize 0.01", "cellsize -0.01"))
     with pytest.raises(InputError) as ei:
@@ -762,11 +762,11 @@ def _obs_cases() -> list[tuple[str, str]]:
     rng = random.Random(29)
     junk = ["hello", "2020-06-01,abc", "x,y,z", "2020-13-01 00:00,1", "06/32/2020 01:00,2", "", "Date,Q", ";;"]
     cases = []
-    for i in range(12):
+    for _ in range(12):
         lines = [rng.choice(junk) for _ in range(rng.randint(1, 6))]
         cases.append(("none" if _has_data_line(lines) else "empty", "\n".join(lines)))
     cases += [("empty", ""), ("empty", "Date,Discharge(m3/s)\n"), ("empty", "\n\nDate,Q\n\n")]
-    for i in range(8):
+    for _ in range(8):
         good = [f"{BEGIN + timedelta(hours=h):%Y-%m-%d %H:%M},{rng.uniform(0, 5):.2f}" for h in range(1, 7)]
         good.insert(rng.randrange(len(good)), rng.choice(junk[:5]))
         cases.append(("some", "Date,Q\n" + "\n".join(good)))
@@ -835,7 +835,8 @@ def _cli_cases() -> list[tuple[str, Callable[[Path], None]]]:
             set_key(root / "control.txt", s, k, v)
 
     return [("timestep-0h", key("Task", "timestep", "0h")), ("cellx-inf", key("Gauge Outlet", "cellx", "inf")),
-            ("ncols-inf", header("inf")), ("ncols-negative", header("-4")), ("wm-nan", key("CrestParamSet", "wm", "nan")),
+            ("ncols-inf", header("inf")), ("ncols-negative", header("-4")),
+            ("wm-nan", key("CrestParamSet", "wm", "nan")),
             ("warmend-after-end", key("Task", "time_warmend", "202006020000")), ("forcing-word", value),
             ("tif-200000", big_tif), ("94M-steps", long_window)]
 
@@ -857,3 +858,20 @@ def test_cli_simulate_bad_input_exits_2_without_traceback(tmp_path, name, edit):
     assert len(errors) == 1, proc.stderr
     assert str(tmp_path) in errors[0], errors[0]
     assert "fix:" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- basin description
+
+
+def test_basin_json_null_location_falls_back_to_the_gauges_lat_lon(tmp_path):
+    """basin.json with ``lat``/``lon`` null and a LAT/LON gauge: the control file's coordinates, not NaN."""
+    import json
+
+    from hydroagent_hpc.sim.basin import load_basin
+
+    control = make_case(tmp_path)
+    control.write_text(control.read_text().replace("CELLX=1\nCELLY=3\nOBS=obs/obs.csv",
+                                                   "LAT=35.005\nLON=-97.485\nOBS=obs/obs.csv"))
+    (tmp_path / "basin.json").write_text(json.dumps({"lat": None, "lon": None, "area_km2": 1.0}))
+    b = load_basin(tmp_path)
+    assert (b.lat, b.lon) == (35.005, -97.485)

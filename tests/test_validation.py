@@ -243,7 +243,10 @@ def with_duplicate(text: str, path: tuple) -> tuple[str, int, str]:
     """
     node = yaml.compose(text)
     for part in path:
-        node = dict((k.value, v) for k, v in node.value)[part] if isinstance(node, yaml.MappingNode) else node.value[part]
+        if isinstance(node, yaml.MappingNode):
+            node = {k.value: v for k, v in node.value}[part]
+        else:
+            node = node.value[part]
     key_node, value_node = node.value[-1]  # the last key: its value ends where the mapping ends
     lines = text.splitlines(keepends=True)
     key_line = lines[key_node.start_mark.line]
@@ -304,7 +307,7 @@ def test_campaign_field_mutation_is_refused_before_anything_runs(case, tmp_path,
 
 def _campaign_dup_cases() -> list[tuple]:
     doc = valid_campaign(Path("/basin"))
-    return [p for p in mapping_paths(doc)]
+    return list(mapping_paths(doc))
 
 
 @pytest.mark.parametrize("path", _campaign_dup_cases(), ids=lambda p: "/".join(map(str, p)) or "top")
@@ -452,7 +455,7 @@ def test_any_value_anywhere_gives_a_located_error_or_a_valid_campaign(data, tmp_
     from hydroagent_hpc.campaign import CampaignError, load_campaign
 
     doc = valid_campaign(small_basin_dir)
-    paths = [p for p in mapping_paths(doc)] + [m[1] for m in campaign_mutations(small_basin_dir)]
+    paths = list(mapping_paths(doc)) + [m[1] for m in campaign_mutations(small_basin_dir)]
     path = data.draw(st.sampled_from(sorted(set(paths), key=str)))
     leaf = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**80, max_value=2**80),
                      st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8))
@@ -487,8 +490,8 @@ def test_config_field_mutation_is_refused_before_anything_runs(case, tmp_path, s
     cfg = tmp_path / "env.yaml"
     cfg.write_text(text)
     out = tmp_path / "out.h5"
-    rc, err = run_main(["-q", "calibrate", "--basin", str(small_basin_dir), "--agent", "heuristic", "--config", str(cfg),
-                        "--out", str(out)], capsys)
+    rc, err = run_main(["-q", "calibrate", "--basin", str(small_basin_dir), "--agent", "heuristic",
+                        "--config", str(cfg), "--out", str(out)], capsys)
     assert_refused(rc, err, names=[path[-1]], written=[out])
     first, last = span(text, path)
     assert _located(err, "env.yaml", first, last), f"env.yaml:{first}..{last} not in: {err}"

@@ -29,8 +29,8 @@ from hydroagent_hpc.config import EnvConfig
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.registry import Registry
 
-__all__ = ["AGENT_KINDS", "AgentKind", "AgentBuilder", "AgentOptionError", "COMMON_OPTIONS", "DEFAULT_BUDGET", "allowed_options",
-           "check_agent_options", "make_agent", "optimizer_budget"]
+__all__ = ["AGENT_KINDS", "AgentKind", "AgentBuilder", "AgentOptionError", "COMMON_OPTIONS", "DEFAULT_BUDGET",
+           "allowed_options", "check_agent_options", "make_agent", "optimizer_budget"]
 
 #: Options every kind accepts; the campaign runner reads them, the builder never sees them.
 COMMON_OPTIONS = ("backend",)

@@ -200,7 +200,8 @@ class HeuristicHydrologist:
                       _Move("leaki", -s, "Recession shape: interflow leakage (leaki).")]
         if bfi_sim is not None and bfi_obs is not None and abs(bfi_sim - bfi_obs) > 0.05:
             s = 1 if bfi_sim < bfi_obs else -1
-            moves += [_Move("fc", s, "Baseflow share " + ("too small" if s > 0 else "too large") + ": infiltration (fc)."),
+            share = "too small" if s > 0 else "too large"
+            moves += [_Move("fc", s, f"Baseflow share {share}: infiltration (fc)."),
                       _Move("under", -s, "Baseflow share: interflow speed (under).")]
         return moves
 

@@ -110,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_optimizer(folder, sim, name, seed, args.budget, args.protocol, scale=args.scale)
                 if name not in best_of or r.trace[-1] > best_of[name].trace[-1]:
                     best_of[name] = r
+                recovery = recovery_error(r.best_params, truth) if r.best_params else None
                 out(f"| {name} | {seed} | " + " | ".join(_f(r.best_after(c)) for c in checkpoints) +
-                    f" | {len(r.trace)} | {r.wall_s:.1f} | {_f(recovery_error(r.best_params, truth) if r.best_params else None)} |\n")
+                    f" | {len(r.trace)} | {r.wall_s:.1f} | {_f(recovery)} |\n")
                 sys.stdout.flush()
         out("\nBest run's parameters (best seed) against the truth:\n\n")
         out("| | " + " | ".join(space.names) + " |\n|---|" + "---|" * space.dim + "\n")

@@ -93,7 +93,7 @@ def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress
         deferred = max(0, len(todo) - limit)
         todo = todo[:limit]
     own_pool = pool is None
-    if own_pool:
+    if pool is None:
         pool = open_pool("serial" if workers <= 1 else "processes", workers, timeout_s=timeout_s,
                          initializer=worker_init)
     where = "" if shard is None else f" (shard {shard[0]} of {shard[1]})"
@@ -102,8 +102,8 @@ def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress
     t0 = time.perf_counter()
     bar = _progress(len(todo), spec.name, progress)
     failed: list[str] = []
-    basins = {b: load_basin(b) for b in {t.basin_dir for t in todo}}
-    try:
+    try:  # a basin that fails to load still closes the bar and the pool opened here
+        basins = {b: load_basin(b) for b in {t.basin_dir for t in todo}}
         with EpisodeWriter(out) as writer:
             for r in pool.map(run_task, todo, ordered=False):
                 task = todo[r.index]

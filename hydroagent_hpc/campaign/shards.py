@@ -32,8 +32,8 @@ from hydroagent_hpc.store import MergeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MERGED", "IncompleteMergeError", "run_status", "format_status", "shard_path", "parse_shard", "skip_stores", "list_shards", "merge_run", "write_run_record",
-           "missing_episodes"]
+__all__ = ["MERGED", "IncompleteMergeError", "run_status", "format_status", "shard_path", "parse_shard", "skip_stores",
+           "list_shards", "merge_run", "write_run_record", "missing_episodes"]
 
 MERGED = "campaign.h5"
 _SHARD = re.compile(r"^shard-(\d{4,})-of-(\d{4,})\.h5$")
@@ -188,14 +188,18 @@ def run_status(spec: CampaignSpec, run_dir: str | Path) -> dict[str, Any]:
     agent_of = {t.episode_id: t.agent.name for t in tasks}
     best: dict[str, float] = {}
     files = []
-    sources = [(run_dir / MERGED, None, None)] if (run_dir / MERGED).exists() else []
-    for path, index, count in [*sources, *list_shards(run_dir)]:
+    # (file, its shard or None for the merged file, which holds the whole campaign)
+    sources: list[tuple[Path, tuple[int, int] | None]] = []
+    if (run_dir / MERGED).exists():
+        sources.append((run_dir / MERGED, None))
+    sources += [(path, (index, count)) for path, index, count in list_shards(run_dir)]
+    for path, shard in sources:
         frame = read_episodes(path)
         ids = [str(e) for e in frame["episode_id"]]
         for eid, nse in zip(ids, frame["best_nse"]):
             if eid in agent_of:
                 best[eid] = float(nse) if nse is not None and np.isfinite(nse) else float("nan")
-        want = len(tasks) if index is None else len(shard_of(tasks, (index, count)))
+        want = len(shard_of(tasks, shard))
         files.append({"file": path.name, "stored": len(ids), "expected": want,
                       "state": "open (writing, or its writer was killed)" if superblock_dirty(path) else "closed"})
     agents = []

@@ -163,7 +163,8 @@ def campaign_from_mapping(data: Any, base_dir: Path | None = None, source: str =
     seen: set[str] = set()
     for i, a in enumerate(raw_agents):
         if not isinstance(a, Mapping) or "kind" not in a:
-            raise _at(("agents", i), f"agents[{i}]: each agent needs at least kind (one of {', '.join(AGENT_KINDS.names())})")
+            raise _at(("agents", i),
+                      f"agents[{i}]: each agent needs at least kind (one of {', '.join(AGENT_KINDS.names())})")
         kind = a["kind"]
         if not isinstance(kind, str) or kind not in AGENT_KINDS:
             raise _at(("agents", i, "kind"),

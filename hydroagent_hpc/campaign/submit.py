@@ -45,7 +45,8 @@ from hydroagent_hpc.hpc.slurm import SiteSettings, allocation_cpus, array_id, ma
 
 log = logging.getLogger(__name__)
 
-__all__ = ["choose_pool", "run_on_pool", "run_shard", "ShardJob", "MergeJob", "submit_campaign", "array_active", "defer_merge", "POOLS"]
+__all__ = ["choose_pool", "run_on_pool", "run_shard", "ShardJob", "MergeJob", "submit_campaign", "array_active",
+           "defer_merge", "POOLS"]
 
 POOLS = ("auto", *POOL_BACKENDS.names())  # "auto" picks one of the registered backends
 
@@ -171,7 +172,8 @@ class MergeJob:
 
     def __init__(self, campaign: str, run_dir: str, report: bool = True, allow_missing: bool = False,
                  array: str | None = None, site: SiteSettings | None = None) -> None:
-        self.campaign, self.run_dir, self.report, self.allow_missing = str(campaign), str(run_dir), report, allow_missing
+        self.campaign, self.run_dir = str(campaign), str(run_dir)
+        self.report, self.allow_missing = report, allow_missing
         self.array, self.site = array, site
 
     def __call__(self) -> dict[str, Any]:

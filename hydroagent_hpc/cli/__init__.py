@@ -3,8 +3,9 @@
 Subcommands, wired here and defined in :mod:`hydroagent_hpc.cli.basins` (``simulate``, a drop-in
 for ``ef5 control.txt``; ``basin synth|from-camels``; ``data usgs|verify``) and
 :mod:`hydroagent_hpc.cli.runs` (``calibrate``; ``campaign run|merge|status``; ``submit campaign``;
-``demo``; ``report``) and :mod:`hydroagent_hpc.cli.store` (``store verify|salvage``) and :mod:`hydroagent_hpc.cli.train` (``train sft-data``). Errors in the input print one clear message (file:line, key, fix) and exit
-with status 2 (an incomplete merge exits 1); no traceback unless ``--debug``.
+``demo``; ``report``) and :mod:`hydroagent_hpc.cli.store` (``store verify|salvage``) and
+:mod:`hydroagent_hpc.cli.train` (``train sft-data``). Errors in the input print one clear message
+(file:line, key, fix) and exit with status 2 (an incomplete merge exits 1); no traceback unless ``--debug``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hydroagent", description="Calibrate CREST/EF5 with agents, on a laptop or a Slurm cluster.")
+    p = argparse.ArgumentParser(prog="hydroagent",
+                                description="Calibrate CREST/EF5 with agents, on a laptop or a Slurm cluster.")
     p.add_argument("--version", action="version", version=f"hydroagent-hpc {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")

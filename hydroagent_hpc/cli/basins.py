@@ -28,7 +28,8 @@ def _parse_set(items: list[str] | None) -> dict[str, float]:
         if not sep or not name:
             raise HydroAgentError(f"--set {item!r}: expected NAME=VALUE", fix="e.g. --set wm=2.5")
         if name not in PARAMS:
-            raise HydroAgentError(f"--set {item!r}: unknown parameter {name!r}", fix=f"use one of: {', '.join(PARAM_NAMES)}")
+            raise HydroAgentError(f"--set {item!r}: unknown parameter {name!r}",
+                                  fix=f"use one of: {', '.join(PARAM_NAMES)}")
         try:
             v = float(value)
         except ValueError:
@@ -40,17 +41,18 @@ def _parse_set(items: list[str] | None) -> dict[str, float]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.sim import open_simulator
+    from hydroagent_hpc.sim.ef5 import EF5Simulator
+    from hydroagent_hpc.sim.embedded import EmbeddedSimulator
     from hydroagent_hpc.sim.outputs import write_run
 
     overrides = _parse_set(args.set)
     t0 = time.perf_counter()
     if args.backend == "ef5":
-        sim = open_simulator(args.control, "ef5", task=args.task, binary=args.ef5, timeout_s=args.timeout)
-        out_dir = Path(args.output) if args.output else sim.task.output
-        result = sim.run(overrides, copy_outputs_to=out_dir)
+        ef5 = EF5Simulator(args.control, task=args.task, binary=args.ef5, timeout_s=args.timeout)
+        out_dir = Path(args.output) if args.output else ef5.task.output
+        result = ef5.run(overrides, copy_outputs_to=out_dir)
     else:
-        sim = open_simulator(args.control, "embedded", task=args.task, cache_dir=False if args.no_cache else None)
+        sim = EmbeddedSimulator(args.control, task=args.task, cache_dir=False if args.no_cache else None)
         out_dir = Path(args.output) if args.output else sim.task.output
         result = sim.run(overrides, keep_states=sim.task.states is not None)
         write_run(sim, result, out_dir, time.perf_counter() - t0, states_dir=Path(args.output) if args.output else None)
@@ -155,9 +157,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--output", help="output folder (default: the task's OUTPUT); created if missing")
     s.add_argument("--task", help="task to run (default: the first in [Execute])")
     s.add_argument("--ef5", help="EF5 binary for --backend ef5 (default: $HYDROAGENT_EF5)")
-    s.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before an EF5 run is killed (default 600)")
+    s.add_argument("--timeout", type=positive_float, default=600.0,
+                   help="seconds before an EF5 run is killed (default 600)")
     s.add_argument("--no-cache", action="store_true", help="do not read or write the forcing cache")
-    s.add_argument("--metrics", action="store_true", help="add NSE, KGE and peak errors against OBS to the summary line")
+    s.add_argument("--metrics", action="store_true",
+                   help="add NSE, KGE and peak errors against OBS to the summary line")
     s.set_defaults(func=cmd_simulate)
 
     b = sub.add_parser("basin", help="basin tools").add_subparsers(dest="basin_command", required=True)
@@ -169,7 +173,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sy.add_argument("--window-days", type=positive_int, default=60)
     sy.add_argument("--warmup-days", type=nonnegative_int, default=30)
     sy.add_argument("--seed", type=seed, default=0)
-    sy.add_argument("--cellsize", type=positive_float, default=None, help="cell size in degrees (default: chosen from the area)")
+    sy.add_argument("--cellsize", type=positive_float, default=None,
+                    help="cell size in degrees (default: chosen from the area)")
     sy.add_argument("--start", default="2021-06-01", help="first scored day, YYYY-MM-DD (warm-up precedes it)")
     sy.add_argument("--out", required=True, help="folder to write the basin into")
     sy.set_defaults(func=cmd_basin_synth)
@@ -182,7 +187,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     fc.add_argument("--basin", required=True, help="8-digit gauge id, e.g. 01013500")
     fc.add_argument("--start", required=True, help="first scored day, YYYY-MM-DD")
     fc.add_argument("--end", required=True, help="last scored day, YYYY-MM-DD")
-    fc.add_argument("--warmup-days", type=nonnegative_int, default=365, help="days simulated before --start, not scored")
+    fc.add_argument("--warmup-days", type=nonnegative_int, default=365,
+                    help="days simulated before --start, not scored")
     fc.add_argument("--forcing", default="nldas",
                     choices=("nldas", "daymet", "maurer", "maurer_extended", "model_output"))
     fc.add_argument("--attributes", help="camels_attributes_v2.0 folder (default: the one under --root)")

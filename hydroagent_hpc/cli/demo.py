@@ -112,11 +112,13 @@ def run_demo(out: Path, workers: int | None = None, campaign: bool = True) -> in
         data["basins"] = [str(c.parent) for c in controls]
         spec = campaign_from_mapping(data, source=str(DEMO_CAMPAIGN))
         workers = workers or max(1, min(2, os.cpu_count() or 1))
-        print(f"\nCampaign {spec.name}: {len(spec.agents)} agents x {len(spec.basins)} basins x {len(spec.seeds)} seeds, "
+        print(f"\nCampaign {spec.name}: {len(spec.agents)} agents x {len(spec.basins)} basins x "
+              f"{len(spec.seeds)} seeds, "
               f"{spec.env.max_simulations} simulations each, {workers} worker(s)")
         result = run_campaign(spec, out / "campaign.h5", workers=workers)
         rows = campaign_rows(out / "campaign.h5", {c.parent.name: c.parent for c in controls})
-        print("\nBest NSE after N simulations (median over seeds); recovery = mean |log10(best/truth)| of the 11 multipliers:")
+        print("\nBest NSE after N simulations (median over seeds); "
+              "recovery = mean |log10(best/truth)| of the 11 multipliers:")
         print(format_table(rows))
         summary.update({"campaign": result, "results": rows})
     tmp = out / ".summary.json.part"

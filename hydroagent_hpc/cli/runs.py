@@ -76,7 +76,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from hydroagent_hpc.store import stored_ids
 
     if Path(args.out).exists() and episode_id in stored_ids(args.out):
-        raise HydroAgentError(f"{args.out} already holds episode {episode_id}", fix="give another --seed, --episode-id or --out")
+        raise HydroAgentError(f"{args.out} already holds episode {episode_id}",
+                              fix="give another --seed, --episode-id or --out")
     task = Task(episode_id, str(args.basin), AgentSpec(args.agent, args.kind or args.agent, options), args.seed, env)
     ep = run_task(task)
     with EpisodeWriter(args.out) as w:
@@ -85,7 +86,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                   fix="give another --seed, --episode-id or --out")
         w.write(ep, basin)
     best = "none" if ep.best_nse is None else f"{ep.best_nse:.4f}"
-    print(f"{ep.episode_id}: best NSE {best} (run {ep.best_run}) after {ep.counters.get('simulations', 0)} simulations, "
+    print(f"{ep.episode_id}: best NSE {best} (run {ep.best_run}) after "
+          f"{ep.counters.get('simulations', 0)} simulations, "
           f"{ep.counters.get('turns', 0)} turns, {ep.counters.get('parse_failures', 0)} parse failures; "
           f"stop: {ep.stop_reason}; reward {ep.total_reward:.3f}; stored in {args.out}")
     return 0
@@ -201,7 +203,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        description="Run one episode of an agent on a basin folder and append it to an HDF5 store.")
     c.add_argument("--basin", required=True, help="basin folder (control.txt, obs; e.g. from `basin synth`)")
     kinds = AGENT_KINDS.names()  # the one table of agent kinds (agents/factory.py), read when the parser is built
-    c.add_argument("--agent", required=True, help=f"agent name (also its kind unless --kind is given): {', '.join(kinds)}")
+    c.add_argument("--agent", required=True,
+                   help=f"agent name (also its kind unless --kind is given): {', '.join(kinds)}")
     c.add_argument("--kind", choices=kinds, help="agent kind when --agent is a free name")
     c.add_argument("--preset", choices=PRESETS.names(), default="paper")
     c.add_argument("--config", help="environment config YAML (preset + overrides, strict)")
@@ -215,7 +218,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--max-simulations", type=nonnegative_int)
     c.add_argument("--max-turns", type=nonnegative_int, help="tool-call cap (0 = off)")
     c.add_argument("--target-nse", type=nse_target)
-    c.add_argument("--no-patience", action="store_true", help="switch off the stop after evaluations without improvement")
+    c.add_argument("--no-patience", action="store_true",
+                   help="switch off the stop after evaluations without improvement")
     c.add_argument("--episode-id")
     c.set_defaults(func=cmd_calibrate)
 
@@ -232,9 +236,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cr.add_argument("--pool", choices=POOLS, default="auto",
                     help="where episodes run: auto = MPI ranks under mpiexec/srun, else local processes when "
                          "--workers > 1 (with --run-dir: the task's CPUs), else this process")
-    cr.add_argument("--workers", type=positive_int, help="local worker processes (default 1; with --run-dir: SLURM_CPUS_PER_TASK)")
-    cr.add_argument("--max-in-flight", type=positive_int, default=32, help="episodes running at once on the MPI pool (default 32)")
-    cr.add_argument("--timeout", type=positive_float, help="seconds one episode may run before it is killed and counted failed")
+    cr.add_argument("--workers", type=positive_int,
+                    help="local worker processes (default 1; with --run-dir: SLURM_CPUS_PER_TASK)")
+    cr.add_argument("--max-in-flight", type=positive_int, default=32,
+                    help="episodes running at once on the MPI pool (default 32)")
+    cr.add_argument("--timeout", type=positive_float,
+                    help="seconds one episode may run before it is killed and counted failed")
     cr.add_argument("--limit", type=nonnegative_int, help="run at most this many episodes now")
     cr.add_argument("--no-progress", action="store_true")
     cr.set_defaults(func=cmd_campaign_run)
@@ -275,7 +282,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("--qos")
     sc.add_argument("--constraint")
     sc.add_argument("--time", type=positive_int, help="minutes per shard job (default 60)")
-    sc.add_argument("--cpus-per-task", type=positive_int, help="CPUs per shard job (default 1); local processes use them")
+    sc.add_argument("--cpus-per-task", type=positive_int,
+                    help="CPUs per shard job (default 1); local processes use them")
     sc.add_argument("--ntasks", type=positive_int, help="MPI ranks per shard job (srun --mpi=pmi2; default 1)")
     sc.add_argument("--mem-gb", type=positive_float)
     sc.add_argument("--array-parallelism", type=positive_int, help="shard jobs running at once (default 64)")

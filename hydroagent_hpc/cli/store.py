@@ -51,7 +51,7 @@ def cmd_salvage(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     """The ``store`` subcommands."""
     s = sub.add_parser("store", help="check an episode store, or save the intact episodes of a damaged one")
     st = s.add_subparsers(dest="store_command", required=True)

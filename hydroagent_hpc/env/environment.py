@@ -149,7 +149,7 @@ class CalibrationEnv:
             raise RuntimeError(f"episode {self.episode_id} is over ({self.stop_reason}); call reset()")
         return self._run_items(parsed, text)
 
-    def _run_items(self, parsed, text: str) -> StepResult:
+    def _run_items(self, parsed: toolcalls.ParsedMessage, text: str) -> StepResult:
         self.message_index += 1
         self.counters["messages"] += 1
         observations: list[dict[str, Any]] = []
@@ -213,7 +213,7 @@ class CalibrationEnv:
             return self._tool_run()
         return self._tool_evaluate()
 
-    def _parse_failure(self, reason: str, detail: str, args: Mapping | None = None) -> ToolOutcome:
+    def _parse_failure(self, reason: str, detail: str, args: Mapping[str, Any] | None = None) -> ToolOutcome:
         self.counters["parse_failures"] += 1
         self.parse_streak += 1
         obs = {"status": "error", "error": "parse_failure", "reason": reason, "detail": detail,
@@ -270,7 +270,8 @@ class CalibrationEnv:
             why = ("no simulation has run yet" if last is None else
                    f"simulation {last.run_id} failed" if not last.ok else
                    f"simulation {last.run_id} was already evaluated")
-            return ToolOutcome({"status": "error", "message": f"nothing new to evaluate: {why}; call run_simulation first"},
+            return ToolOutcome({"status": "error",
+                                "message": f"nothing new to evaluate: {why}; call run_simulation first"},
                                self.ledger.nothing(), False, "no_fresh_run", None, {})
         rec = self.sims[self.fresh_run - 1]
         self.fresh_run = None
@@ -321,7 +322,8 @@ class CalibrationEnv:
         if self.best_run is None:
             return None
         rec = self.sims[self.best_run - 1]
-        return {"nse": round(_nse(rec), 4), "run": rec.run_id, "params": {k: round(v, 6) for k, v in rec.params.items()}}
+        return {"nse": round(_nse(rec), 4), "run": rec.run_id,
+                "params": {k: round(v, 6) for k, v in rec.params.items()}}
 
     # ------------------------------------------------------------------ simulation
     def _simulate(self, param_sets: list[dict[str, float]], round_: int | None = None) -> list[SimRecord]:

@@ -20,11 +20,16 @@ and obs together cost about 120 numbers (roughly 400 tokens) whatever the window
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hydroagent_hpc.config import EnvConfig
 from hydroagent_hpc.metrics import evaluate
+from hydroagent_hpc.types import SimRecord, SimulationResult
+
+if TYPE_CHECKING:  # the environment imports this module
+    from hydroagent_hpc.env.environment import CalibrationEnv
 
 __all__ = ["evaluate_run", "compact_hydrograph", "simulation_view", "evaluation_view", "PAPER_EVAL_KEYS",
            "DIAGNOSTIC_KEYS"]
@@ -48,7 +53,7 @@ def _clean(v: Any) -> Any:
     return None
 
 
-def evaluate_run(res) -> dict[str, Any]:
+def evaluate_run(res: SimulationResult) -> dict[str, Any]:
     """All scalar metrics of a run (floats, ints, strings; NaN kept as NaN), plus reasons."""
     mask = res.evaluation_mask()
     m = evaluate(res.observed, res.discharge, res.times, mask=mask)
@@ -92,12 +97,15 @@ def _round(v: Any) -> Any:
     return v
 
 
-def simulation_view(rec, env, config) -> dict[str, Any]:
+def simulation_view(rec: SimRecord, env: CalibrationEnv, config: EnvConfig) -> dict[str, Any]:
     """The run_simulation observation for a successful run."""
     if config.observation == "released":
         return {"status": "ok", "message": f"Simulation completed successfully (run #{rec.run_id})",
                 "output_file": f"ts.{env.basin.basin_id.lower()}.crest.csv", "run_number": rec.run_id}
     series = env._series  # an ObservedSeries: set by the first successful run, which this one is or follows
+    if series is None or rec.discharge is None:
+        raise ValueError(f"simulation_view: run {rec.run_id} is not a successful run with a hydrograph "
+                         f"(call it only for runs whose record has ok=True)")
     view = {"status": "ok", "run": rec.run_id,
             "message": f"simulation {rec.run_id} finished; call evaluate to score it",
             "hydrograph": compact_hydrograph(series.times, series.observed, rec.discharge, series.warmup,
@@ -106,7 +114,8 @@ def simulation_view(rec, env, config) -> dict[str, Any]:
     return view
 
 
-def evaluation_view(rec, env, config, improved: bool | None, brief: bool = False) -> dict[str, Any]:
+def evaluation_view(rec: SimRecord, env: CalibrationEnv, config: EnvConfig, improved: bool | None,
+                    brief: bool = False) -> dict[str, Any]:
     """The evaluate observation (or one candidate's row in a round, with ``brief``)."""
     m = rec.metrics
     if not rec.ok:

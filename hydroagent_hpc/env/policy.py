@@ -18,7 +18,7 @@ accounting). The simulator and pool seams are :class:`hydroagent_hpc.sim.Simulat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from hydroagent_hpc.env.environment import CalibrationEnv
@@ -51,7 +51,7 @@ class DirectPolicy(Protocol):
 
 
 #: Either kind of agent; what :func:`hydroagent_hpc.agents.factory.make_agent` returns.
-Agent = Union[Policy, DirectPolicy]
+Agent = Policy | DirectPolicy
 
 
 @runtime_checkable

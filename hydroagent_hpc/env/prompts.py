@@ -278,7 +278,7 @@ def user_prompt(basin: Basin, preset: str, budget: Any = None) -> str:
     return "\n".join(lines)
 
 
-def render_messages(basin: Basin, preset: str, budget: Any = None) -> list[dict]:
+def render_messages(basin: Basin, preset: str, budget: Any = None) -> list[dict[str, Any]]:
     """``[{"role": "system", ...}, {"role": "user", ...}]`` for a chat model."""
     return [{"role": "system", "content": system_prompt(preset, budget)},
             {"role": "user", "content": user_prompt(basin, preset, budget)}]

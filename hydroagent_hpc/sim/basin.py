@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from hydroagent_hpc.sim.controlfile import parse_control
 from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.types import Basin
@@ -51,15 +53,22 @@ def load_basin(folder: str | Path, control: str = "control.txt") -> Basin:
         area = float(sim.net.area[_upstream(sim, primary)].sum())
     lat, lon = meta.get("lat", g.lat), meta.get("lon", g.lon)
     if lat is None or lon is None:
-        from hydroagent_hpc.sim.grids import read_grid
+        if g.cellx is not None and g.celly is not None:  # the centre of the gauge's cell
+            from hydroagent_hpc.sim.grids import read_grid
 
-        dem = read_grid(cf.basic.dem)
-        x, y = dem.cell_corners([g.cellx], [g.celly])
-        lon, lat = float(x[0]) + dem.cellsize / 2, float(y[0]) - dem.cellsize / 2
+            dem = read_grid(cf.basic.dem)
+            x, y = dem.cell_corners(np.array([g.cellx]), np.array([g.celly]))
+            lon, lat = float(x[0]) + dem.cellsize / 2, float(y[0]) - dem.cellsize / 2
+        elif g.lat is not None and g.lon is not None:  # basin.json says null: the control file's LAT/LON
+            lat, lon = g.lat, g.lon
+        else:  # the [Gauge] parser refuses a gauge without a location; this guards a hand-built one
+            raise InputError(f"{g.where or cfile}: gauge {primary!r} has no location",
+                             fix="add CELLX= and CELLY= or LAT= and LON= to the [Gauge] section")
     paper_id = meta.get("paper_gauge_id") or (primary if primary.isdigit() and len(primary) == 8 else None)
     basin_id = str(meta.get("name") or primary)
     return Basin(
-        basin_id=basin_id, name=str(meta.get("gauge_name") or meta.get("name") or primary), control=str(cfile.resolve()),
+        basin_id=basin_id, name=str(meta.get("gauge_name") or meta.get("name") or primary),
+        control=str(cfile.resolve()),
         area_km2=round(float(area), 3), lat=float(lat), lon=float(lon), timestep=task.timestep,
         window_start=f"{start:%Y-%m-%d %H:%M}", window_end=f"{task.time_end:%Y-%m-%d %H:%M}",
         warmup_start=f"{task.time_begin:%Y-%m-%d %H:%M}" if warm else None,

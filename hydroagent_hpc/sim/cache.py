@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 __all__ = ["cache_root", "make_key", "load", "store"]
 
 
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    if cache_dir not in (None, True):
+def cache_root(cache_dir: str | Path | bool | None = None) -> Path:
+    """The forcing cache folder: ``cache_dir`` when it is a path; else (None or True, the default place)
+    ``$HYDROAGENT_CACHE``, else ``$XDG_CACHE_HOME/hydroagent-hpc``, else ``~/.cache/hydroagent-hpc``."""
+    if cache_dir is not None and not isinstance(cache_dir, bool):
         return Path(cache_dir)
     env = os.environ.get("HYDROAGENT_CACHE")
     if env:

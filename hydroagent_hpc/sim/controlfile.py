@@ -294,8 +294,8 @@ def _duration(value: str, where: Where, key: str) -> str:
         parse_duration(value)
     except ValueError as exc:
         raise ControlFileError(f"{key}: {exc}", where[0], where[1], key,
-                               fix=f"write e.g. {key.upper()}=1h (a count >= 1 of s, u, h, d, m or y; at most 100 years)"
-                               ) from None
+                               fix=f"write e.g. {key.upper()}=1h "
+                                   f"(a count >= 1 of s, u, h, d, m or y; at most 100 years)") from None
     return value.lower()
 
 
@@ -350,14 +350,17 @@ def _tokenize(text: str, sp: str, base: Path) -> list[_Section]:
                 raise ControlFileError(f"unknown section [{m.group(1)}]", sp, lineno,
                                        fix=f"use one of: {', '.join(sorted(_SECTIONS))}")
             if stype not in ("basic", "execute") and not sname:
-                raise ControlFileError(f"section [{m.group(1)}] needs a name", sp, lineno, fix=f"write [{m.group(1)} NAME]")
+                raise ControlFileError(f"section [{m.group(1)}] needs a name", sp, lineno,
+                                       fix=f"write [{m.group(1)} NAME]")
             sections.append(_Section(stype, sname, lineno, sp, base))
             continue
         if not sections:
-            raise ControlFileError(f"text before the first section: {s[:40]!r}", sp, lineno, fix="start with a [Section] header")
+            raise ControlFileError(f"text before the first section: {s[:40]!r}", sp, lineno,
+                                   fix="start with a [Section] header")
         for tok in s.split():
             if "=" not in tok or tok.startswith("="):
-                raise ControlFileError(f"expected key=value, got {tok!r}", sp, lineno, fix="write key=value (no spaces around '=' or in values)")
+                raise ControlFileError(f"expected key=value, got {tok!r}", sp, lineno,
+                                       fix="write key=value (no spaces around '=' or in values)")
             k, v = tok.split("=", 1)
             k = k.lower()
             stype = sections[-1].stype
@@ -575,7 +578,8 @@ def _check_references(cf: ControlFile) -> None:
     for bname, glist in cf.basins.items():
         for g in glist:
             if g not in cf.gauges:
-                raise ControlFileError(f"basin {bname!r} names gauge {g!r}, which has no [Gauge] section", sp, key="gauge",
+                raise ControlFileError(f"basin {bname!r} names gauge {g!r}, which has no [Gauge] section", sp,
+                                       key="gauge",
                                        fix=f"define [Gauge {g}] or remove it (gauges: {', '.join(cf.gauges)})")
     for ps in cf.param_sets.values():
         for g in ps.values:
@@ -629,8 +633,8 @@ def render_control(cf: ControlFile, task: str | None = None, overrides: dict[str
     lines = ["[Basic]", f"DEM={_p(b.dem)}", f"DDM={_p(b.ddm)}", f"FAM={_p(b.fam)}", f"PROJ={b.proj}",
              f"ESRIDDM={'true' if b.esriddm else 'false'}", f"SELFFAM={'true' if b.selffam else 'false'}", ""]
     for sect, f in (("PrecipForcing", cf.precip[tk.precip]), ("PETForcing", cf.pet[tk.pet])):
-        lines += [f"[{sect} {f.name}]", f"TYPE={f.type.upper()}", f"UNIT={f.unit}", f"FREQ={f.freq}", f"LOC={_p(f.loc)}",
-                  f"NAME={f.pattern}", ""]
+        lines += [f"[{sect} {f.name}]", f"TYPE={f.type.upper()}", f"UNIT={f.unit}", f"FREQ={f.freq}",
+                  f"LOC={_p(f.loc)}", f"NAME={f.pattern}", ""]
     gauges = cf.basins[tk.basin]
     for gname in gauges:
         g = cf.gauges[gname]
@@ -660,7 +664,8 @@ def render_control(cf: ControlFile, task: str | None = None, overrides: dict[str
     lines += [f"[Task {tk.name}]", f"STYLE={tk.style.upper()}", f"MODEL={tk.model.upper()}"]
     if tk.routing:
         lines.append(f"ROUTING={tk.routing.upper()}")
-    lines += [f"BASIN={tk.basin}", f"PRECIP={tk.precip}", f"PET={tk.pet}", f"OUTPUT={_p(out)}", f"PARAM_SET={tk.param_set}"]
+    lines += [f"BASIN={tk.basin}", f"PRECIP={tk.precip}", f"PET={tk.pet}", f"OUTPUT={_p(out)}",
+              f"PARAM_SET={tk.param_set}"]
     if tk.routing_param_set:
         lines.append(f"ROUTING_PARAM_SET={tk.routing_param_set}")
     lines += [f"TIMESTEP={tk.timestep}", f"TIME_BEGIN={tk.time_begin:%Y%m%d%H%M}", f"TIME_END={tk.time_end:%Y%m%d%H%M}"]

@@ -88,7 +88,8 @@ class EF5Simulator:
             out.update(vals)
         return {k: out[k] for k in PARAM_NAMES if k in out}
 
-    def run(self, params: Mapping[str, float] | None = None, copy_outputs_to: str | Path | None = None) -> SimulationResult:
+    def run(self, params: Mapping[str, float] | None = None,
+            copy_outputs_to: str | Path | None = None) -> SimulationResult:
         """Run EF5 once; ``copy_outputs_to`` also copies EF5's own output files there (after checks)."""
         over = check_values(params or {}, "run parameters")
         run_dir = Path(tempfile.mkdtemp(prefix=f"ef5-run-{os.getpid()}-", dir=self.workdir))
@@ -114,7 +115,8 @@ class EF5Simulator:
             if not self.keep_runs:
                 shutil.rmtree(run_dir, ignore_errors=True)
 
-    def run_batch(self, param_sets: Sequence[Mapping[str, float] | None], workers: int | None = None) -> list[SimulationResult]:
+    def run_batch(self, param_sets: Sequence[Mapping[str, float] | None],
+                  workers: int | None = None) -> list[SimulationResult]:
         """Run several parameter sets as concurrent EF5 processes (one per core by default)."""
         workers = workers or max(1, os.cpu_count() or 1)
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -151,6 +153,7 @@ class EF5Simulator:
             times = data["times"]
             series[g] = GaugeSeries(data["discharge"], data["observed"], data["precip"], data["pet"], data["sm"],
                                     data["fast_flow"] / 1000.0, data["slow_flow"] / 1000.0)
+        assert times is not None  # __init__ refuses a task without an output gauge
         missing = 0
         rj = out / "results.json"
         if rj.exists():

@@ -93,8 +93,8 @@ class EmbeddedSimulator:
         self.crest_set = cf.param_sets[tk.param_set]
         self.kw_set = cf.param_sets[tk.routing_param_set]
         if self.crest_set.kind != "crest" or self.kw_set.kind != "kw":
-            raise InputError(f"task {tk.name!r}: PARAM_SET must name a [CrestParamSet] and ROUTING_PARAM_SET a [KWParamSet]",
-                             fix="swap or correct the two names")
+            raise InputError(f"task {tk.name!r}: PARAM_SET must name a [CrestParamSet] and ROUTING_PARAM_SET a "
+                             f"[KWParamSet]", fix="swap or correct the two names")
         for ps, name in ((self.crest_set, "iwu"), (self.kw_set, "isu")):
             if name in ps.grids:
                 raise InputError(f"[{ps.kind}paramset {ps.name}] has {name}_grid: EF5 ignores it for the initial state",
@@ -156,8 +156,8 @@ class EmbeddedSimulator:
         except InputError as exc:
             raise InputError(f"{where}: {exc.message}", fix=exc.fix) from None
         if n == 0:
-            raise InputError(f"{where}: task {tk.name!r}: no step of TIMESTEP={tk.timestep} fits between TIME_BEGIN and "
-                             "TIME_END", fix="widen the window or shorten TIMESTEP")
+            raise InputError(f"{where}: task {tk.name!r}: no step of TIMESTEP={tk.timestep} fits between "
+                             "TIME_BEGIN and TIME_END", fix="widen the window or shorten TIMESTEP")
         limits.check_steps(n, f"{where}: task {tk.name!r}, TIMESTEP={tk.timestep} from {_fmt_time(tk.time_begin)} "
                               f"to {_fmt_time(tk.time_end)}")
         if tk.states is not None and tk.time_state is not None:
@@ -231,10 +231,12 @@ class EmbeddedSimulator:
                 if gname in ps.values:
                     vals.update(ps.values[gname])
                 elif down_node >= 0:
-                    vals.update({k: out[net.owner[down_node]][k] for k in (CREST_PARAMS if ps.kind == "crest" else KW_PARAMS)})
+                    names = CREST_PARAMS if ps.kind == "crest" else KW_PARAMS
+                    vals.update({k: out[net.owner[down_node]][k] for k in names})
                 else:
                     raise InputError(f"{cf.path}:{ps.line}: independent gauge {gname!r} has no entry in "
-                                     f"[{ps.kind}paramset {ps.name}]", fix=f"add GAUGE={gname} with its parameter values to that section")
+                                     f"[{ps.kind}paramset {ps.name}]",
+                                     fix=f"add GAUGE={gname} with its parameter values to that section")
             out.append(vals)
         return out
 
@@ -298,8 +300,8 @@ class EmbeddedSimulator:
         return NodeParams(
             wm=wm, b=b, im=np.clip(eff["im"], 0.0, 1.0), ke=eff["ke"], fc=fc, w0=w0, under=eff["under"],
             leaki=np.clip(eff["leaki"], 0.0, 1.0), alpha=np.where(eff["alpha"] < 0.0, 1.0, eff["alpha"]),
-            beta=np.where(eff["beta"] < 0.0, 0.6, eff["beta"]), alpha0=np.where(eff["alpha0"] < 0.0, 1.0, eff["alpha0"]),
-            channel=self.net.fac > eff["th"], ir0=ir0)
+            beta=np.where(eff["beta"] < 0.0, 0.6, eff["beta"]),
+            alpha0=np.where(eff["alpha0"] < 0.0, 1.0, eff["alpha0"]), channel=self.net.fac > eff["th"], ir0=ir0)
 
     def _flow_states(self):
         n = self.net.n

@@ -152,7 +152,8 @@ def read_asc(path: str | Path) -> Grid:
     except FileNotFoundError:
         raise InputError(f"grid file not found: {p}", fix="check the path in the control file") from None
     except (IsADirectoryError, PermissionError) as exc:
-        raise InputError(f"grid file cannot be read: {p} ({exc.strerror})", fix="check the path in the control file") from None
+        raise InputError(f"grid file cannot be read: {p} ({exc.strerror})",
+                         fix="check the path in the control file") from None
     lines = text.split(b"\n", 6)
     if len(lines) < 7:
         raise InputError(f"{p}: an ESRI ASCII grid needs six header lines and data", fix="rewrite the grid")
@@ -226,7 +227,8 @@ def read_tif(path: str | Path) -> Grid:
                                  fix="write a grid with at least one cell")
             current_limits().check_cells(height, width, f"{p} (ImageLength x ImageWidth)")
             if int(page.size) != height * width:
-                raise InputError(f"{p}: expected one band, got an array of shape {page.shape}", fix="write a single-band grid")
+                raise InputError(f"{p}: expected one band, got an array of shape {page.shape}",
+                                 fix="write a single-band grid")
             tags = page.tags
             scale = tags.get(_TAG_PIXEL_SCALE)
             tie = tags.get(_TAG_TIEPOINT)
@@ -235,14 +237,16 @@ def read_tif(path: str | Path) -> Grid:
             tie = tie.value if tie is not None else None
             nd = nd.value if nd is not None else None
             if scale is None or tie is None:
-                raise InputError(f"{p}: GeoTIFF has no ModelPixelScale/ModelTiepoint tags", fix="write a georeferenced GeoTIFF")
+                raise InputError(f"{p}: GeoTIFF has no ModelPixelScale/ModelTiepoint tags",
+                                 fix="write a georeferenced GeoTIFF")
             sx, sy = _tag_numbers(p, "ModelPixelScale", scale, 2)[:2]
             tie_n = _tag_numbers(p, "ModelTiepoint", tie, 5)
             data = page.asarray()
     except InputError:
         raise
     except MemoryError:
-        raise InputError(f"{p}: not enough memory to read this GeoTIFF", fix="check the file's size; it may be corrupt") from None
+        raise InputError(f"{p}: not enough memory to read this GeoTIFF",
+                         fix="check the file's size; it may be corrupt") from None
     except Exception as exc:
         raise InputError(f"{p}: not a readable GeoTIFF ({type(exc).__name__}: {str(exc)[:200]})", fix=convert) from None
     if data.ndim != 2:

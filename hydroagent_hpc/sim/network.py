@@ -122,8 +122,9 @@ def _locate_gauge(g: Gauge, dem: Grid, fam: Grid, valid: np.ndarray) -> tuple[in
     if g.cellx is not None and g.celly is not None:
         col, row = g.cellx, g.celly
         if not (0 <= row < dem.nrows and 0 <= col < dem.ncols):
-            raise InputError(f"{where}gauge {g.name!r}: CELLX={col}, CELLY={row} is outside the {dem.ncols}x{dem.nrows} "
-                             f"grid of {dem.path}", fix="give a zero-based column and row inside the grid")
+            raise InputError(f"{where}gauge {g.name!r}: CELLX={col}, CELLY={row} is outside the "
+                             f"{dem.ncols}x{dem.nrows} grid of {dem.path}",
+                             fix="give a zero-based column and row inside the grid")
     else:
         c, r, inside = dem.locate(g.lon, g.lat)
         if not bool(inside):
@@ -140,6 +141,7 @@ def _locate_gauge(g: Gauge, dem: Grid, fam: Grid, valid: np.ndarray) -> tuple[in
 
 def _search_basinarea(g: Gauge, row: int, col: int, dem: Grid, fam: Grid) -> tuple[int, int]:
     """Move a LAT/LON gauge to the cell within ~20 km whose FAM best matches BASINAREA."""
+    assert g.basinarea is not None  # the caller searches only for a gauge with a positive BASINAREA
     lat_n = np.float32(dem.top - row * dem.cellsize)
     cell_km2 = float(_area(np.array([lat_n]), dem.cellsize)[0])
     target = g.basinarea / cell_km2
@@ -157,7 +159,8 @@ def _search_basinarea(g: Gauge, row: int, col: int, dem: Grid, fam: Grid) -> tup
     best = np.unravel_index(int(np.argmin(err)), err.shape)
     nr, nc = r0 + best[0], c0 + best[1]
     if (nr, nc) != (row, col):
-        log.info("gauge %s moved from (%d, %d) to (%d, %d) to match BASINAREA=%g km2", g.name, row, col, nr, nc, g.basinarea)
+        log.info("gauge %s moved from (%d, %d) to (%d, %d) to match BASINAREA=%g km2", g.name, row, col, nr, nc,
+                 g.basinarea)
     return int(nr), int(nc)
 
 
@@ -196,7 +199,8 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
     seen: dict[int, str] = {}
     for g, cell in located:
         if cell in seen:
-            raise InputError(f"gauges {seen[cell]!r} and {g.name!r} share the cell (col {cell % ncols}, row {cell // ncols})",
+            raise InputError(f"gauges {seen[cell]!r} and {g.name!r} share the cell "
+                             f"(col {cell % ncols}, row {cell // ncols})",
                              fix="remove one of them or move it")
         seen[cell] = g.name
     gauge_at = {cell: gi for gi, (_, cell) in enumerate(located)}
@@ -209,7 +213,7 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
     owner: list[int] = []
     upstream_gauges: list[list[int]] = [[] for _ in located]
     gauge_nodes = np.full(len(located), -1, dtype=np.int64)
-    for gi, (g, cell) in enumerate(located):
+    for gi, (_g, cell) in enumerate(located):
         if node_of[cell] >= 0:
             continue  # reached from a downstream gauge already
         node_of[cell] = len(cells)
@@ -264,13 +268,14 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
     area = _area(lat_north, dem.cellsize)
     fac = fam.data.ravel()[cells_a].astype(np.float64)
 
-    for gi, (g, cell) in enumerate(located):
+    for gi, (g, _cell) in enumerate(located):
         n_up = int(np.sum(_count_upstream(down_a, int(gauge_nodes[gi]))))
         fam_v = fac[gauge_nodes[gi]]
         expect = n_up if selffam else n_up - 1
         if fam_v + 0.5 < expect:
             raise InputError(f"gauge {g.name!r}: FAM={fam_v:g} but {n_up} cells drain to it "
-                             f"(SELFFAM={'true' if selffam else 'false'} expects {expect}); EF5 would overrun its node array",
+                             f"(SELFFAM={'true' if selffam else 'false'} expects {expect}); "
+                             f"EF5 would overrun its node array",
                              fix="recompute the FAM from the DDM, or set SELFFAM to match how it counts")
         if abs(fam_v - expect) > 0.5:
             log.warning("gauge %s: FAM=%g but %d upstream cells were traced (SELFFAM=%s)", g.name, fam_v, n_up, selffam)

@@ -84,19 +84,22 @@ def read_ts_csv(path: str | Path) -> dict[str, np.ndarray]:
     for n, line in enumerate(lines[1:], start=2):
         parts = line.split(",")
         if len(parts) != len(header):
-            raise SimulationError(f"{p}:{n}: {len(parts)} columns where the header has {len(header)} (partial or shifted row)",
+            raise SimulationError(f"{p}:{n}: {len(parts)} columns where the header has {len(header)} "
+                                  f"(partial or shifted row)",
                                   fix="treat the run as failed")
         times.append(parts[0])
         try:
             rows.append([float(x) for x in parts[1:]])
         except ValueError:
-            raise SimulationError(f"{p}:{n}: a value is not a number: {line[:80]!r}", fix="treat the run as failed") from None
+            raise SimulationError(f"{p}:{n}: a value is not a number: {line[:80]!r}",
+                                  fix="treat the run as failed") from None
     data = np.array(rows, dtype=np.float64)
     out = {"times": np.array([t.replace(" ", "T") for t in times], dtype="datetime64[m]")}
     for j, name in enumerate(header[1:]):
         out[name.split("(")[0].strip().lower().replace(" ", "_")] = data[:, j]
     if not np.all(np.isfinite(out["discharge"])):
-        raise SimulationError(f"{p}: non-finite discharge (EF5 prints such rows shifted)", fix="treat the run as failed")
+        raise SimulationError(f"{p}: non-finite discharge (EF5 prints such rows shifted)",
+                              fix="treat the run as failed")
     return out
 
 

@@ -105,7 +105,7 @@ def _check_batch(v: StoreView, batch: np.ndarray, names: list[str | None]) -> di
         if lost:
             bad[p] = f"the metric names it uses (metric_keys rows {lost[:5]}) are damaged"
     v.basins(v.rows["basin_key"][batch])
-    for j, p in enumerate(batch.tolist()):
+    for p in batch.tolist():
         key = int(v.rows["basin_key"][p])
         if p not in bad and key in v.bad_basins:
             bad[p] = v.bad_basins[key]

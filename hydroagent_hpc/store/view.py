@@ -321,7 +321,10 @@ class StoreView:
         text_len = int(text_ds.shape[0])
         all_text = np.asarray(text_ds[()]).tobytes() if text_len else b""
         in_text = text_bounds_ok(EPISODES, rows, text_len)
-        sealed = (row_checksums(EPISODES, rows, all_text, 0, np.arange(len(rows))) == rows["crc"]) if len(rows) else np.zeros(0, bool)
+        if len(rows):
+            sealed = row_checksums(EPISODES, rows, all_text, 0, np.arange(len(rows))) == rows["crc"]
+        else:
+            sealed = np.zeros(0, bool)
         in_tables = np.ones(len(rows), dtype=bool)
         for name, table in (("turn", TURNS), ("sim", SIMS), ("metric", METRICS)):
             s, c = rows[f"{name}_start"], rows[f"{name}_count"]

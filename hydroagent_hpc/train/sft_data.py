@@ -142,7 +142,7 @@ def episode_messages(episode: Episode) -> list[dict[str, str]]:
     return messages
 
 
-def episode_tools(episode: Episode) -> list[dict]:
+def episode_tools(episode: Episode) -> list[dict[str, Any]]:
     """The tool schemas the episode's environment announced."""
     env: dict[str, Any] = dict((episode.config or {}).get("env") or {})  # type: ignore[call-overload]
     return tool_schemas(clip_out_of_bounds=bool(env.get("clip_out_of_bounds", True)))
@@ -264,7 +264,7 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     # 1. read: which episodes have text, their final NSE
     examples: list[_Example] = []
     episodes: list[Episode] = []
-    dropped: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    dropped: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     sources = []
     for s, p in enumerate(paths):
         # only turns, config and scores are needed: drop simulations and series as they are read
@@ -323,7 +323,8 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     if too_long:
         named = ", ".join(f"{eid} ({n} tokens)" for eid, n in too_long[:10])
         more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
-        raise SFTDataError(f"{len(too_long)} of {len(pairs)} sequences exceed --max-tokens {max_tokens}: {named}{more}; "
+        raise SFTDataError(f"{len(too_long)} of {len(pairs)} sequences exceed --max-tokens {max_tokens}: "
+                           f"{named}{more}; "
                            f"nothing was written (sequences are never truncated)",
                            fix=f"raise --max-tokens to at least {int(lengths.max())}, or build from shorter episodes")
 
@@ -409,7 +410,7 @@ def _write(out: Path, pairs: list[tuple[_Example, Trajectory]], r: SFTDataReport
 # Reading
 
 
-class SFTDataset(Dataset):
+class SFTDataset(Dataset[dict[str, Any]]):
     """A data file of :func:`build_sft_data` as a ``torch.utils.data.Dataset``.
 
     Item ``i``: ``input_ids`` (int64), ``assistant_mask`` (int64, 1 on model-written tokens),

@@ -106,6 +106,15 @@ class HFLocalPolicy:
     skips :attr:`trace` (the id sequence itself is always kept: generation needs it).
     """
 
+    # the episode's state, (re)set by _new_episode
+    _ids: list[int]  # the held token sequence (prompt and sampled ids since the last re-render)
+    _mask: list[int]  # 1 on sampled ids
+    _text: str  # the text of _ids
+    _turn: int  # the assistant turn _ids ends with (-1 before the first)
+    stop_reason: str | None
+    trace: list[TurnTrace]
+    usage: dict[str, Any]
+
     def __init__(self, model: Any, tokenizer: Any = None, *, name: str | None = None, temperature: float = 1.0,
                  top_p: float = 0.95, top_k: int = 0, greedy: bool = False, max_new_tokens: int = 2048,
                  max_context_tokens: int = 8192, seed: int = 0, device: str = "auto", dtype: Any = "auto",
@@ -207,13 +216,13 @@ class HFLocalPolicy:
 
     # ------------------------------------------------------------------ internals
     def _new_episode(self) -> None:
-        self._ids: list[int] = []
-        self._mask: list[int] = []
+        self._ids = []
+        self._mask = []
         self._text = ""
         self._turn = -1
-        self.stop_reason: str | None = None
-        self.trace: list[TurnTrace] = []
-        self.usage: dict[str, Any] = {"model": self.name, "turns": 0, "prompt_tokens": 0, "new_prompt_tokens": 0,
+        self.stop_reason = None
+        self.trace = []
+        self.usage = {"model": self.name, "turns": 0, "prompt_tokens": 0, "new_prompt_tokens": 0,
                                       "completion_tokens": 0, "total_tokens": 0, "context_tokens": 0,
                                       "length_truncated": 0, "wall_s": 0.0, "stop_reason": None, "per_turn": []}
 

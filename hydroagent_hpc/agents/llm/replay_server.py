@@ -327,7 +327,8 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "hydroagent-replay/1"
 
     def log_message(self, fmt: str, *args: Any) -> None:  # route http.server's lines to logging
-        log.debug("replay %s: " + fmt, self.address_string(), *args)
+        # http.server hands over its own %-format and arguments: joined, they stay lazily formatted
+        log.debug("replay %s: " + fmt, self.address_string(), *args)  # noqa: G003
 
     def _headers(self) -> dict[str, str]:
         return {k: ("[redacted]" if k.lower() in _REDACT else v) for k, v in self.headers.items()}

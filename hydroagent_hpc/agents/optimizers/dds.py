@@ -121,6 +121,7 @@ class DDS(AskTellOptimizer):
                 token = ("init", self._issued + 1)
             else:
                 i = self._issued + 1
+                assert self._center is not None  # _in_init() holds until a centre exists
                 u = dds_perturb(self._center, dds_probability(i, self.budget), self.r, self.rng)
                 token = ("step", i)
             self._issued += 1

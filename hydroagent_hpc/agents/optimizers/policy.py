@@ -19,7 +19,8 @@ The policy stops when the environment is done or when it has spent
 
 :func:`make_optimizer_policy` builds the five baselines by name (on a log scale for the
 wide-range multipliers unless ``scale="linear"``; see :func:`make_optimizer`): ``dds``
-(:class:`~hydroagent_hpc.agents.optimizers.dds.DDS`), ``sceua`` (:class:`~hydroagent_hpc.agents.optimizers.sceua.SCEUA`),
+(:class:`~hydroagent_hpc.agents.optimizers.dds.DDS`), ``sceua``
+(:class:`~hydroagent_hpc.agents.optimizers.sceua.SCEUA`),
 ``lhs`` and ``random`` (:mod:`hydroagent_hpc.agents.optimizers.sampling`) and ``dream``
 (:class:`~hydroagent_hpc.agents.optimizers.dream.DREAM`).
 """

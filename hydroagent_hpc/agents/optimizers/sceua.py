@@ -107,10 +107,10 @@ class SCEUA(AskTellOptimizer):
                 index = self._new_sample_point()
                 out.append((self.X[index].copy(), ("init", index)))
             else:
-                step = self._start_step()
-                if step is None:
+                started = self._start_step()
+                if started is None:
                     break  # every complex waits for scores (only with many open steps)
-                out.append((step.point, step))
+                out.append((started.point, started))
         return out
 
     def _new_sample_point(self) -> int:
@@ -137,6 +137,7 @@ class SCEUA(AskTellOptimizer):
         return None
 
     def _free_points(self, k: int) -> list[int]:
+        assert self.complexes is not None  # steps start only after the initial sample is dealt into complexes
         taken = {s.target for s in self._open}
         return [i for i in self.complexes[k] if i not in taken]
 
@@ -154,6 +155,7 @@ class SCEUA(AskTellOptimizer):
         return step
 
     def _hypercube_point(self, k: int) -> np.ndarray:
+        assert self.complexes is not None  # only a started step (complexes dealt) asks for one
         pts = self.X[self.complexes[k]]
         lo, hi = pts.min(axis=0), pts.max(axis=0)
         return lo + self.rng.random(self.space.dim) * (hi - lo)

@@ -95,7 +95,7 @@ def call_from_object(obj: Any, call_id: str | None = None) -> ToolCall:
     return ToolCall(name=name, arguments=_arguments(obj["arguments"], name), call_id=call_id)
 
 
-def _arguments(args: Any, tool: str) -> dict:
+def _arguments(args: Any, tool: str) -> dict[str, Any]:
     if isinstance(args, str):  # OpenAI style: a JSON string holding the object
         try:
             args = strict_loads(args, f"the arguments of {tool}")

@@ -23,7 +23,7 @@ def _get(obj: Any, key: str) -> Any:
     return getattr(obj, key, None)
 
 
-def from_openai_tool_calls(tool_calls: Iterable | None, max_calls: int = 10,
+def from_openai_tool_calls(tool_calls: Iterable[Any] | None, max_calls: int = 10,
                            content: str | None = None) -> ParsedMessage:
     """Parse an OpenAI ``message.tool_calls`` list (client objects or dicts). Never raises.
 
@@ -87,7 +87,7 @@ def _finite_tree(v: Any) -> bool:
     return True
 
 
-def to_openai_tool_call(call: ToolCall, index: int = 0) -> dict:
+def to_openai_tool_call(call: ToolCall, index: int = 0) -> dict[str, Any]:
     """``{"id", "type": "function", "function": {"name", "arguments": JSON string}}``.
 
     The id is ``call.call_id`` or ``call_<index>``.

@@ -46,7 +46,7 @@ def _jsonable(v: Any, digits: int | None) -> Any:
     return str(v)
 
 
-def render_tool_response(observation: Mapping, digits: int | None = None, sort_keys: bool = False) -> str:
+def render_tool_response(observation: Mapping[str, Any], digits: int | None = None, sort_keys: bool = False) -> str:
     """An observation as compact JSON (always valid JSON).
 
     Key order is the mapping's insertion order (deterministic: the environment builds each

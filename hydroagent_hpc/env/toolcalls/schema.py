@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 from hydroagent_hpc.params import PARAMS, TUNABLE
 
@@ -64,7 +65,7 @@ def describe_parameter(name: str) -> str:
 VALID_NAMES_TEXT = ", ".join(_bounds_text(n) for n in TUNABLE)
 
 
-def tool_schemas(clip_out_of_bounds: bool = True) -> list[dict]:
+def tool_schemas(clip_out_of_bounds: bool = True) -> list[dict[str, Any]]:
     """The three tools as OpenAI function schemas (also what the Qwen3 template puts in <tools>).
 
     ``clip_out_of_bounds`` must match what :func:`validate_arguments` is told (``clip``); it only

@@ -46,8 +46,8 @@ def _finite_float(s: str) -> float:
     return v
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
-    out: dict = {}
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
             raise Rejected("malformed_json", f"duplicate key {show(k)}; give each key once")
