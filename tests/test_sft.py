@@ -22,9 +22,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from helpers.sft import short_trajectories, write_sft_data  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+from helpers.sft import short_trajectories, write_sft_data  # noqa: E402
 from hydroagent_hpc.train import tiny  # noqa: E402
 from hydroagent_hpc.train.checkpoint import FAULT_ENV  # noqa: E402
 from hydroagent_hpc.train.sft import (  # noqa: E402
@@ -80,7 +80,8 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _run_module(cfg: Path, out: Path, *args: str, faults: str = "", timeout: float = 240) -> subprocess.CompletedProcess:
+def _run_module(cfg: Path, out: Path, *args: str, faults: str = "",
+                timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hydroagent_hpc.train.sft", str(cfg), "--out", str(out), *args],
                           env=_env(**({FAULT_ENV: faults} if faults else {})), capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
@@ -153,11 +154,13 @@ def test_a_zero_weight_example_changes_nothing(tmp_path, trajs, tok):
 
 
 def test_doubling_every_weight_changes_nothing(tmp_path, trajs):
+    """Also: a save_pretrained folder as ``model`` (the tiny model saved) trains like ``tiny`` itself."""
     w = [1.0, 0.5, 0.8, 0.3, 0.9, 0.1, 0.6, 0.7]
+    folder = tiny.save_tiny(tmp_path / "tiny-model", seed=0)
     runs = {}
-    for name, scale in (("x1", 1.0), ("x2", 2.0)):
+    for name, scale, model in (("x1", 1.0, "tiny"), ("x2", 2.0, str(folder))):
         data = write_sft_data(tmp_path / f"{name}.h5", trajs, [scale * v for v in w])
-        cfg = _cfg(tmp_path / f"{name}.yaml", data, max_steps=2, micro_batch_size=2, grad_accum=2)
+        cfg = _cfg(tmp_path / f"{name}.yaml", data, max_steps=2, micro_batch_size=2, grad_accum=2, model=model)
         train_sft(load_sft_config(cfg), tmp_path / name)
         runs[name] = _metrics(tmp_path / name)
     _assert_same_params(_params(tmp_path / "x1"), _params(tmp_path / "x2"), atol=1e-6)
@@ -188,7 +191,7 @@ def test_two_processes_on_gloo_follow_the_one_process_curve(reference, tmp_path,
                            "-m", "hydroagent_hpc.train.sft", str(cfg), "--out", str(out)],
                           env=_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert '"world_size": 2' in proc.stdout and f'"fsdp": {str(fsdp).lower()}' in proc.stdout
+    assert '"world_size": 2' in proc.stderr and f'"fsdp": {str(fsdp).lower()}' in proc.stderr
     two, one = _metrics(out), reference["metrics"]
     assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2, 3, 4, 5, 6]
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one]
@@ -246,6 +249,7 @@ def test_sigterm_saves_and_exits_143_then_the_cli_resumes(reference, tmp_path, m
     assert cli(["train", "sft", str(cfg), "--out", str(run)]) == 2  # not without --resume
     assert "--resume" in capsys.readouterr().err
     assert cli(["train", "sft", str(cfg), "--out", str(run), "--resume"]) == 0
+    assert '"steps": 6' in capsys.readouterr().out  # the command's result line
     _assert_continues(reference, run)
     # the final folder loads as a model with its tokenizer and chat template
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -253,6 +257,11 @@ def test_sigterm_saves_and_exits_143_then_the_cli_resumes(reference, tmp_path, m
     model = AutoModelForCausalLM.from_pretrained(run / "final", local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(run / "final", local_files_only=True)
     assert tokenizer.chat_template and model.config.use_cache
+    from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
+
+    policy = HFLocalPolicy(str(run / "final"), greedy=True, max_new_tokens=4, device="cpu")
+    reply = policy.act([{"role": "system", "content": "You calibrate."}, {"role": "user", "content": "Go."}])
+    assert isinstance(reply, str)
     import yaml
 
     record = yaml.safe_load((run / "config.yaml").read_text())
@@ -276,7 +285,7 @@ def test_loss_falls_on_a_small_teacher_set(tmp_path, small_basin_dir):
     build_sft_data([tmp_path / "teach.h5"], tmp_path / "teach-sft.h5", preset="released", tokenizer="tiny",
                    max_tokens=32768)
     assert len(SFTDataset(tmp_path / "teach-sft.h5")) == 2
-    cfg = _cfg(tmp_path / "sft.yaml", tmp_path / "teach-sft.h5", max_steps=6, micro_batch_size=2, lr=5.0e-3)
+    cfg = _cfg(tmp_path / "sft.yaml", tmp_path / "teach-sft.h5", max_steps=6, micro_batch_size=1, lr=5.0e-3)
     summary = train_sft(load_sft_config(cfg), tmp_path / "run")
     rows = _metrics(tmp_path / "run")
     assert list(rows[0]) == list(METRICS_COLUMNS) and len(rows) == 6

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 
 log = logging.getLogger("hydroagent")
 
@@ -26,14 +27,18 @@ def cmd_sft_data(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.train.sft import run_cli
+    from hydroagent_hpc.train.sft import exit_status, result_line, run_cli
 
-    return run_cli(args)
+    summary = run_cli(args)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(result_line(summary))
+    return exit_status(summary)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """``train sft-data``, ``train sft``."""
-    t = sub.add_parser("train", help="training data and training runs", description="Training: SFT teacher data and SFT runs.")
+    t = sub.add_parser("train", help="training data and training runs",
+                       description="Training: SFT teacher data and SFT runs.")
     tsub = t.add_subparsers(dest="train_command", required=True)
     d = tsub.add_parser("sft-data", help="campaign stores -> weighted, token-exact SFT trajectories (HDF5)",
                         description="Rebuild each text episode's conversation from campaign stores, filter and "

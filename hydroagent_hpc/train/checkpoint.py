@@ -145,7 +145,8 @@ _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state dict on rank 0's CPU (empty on other ranks under FSDP)."""
-    return get_model_state_dict(model, options=_FULL)
+    state: dict[str, torch.Tensor] = get_model_state_dict(model, options=_FULL)  # type: ignore[assignment]
+    return state
 
 
 def save_checkpoint(run_dir: str | os.PathLike[str], model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -56,6 +56,7 @@ import csv
 import logging
 import math
 import os
+import re
 import resource
 import shutil
 import signal
@@ -89,7 +90,8 @@ from hydroagent_hpc.train.sft_data import SFTDataError, SFTDataset
 log = logging.getLogger(__name__)
 
 __all__ = ["SFTConfig", "SFTConfigError", "load_sft_config", "train_sft", "main", "plan_epoch", "collate",
-           "weighted_token_loss", "lr_factor", "METRICS_COLUMNS", "EXIT_SIGTERM"]
+           "weighted_token_loss", "loss_denominator", "lr_factor", "result_line", "exit_status", "run_cli",
+           "METRICS_COLUMNS", "EXIT_SIGTERM"]
 
 METRICS_COLUMNS = ("step", "loss", "tokens", "tokens_per_s", "lr", "grad_norm", "peak_mem_mb")
 #: Exit status of a run stopped by SIGTERM after saving (128 + 15, what a shell reports).
@@ -189,17 +191,17 @@ def _load_model(config: SFTConfig) -> tuple[Any, Any]:
         raise SFTConfigError(f"model: {path}: no such checkpoint folder",
                              "give a save_pretrained folder (config.json, weights, tokenizer) or 'tiny'")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        hf_tokenizer: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        hf_model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as exc:
         raise SFTConfigError(f"model: {path}: cannot load ({one_line(exc)})",
                              "give a complete save_pretrained folder") from None
-    return model, tokenizer
+    return hf_model, hf_tokenizer
 
 
 def _check_data_fits(ds: SFTDataset, config: SFTConfig, model: Any) -> np.ndarray:
     """Sequence lengths; refuses sequences over the budget and token ids outside the vocabulary."""
-    lengths = np.diff(ds.offsets).astype(np.int64)
+    lengths: np.ndarray = np.diff(ds.offsets).astype(np.int64)
     budget = config.max_seq_len or int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
     if budget is not None and (lengths > budget).any():
         over = np.flatnonzero(lengths > budget)
@@ -297,11 +299,12 @@ def _all_reduce_sum(value: torch.Tensor, distributed: bool) -> torch.Tensor:
 @contextlib.contextmanager
 def _grad_sync(model: torch.nn.Module, sync: bool) -> Iterator[None]:
     """Skip the gradient all-reduce on all but the last micro-batch of a step (DDP / FSDP2)."""
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(sync)
+    wrapped: Any = model
+    if hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2
+        wrapped.set_requires_gradient_sync(sync)
         yield
-    elif hasattr(model, "no_sync") and not sync:  # DDP
-        with model.no_sync():
+    elif hasattr(wrapped, "no_sync") and not sync:  # DDP
+        with wrapped.no_sync():
             yield
     else:
         yield
@@ -475,7 +478,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
                 log.warning("step %d: no assistant token carries weight; the optimizer does not step", state.step + 1)
             optimizer.zero_grad(set_to_none=True)
             with warnings.catch_warnings():  # a skipped optimizer step still advances the schedule
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+                warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
                 scheduler.step()
 
             state.step += 1
@@ -567,28 +570,38 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return p
 
 
-def run_cli(args: argparse.Namespace) -> int:
-    """Run from parsed arguments; 0 done, 143 stopped by SIGTERM after saving."""
-    config = load_sft_config(args.config)
-    summary = train_sft(config, args.out, resume=args.resume)
-    if int(os.environ.get("RANK", "0")) == 0:
-        import json
+def result_line(summary: dict[str, Any]) -> str:
+    """The run's summary as one JSON line (what the commands report)."""
+    import json
 
-        print(json.dumps({k: summary[k] for k in ("run_dir", "steps", "first_loss", "final_loss", "tokens",
-                                                  "tokens_per_s", "peak_mem_mb", "world_size", "fsdp", "stopped",
-                                                  "final")}))
+    keys = ("run_dir", "steps", "first_loss", "final_loss", "tokens", "tokens_per_s", "peak_mem_mb", "world_size",
+            "fsdp", "stopped", "final")
+    return json.dumps({k: summary[k] for k in keys})
+
+
+def run_cli(args: argparse.Namespace) -> dict[str, Any]:
+    """Load ``args.config`` and train into ``args.out``; the summary (exit status: :func:`exit_status`)."""
+    return train_sft(load_sft_config(args.config), args.out, resume=args.resume)
+
+
+def exit_status(summary: dict[str, Any]) -> int:
+    """0 when the run finished, :data:`EXIT_SIGTERM` when a SIGTERM stopped it after saving."""
     return EXIT_SIGTERM if summary["stopped"] else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hydroagent_hpc.train.sft``: the result line and errors go to the log (stderr)."""
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return run_cli(args)
+        summary = run_cli(args)
     except HydroAgentError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
+        log.error("error: %s", one_line(exc))
         return exc.exit_code
+    if int(os.environ.get("RANK", "0")) == 0:
+        log.info("result: %s", result_line(summary))
+    return exit_status(summary)
 
 
 if __name__ == "__main__":
