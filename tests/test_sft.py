@@ -183,9 +183,10 @@ def test_accumulating_four_micro_batches_equals_one_big_batch(tmp_path, trajs):
 
 @pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "ddp"])
 def test_two_processes_on_gloo_follow_the_one_process_curve(reference, tmp_path, fsdp):
-    """torchrun, 2 processes x accumulation 1 (FSDP2 fully_shard, or DDP) == 1 process x accumulation 2."""
+    """torchrun, 2 processes x accumulation 1 (FSDP2 fully_shard with activation checkpointing, or DDP)
+    == 1 process x accumulation 2."""
     cfg = _cfg(tmp_path / "two.yaml", reference["data"], max_steps=6, micro_batch_size=1, grad_accum=1,
-               save_every=2, fsdp=fsdp)
+               save_every=2, fsdp=fsdp, activation_checkpointing=fsdp)
     out = tmp_path / "two"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            "-m", "hydroagent_hpc.train.sft", str(cfg), "--out", str(out)],

@@ -76,6 +76,7 @@ class TrainerState:
     epoch: int = 0  # sampler position: the next step runs micro-batches of this epoch ...
     index: int = 0  # ... from this step of the epoch's plan
     tokens: int = 0  # tokens (non-padding, all ranks) trained on so far
+    micro_per_step: int = 0  # processes x grad_accum when saved (the sampler position depends on it)
 
 
 def _is_dist() -> bool:

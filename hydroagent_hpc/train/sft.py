@@ -417,10 +417,15 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, max_steps, config.min_lr_ratio))
 
-    state = TrainerState()
+    state = TrainerState(micro_per_step=micro_per_step)
     metrics: _Metrics | None = None
     if resume_from is not None:
         state = load_checkpoint(resume_from, model, optimizer, scheduler)
+        if state.micro_per_step != micro_per_step:
+            raise SFTConfigError(f"--resume from {resume_from}: it was saved with {state.micro_per_step} micro-batches "
+                                 f"per step (processes x grad_accum), this run has {world} x {config.grad_accum}; "
+                                 f"the data position would not match",
+                                 "resume with the same number of processes, or start a new --out folder")
     if rank == 0:
         _write_config(run_dir, config, {"world_size": world, "fsdp": use_fsdp, "compute_dtype": str(dtype),
                                         "steps_per_epoch": steps_per_epoch, "max_steps": max_steps,
@@ -542,7 +547,11 @@ def _save_final(final: Path, model: torch.nn.Module, tokenizer: Any, dtype: torc
     inner = getattr(model, "module", model)
     with torch.device("meta"):
         fresh = AutoModelForCausalLM.from_config(inner.config)
-    fresh.load_state_dict(state_dict, assign=True, strict=False)
+    result = fresh.load_state_dict(state_dict, assign=True, strict=False)
+    tied = {"lm_head.weight"} if getattr(inner.config, "tie_word_embeddings", False) else set()
+    if set(result.missing_keys) - tied or result.unexpected_keys:
+        raise RuntimeError(f"final model: state dict does not match the architecture (missing "
+                           f"{sorted(set(result.missing_keys) - tied)[:5]}, unexpected {result.unexpected_keys[:5]})")
     fresh.tie_weights()
     fresh.to(dtype)
     fresh.config.use_cache = True
