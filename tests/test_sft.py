@@ -33,6 +33,8 @@ from hydroagent_hpc.train.sft import (  # noqa: E402
     collate,
     load_sft_config,
     loss_denominator,
+    lr_factor,
+    plan_epoch,
     train_sft,
     weighted_token_loss,
 )
@@ -110,7 +112,27 @@ def reference(tmp_path_factory, trajs):
 
 
 # ---------------------------------------------------------------------------------------------
-# The loss
+# Plan, schedule and the loss
+
+
+def test_epoch_plan_uses_every_example_once_and_buckets_by_length():
+    rng = np.random.default_rng(3)
+    lengths = [int(v) for v in rng.integers(10, 500, size=203)]
+    plans = [plan_epoch(lengths, 3, seed=5, epoch=e, bucket_by_length=True) for e in (0, 1)]
+    for plan in plans:
+        assert sorted(i for mb in plan for i in mb) == list(range(203)) and all(1 <= len(mb) <= 3 for mb in plan)
+    assert plans[0] != plans[1] and plan_epoch(lengths, 3, 5, 0, True) == plans[0]  # seeded per epoch
+    spread = np.mean([max(lengths[i] for i in mb) - min(lengths[i] for i in mb) for mb in plans[0]])
+    unsorted = plan_epoch(lengths, 3, seed=5, epoch=0, bucket_by_length=False)
+    assert spread < 0.3 * np.mean([max(lengths[i] for i in mb) - min(lengths[i] for i in mb) for mb in unsorted])
+
+
+def test_lr_schedule_warms_up_linearly_then_follows_a_cosine():
+    f = [lr_factor(s, warmup_steps=4, max_steps=14, min_lr_ratio=0.1) for s in range(15)]
+    assert f[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert f[4] == 1.0 and f[9] == pytest.approx(0.1 + 0.9 * 0.5) and f[14] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(f[4:], f[5:]))
+
 
 
 def test_loss_is_the_weighted_mean_of_assistant_token_ce_and_rows_do_not_leak(tok, trajs):
@@ -147,8 +169,8 @@ def test_a_zero_weight_example_changes_nothing(tmp_path, trajs, tok):
     assert [r["loss"] for r in _metrics(tmp_path / "z")] == pytest.approx([r["loss"] for r in _metrics(tmp_path / "a")],
                                                                           rel=1e-5)
     # only zero weights: no token carries weight, so no parameter moves at all
-    only = _cfg(tmp_path / "o.yaml", write_sft_data(tmp_path / "o.h5", [b], [0.0]), max_steps=1)
-    train_sft(load_sft_config(only), tmp_path / "o")
+    only = _cfg(tmp_path / "o.yaml", write_sft_data(tmp_path / "o.h5", [b], [0.0]), epochs=1)
+    assert train_sft(load_sft_config(only), tmp_path / "o")["steps"] == 1
     init = {k: v for k, v in tiny.build_tiny_qwen3(tok, seed=0).state_dict().items() if k in _params(tmp_path / "o")}
     _assert_same_params(_params(tmp_path / "o"), init, atol=0.0)
 
@@ -249,6 +271,10 @@ def test_sigterm_saves_and_exits_143_then_the_cli_resumes(reference, tmp_path, m
     capsys.readouterr()
     assert cli(["train", "sft", str(cfg), "--out", str(run)]) == 2  # not without --resume
     assert "--resume" in capsys.readouterr().err
+    other = _cfg(tmp_path / "other.yaml", reference["data"], max_steps=6, micro_batch_size=1, grad_accum=2,
+                 save_every=0, lr=1.0e-3)
+    assert cli(["train", "sft", str(other), "--out", str(run), "--resume"]) == 2  # not with another config
+    assert "started with another config (differs in lr)" in capsys.readouterr().err
     assert cli(["train", "sft", str(cfg), "--out", str(run), "--resume"]) == 0
     assert '"steps": 6' in capsys.readouterr().out  # the command's result line
     _assert_continues(reference, run)
@@ -286,10 +312,10 @@ def test_loss_falls_on_a_small_teacher_set(tmp_path, small_basin_dir):
     build_sft_data([tmp_path / "teach.h5"], tmp_path / "teach-sft.h5", preset="released", tokenizer="tiny",
                    max_tokens=32768)
     assert len(SFTDataset(tmp_path / "teach-sft.h5")) == 2
-    cfg = _cfg(tmp_path / "sft.yaml", tmp_path / "teach-sft.h5", max_steps=6, micro_batch_size=1, lr=5.0e-3)
+    cfg = _cfg(tmp_path / "sft.yaml", tmp_path / "teach-sft.h5", max_steps=4, micro_batch_size=1, lr=5.0e-3)
     summary = train_sft(load_sft_config(cfg), tmp_path / "run")
     rows = _metrics(tmp_path / "run")
-    assert list(rows[0]) == list(METRICS_COLUMNS) and len(rows) == 6
+    assert list(rows[0]) == list(METRICS_COLUMNS) and len(rows) == 4
     assert rows[-1]["loss"] < 0.8 * rows[0]["loss"], [r["loss"] for r in rows]
     assert all(r["tokens_per_s"] > 0 and r["peak_mem_mb"] > 0 and np.isfinite(r["grad_norm"]) for r in rows)
     assert summary["final_loss"] == pytest.approx(rows[-1]["loss"], rel=1e-6)
