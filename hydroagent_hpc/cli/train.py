@@ -1,10 +1,12 @@
-"""``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft_data.py)."""
+"""``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft_data.py);
+``hydroagent train sft CONFIG --out RUN_DIR [--resume]``: weighted SFT (see train/sft.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 
 log = logging.getLogger("hydroagent")
 
@@ -24,9 +26,19 @@ def cmd_sft_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sft(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.train.sft import exit_status, result_line, run_cli
+
+    summary = run_cli(args)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(result_line(summary))
+    return exit_status(summary)
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """``train sft-data``."""
-    t = sub.add_parser("train", help="training data and training runs", description="Training: SFT teacher data.")
+    """``train sft-data``, ``train sft``."""
+    t = sub.add_parser("train", help="training data and training runs",
+                       description="Training: SFT teacher data and SFT runs.")
     tsub = t.add_subparsers(dest="train_command", required=True)
     d = tsub.add_parser("sft-data", help="campaign stores -> weighted, token-exact SFT trajectories (HDF5)",
                         description="Rebuild each text episode's conversation from campaign stores, filter and "
@@ -40,3 +52,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--tokenizer", default="tiny", help="tokenizer folder or hub id (its chat template), or 'tiny'")
     d.add_argument("--max-tokens", type=int, default=16384, help="context budget per sequence (default 16384)")
     d.set_defaults(func=cmd_sft_data)
+    s = tsub.add_parser("sft", help="weighted full-parameter SFT of a model on an sft-data file",
+                        description="Assistant-only, per-example-weighted SFT (transformers + accelerate; FSDP2 "
+                                    "under torchrun with several processes). Writes RUN_DIR/config.yaml, metrics.csv, "
+                                    "checkpoints/ (every save_every steps, on SIGUSR1, and on SIGTERM, which then "
+                                    "exits 143) and final/ (a save_pretrained folder).")
+    s.add_argument("config", metavar="CONFIG", help="SFT config YAML (see hydroagent_hpc/train/config.py)")
+    s.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder")
+    s.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest when there is one")
+    s.set_defaults(func=cmd_sft)

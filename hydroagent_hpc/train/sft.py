@@ -1,0 +1,617 @@
+"""Weighted, full-parameter SFT of a causal LM on teacher trajectories (``hydroagent train sft``).
+
+``python -m hydroagent_hpc.train.sft CONFIG --out RUN_DIR [--resume]`` (or under
+``torchrun``/``accelerate launch`` for several processes) runs :func:`train_sft`, top to bottom:
+
+1. **Check before writing.** The config (:mod:`hydroagent_hpc.train.config`), the data file
+   (:class:`~hydroagent_hpc.train.sft_data.SFTDataset`), the model and its tokenizer, and every
+   sequence length against ``max_seq_len`` (default: the model's context) are checked first;
+   any problem is one :class:`SFTConfigError` and nothing is written.
+2. **Distribute.** An ``accelerate.Accelerator`` sets up the process group (gloo on CPU, NCCL on
+   GPUs). With more than one process and ``fsdp`` on (``auto``: whenever there is more than one
+   process), every decoder layer and then the root are wrapped with FSDP2 ``fully_shard``
+   (bf16 parameters for compute, fp32 reductions and master weights when the dtype is bf16);
+   otherwise the model is DDP (``accelerator.prepare``) or a plain module.
+3. **Batches.** Each epoch is a seeded permutation of the examples; with ``bucket_by_length``
+   windows of ``32 x micro_batch_size`` examples are sorted by length before they are cut into
+   micro-batches (whose order is then shuffled). Micro-batches are right-padded with an attention
+   mask, so every row attends only to its own tokens (no packing, no cross-sequence attention).
+   The plan depends only on the data, the seed and ``micro_batch_size``; optimizer step ``s``
+   takes micro-batches ``s*W*A ... (s+1)*W*A - 1`` of it (W processes x A accumulation steps),
+   rank ``r`` those at ``a*W + r``. A step at the end of an epoch that lacks micro-batches fills
+   them with weight-0 copies so every rank runs the same number of forward/backward passes.
+4. **Loss.** For example ``i`` with weight ``w_i`` and assistant mask ``m_i`` (1 on tokens the
+   model wrote, from the trajectory builder), over all micro-batches of all ranks in one optimizer
+   step::
+
+       loss = sum_i w_i * sum_t m_i[t] * CE(logits_i[t-1], ids_i[t]) / sum_i w_i * sum_t m_i[t]
+
+   The denominator is summed over the whole step (and all-reduced across ranks) *before* any
+   backward pass, and each micro-batch's backward uses ``W x`` its share of the numerator over
+   it (DDP and FSDP average gradients over ranks), so the gradient is that of the formula above
+   whatever the accumulation and the number of ranks: an example of weight 0 changes nothing,
+   and doubling every weight changes nothing. A step whose denominator is 0 does not step the
+   optimizer.
+5. **Optimise.** AdamW (no weight decay on 1-D parameters such as norms), gradient clipping to
+   ``max_grad_norm``, learning rate ``lr * f(step)`` with a linear warm-up
+   ``f = (step + 1) / warmup_steps`` then a cosine from 1 down to ``min_lr_ratio`` at ``max_steps``.
+6. **Record.** ``RUN_DIR/config.yaml`` (the resolved config, versions, git commit),
+   ``RUN_DIR/metrics.csv`` (step, loss, tokens, tokens_per_s, lr, grad_norm, peak_mem_mb; one row
+   per step), console logging every ``log_every`` steps and a tqdm bar on rank 0.
+7. **Checkpoints** (:mod:`hydroagent_hpc.train.checkpoint`): every ``save_every`` steps, on
+   SIGUSR1 (save at the next step boundary and go on) and on SIGTERM (save and stop; the command
+   exits 143), atomically. With ``resume`` a run continues from ``checkpoints/latest``: model,
+   optimizer, scheduler, sampler position (epoch, step in epoch) and RNG states, so on a CPU the
+   parameters after "kill at step k + resume" equal those of an uninterrupted run.
+8. **Final model:** ``RUN_DIR/final/``, a ``save_pretrained`` folder (weights in the compute
+   dtype, tokenizer with its chat template, generation config) that ``HFLocalPolicy(path)``,
+   ``AutoModelForCausalLM.from_pretrained`` and vLLM/SGLang load as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import logging
+import math
+import os
+import re
+import resource
+import shutil
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import yaml
+
+from hydroagent_hpc.errors import HydroAgentError, one_line
+from hydroagent_hpc.provenance import provenance
+from hydroagent_hpc.train.checkpoint import (
+    TrainerState,
+    fault,
+    full_model_state,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from hydroagent_hpc.train.config import SFTConfig, SFTConfigError, load_sft_config
+from hydroagent_hpc.train.sft_data import SFTDataError, SFTDataset
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SFTConfig", "SFTConfigError", "load_sft_config", "train_sft", "main", "plan_epoch", "collate",
+           "weighted_token_loss", "loss_denominator", "lr_factor", "result_line", "exit_status", "run_cli",
+           "METRICS_COLUMNS", "EXIT_SIGTERM"]
+
+METRICS_COLUMNS = ("step", "loss", "tokens", "tokens_per_s", "lr", "grad_norm", "peak_mem_mb")
+#: Exit status of a run stopped by SIGTERM after saving (128 + 15, what a shell reports).
+EXIT_SIGTERM = 143
+BUCKET_WINDOW = 32  # micro-batches per length-sorting window
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: epoch plans, collation, the weighted loss
+
+
+def plan_epoch(lengths: Sequence[int], micro_batch_size: int, seed: int, epoch: int,
+               bucket_by_length: bool) -> list[list[int]]:
+    """The micro-batches (lists of example indices) of ``epoch``: deterministic in its arguments."""
+    n = len(lengths)
+    rng = np.random.default_rng([seed, epoch])
+    order = [int(i) for i in rng.permutation(n)]
+    if bucket_by_length:
+        window = micro_batch_size * BUCKET_WINDOW
+        order = [j for s in range(0, n, window) for j in sorted(order[s:s + window], key=lambda j: (lengths[j], j))]
+    batches = [order[s:s + micro_batch_size] for s in range(0, n, micro_batch_size)]
+    if bucket_by_length:
+        batches = [batches[int(k)] for k in rng.permutation(len(batches))]
+    return batches
+
+
+def collate(items: Sequence[dict[str, Any]], pad_id: int, weight_scale: float = 1.0) -> dict[str, torch.Tensor]:
+    """Right-pad ``items`` into ``input_ids``, ``attention_mask``, ``loss_mask`` and ``weight``.
+
+    ``loss_mask[:, t]`` is the assistant mask of token ``t`` (0 on padding); the loss of token
+    ``t`` is predicted at position ``t - 1``. ``weight_scale`` 0 makes a filler micro-batch.
+    """
+    longest = max(int(it["input_ids"].numel()) for it in items)
+    ids = torch.full((len(items), longest), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(items), longest), dtype=torch.long)
+    mask = torch.zeros((len(items), longest), dtype=torch.float32)
+    for row, it in enumerate(items):
+        n = int(it["input_ids"].numel())
+        ids[row, :n] = it["input_ids"]
+        attention[row, :n] = 1
+        mask[row, :n] = it["assistant_mask"].to(torch.float32)
+    weight = torch.stack([it["weight"].to(torch.float32) for it in items]) * float(weight_scale)
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": mask, "weight": weight}
+
+
+def weighted_token_loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``sum_i w_i sum_t m_i[t] CE(logits_i[t-1], ids_i[t])`` (a sum: the caller divides by the step's
+    ``sum_i w_i sum_t m_i[t]``). Cross-entropy is taken in fp32 on the masked positions only."""
+    mask = batch["loss_mask"][:, 1:]
+    selected = mask > 0
+    targets = batch["input_ids"][:, 1:][selected]
+    token_logits = logits[:, :-1][selected].float()
+    ce = F.cross_entropy(token_logits, targets, reduction="none")
+    token_weight = (batch["weight"][:, None] * mask)[selected]
+    return (ce * token_weight).sum()
+
+
+def loss_denominator(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``sum_i w_i sum_{t>=1} m_i[t]`` of one micro-batch."""
+    return (batch["weight"][:, None] * batch["loss_mask"][:, 1:]).sum()
+
+
+def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of ``lr`` for optimizer step ``step`` (0-based): linear warm-up, then cosine decay."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    span = max(1, max_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks before anything is written
+
+
+def _open_data(config: SFTConfig) -> SFTDataset:
+    try:
+        ds = SFTDataset(config.data)
+    except SFTDataError as exc:
+        raise SFTConfigError(f"data: {exc.message}", exc.fix) from None
+    if len(ds) == 0:
+        raise SFTConfigError(f"data: {config.data} holds no sequence", "rebuild it with `hydroagent train sft-data`")
+    return ds
+
+
+def _load_model(config: SFTConfig) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: the offline tiny Qwen3 for ``"tiny"``, else a local save_pretrained folder."""
+    if config.model == "tiny":
+        from hydroagent_hpc.train.tiny import build_tiny_qwen3, build_tiny_tokenizer
+
+        tokenizer = build_tiny_tokenizer()
+        return build_tiny_qwen3(tokenizer, seed=config.seed), tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(config.model)
+    if not path.is_dir():
+        raise SFTConfigError(f"model: {path}: no such checkpoint folder",
+                             "give a save_pretrained folder (config.json, weights, tokenizer) or 'tiny'")
+    try:
+        hf_tokenizer: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        hf_model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError) as exc:
+        raise SFTConfigError(f"model: {path}: cannot load ({one_line(exc)})",
+                             "give a complete save_pretrained folder") from None
+    return hf_model, hf_tokenizer
+
+
+def _check_data_fits(ds: SFTDataset, config: SFTConfig, model: Any) -> np.ndarray:
+    """Sequence lengths; refuses sequences over the budget and token ids outside the vocabulary."""
+    lengths: np.ndarray = np.diff(ds.offsets).astype(np.int64)
+    budget = config.max_seq_len or int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+    if budget is not None and (lengths > budget).any():
+        over = np.flatnonzero(lengths > budget)
+        named = ", ".join(f"{ds.episode_ids[i]} ({lengths[i]} tokens)" for i in over[:5])
+        more = f" and {len(over) - 5} more" if len(over) > 5 else ""
+        raise SFTConfigError(f"data: {len(over)} of {len(lengths)} sequences are longer than "
+                             f"{'max_seq_len' if config.max_seq_len else 'the model context'} {budget}: "
+                             f"{named}{more}; sequences are never truncated",
+                             f"raise max_seq_len (the model allows "
+                             f"{getattr(model.config, 'max_position_embeddings', '?')}), or rebuild the data "
+                             f"with a smaller --max-tokens")
+    import h5py
+
+    with h5py.File(ds.path, "r") as f:
+        top = int(f["input_ids"][()].max())
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    if top >= vocab:
+        raise SFTConfigError(f"data: {ds.path} holds token id {top}, outside the model's vocabulary of {vocab} "
+                             f"(data tokenizer {ds.attrs.get('tokenizer')!r}, model {config.model!r})",
+                             "build the data with the model's own tokenizer")
+    return lengths
+
+
+def _prepare_run_dir(run_dir: Path, config: SFTConfig, resume: bool) -> Path | None:
+    """The checkpoint to resume from (or None); refuses to overwrite a run that is not resumed."""
+    latest = latest_checkpoint(run_dir)
+    if latest is not None and not resume:
+        raise SFTConfigError(f"--out {run_dir}: holds checkpoints of a run (latest {latest.name})",
+                             "pass --resume to continue it, or choose a new --out folder")
+    saved = run_dir / "config.yaml"
+    if latest is not None and saved.is_file():
+        old = (yaml.safe_load(saved.read_text()) or {}).get("config")
+        if old != config.to_dict():
+            changed = sorted(k for k in config.to_dict() if (old or {}).get(k) != config.to_dict()[k])
+            raise SFTConfigError(f"--out {run_dir}: was started with another config (differs in "
+                                 f"{', '.join(changed)}); a resumed run must use the same one",
+                                 f"resume with the config in {saved}, or choose a new --out folder")
+    return latest
+
+
+def _write_config(run_dir: Path, config: SFTConfig, extra: dict[str, Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {"config": config.to_dict(), **extra, "provenance": provenance(),
+              "versions": {name: _version(name) for name in ("torch", "transformers", "accelerate", "h5py")}}
+    tmp = run_dir / "config.yaml.tmp"
+    tmp.write_text(yaml.safe_dump(record, sort_keys=False))
+    os.replace(tmp, run_dir / "config.yaml")
+
+
+def _version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals, distribution helpers
+
+
+class _Signals:
+    """SIGUSR1 -> save at the next step boundary; SIGTERM -> save and stop. Handlers only set flags."""
+
+    def __init__(self) -> None:
+        self.save = False
+        self.stop = False
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.save = True
+        if signum == signal.SIGTERM:
+            self.stop = True
+
+    def __enter__(self) -> _Signals:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGUSR1, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _all_reduce_sum(value: torch.Tensor, distributed: bool) -> torch.Tensor:
+    if distributed:
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+@contextlib.contextmanager
+def _grad_sync(model: torch.nn.Module, sync: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce on all but the last micro-batch of a step (DDP / FSDP2)."""
+    wrapped: Any = model
+    if hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2
+        wrapped.set_requires_gradient_sync(sync)
+        yield
+    elif hasattr(wrapped, "no_sync") and not sync:  # DDP
+        with wrapped.no_sync():
+            yield
+    else:
+        yield
+
+
+def _peak_mem_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def _compute_dtype(config: SFTConfig, device: torch.device) -> torch.dtype:
+    if config.dtype == "bf16" or (config.dtype == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def _shard(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """FSDP2: each decoder layer, then the root (embeddings, final norm, head) as one unit."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    for layer in layers or []:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+
+
+def _optimizer(model: torch.nn.Module, config: SFTConfig) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+class _Metrics:
+    """``metrics.csv``: one row per optimizer step; on resume the rows after the checkpoint are dropped."""
+
+    def __init__(self, path: Path, resumed_step: int | None) -> None:
+        self.path = path
+        rows: list[list[str]] = []
+        if resumed_step is not None and path.is_file():
+            with open(path, newline="") as fh:
+                rows = [r for r in list(csv.reader(fh))[1:] if r and int(r[0]) <= resumed_step]
+        tmp = path.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(METRICS_COLUMNS)
+            w.writerows(rows)
+        os.replace(tmp, path)
+        self.first_loss = float(rows[0][1]) if rows else None
+
+    def write(self, row: dict[str, float]) -> None:
+        with open(self.path, "a", newline="") as fh:
+            csv.writer(fh).writerow([f"{row[c]:.8g}" if isinstance(row[c], float) else row[c]
+                                     for c in METRICS_COLUMNS])
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool = True) -> dict[str, Any]:
+    """Run SFT as configured into ``run_dir``; returns a summary (see the module docstring).
+
+    ``summary["stopped"]`` is ``"SIGTERM"`` when a SIGTERM stopped the run after its checkpoint
+    (no ``final/`` then), else None.
+    """
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    # 1. checks, before anything is written
+    dataset = _open_data(config)
+    model, tokenizer = _load_model(config)
+    lengths = _check_data_fits(dataset, config, model)
+    resume_from = _prepare_run_dir(run_dir, config, resume)
+
+    # 2. processes and the model on them
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
+    distributed = world > 1
+    dtype = _compute_dtype(config, device)
+    use_fsdp = distributed and config.fsdp is not False
+    if config.fsdp is True and not distributed:
+        log.info("fsdp: true with one process: training a plain module")
+    torch.manual_seed(config.seed)
+    model.config.use_cache = False
+    if config.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    model.to(device)
+    if use_fsdp:
+        _shard(model, dtype)
+        autocast: Any = contextlib.nullcontext
+    else:
+        if distributed:
+            model = accelerator.prepare(model)
+        use_autocast = dtype != torch.float32
+
+        def autocast() -> Any:
+            return torch.autocast(device.type, dtype=dtype, enabled=use_autocast)
+    optimizer = _optimizer(model, config)
+
+    # 3. the plan of steps
+    micro_per_step = world * config.grad_accum
+    n_micro = math.ceil(len(dataset) / config.micro_batch_size)
+    steps_per_epoch = math.ceil(n_micro / micro_per_step)
+    max_steps = config.max_steps if config.max_steps is not None else int(config.epochs or 1) * steps_per_epoch
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, config.warmup_steps, max_steps, config.min_lr_ratio))
+
+    state = TrainerState(micro_per_step=micro_per_step)
+    metrics: _Metrics | None = None
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, model, optimizer, scheduler)
+        if state.micro_per_step != micro_per_step:
+            raise SFTConfigError(f"--resume from {resume_from}: it was saved with {state.micro_per_step} micro-batches "
+                                 f"per step (processes x grad_accum), this run has {world} x {config.grad_accum}; "
+                                 f"the data position would not match",
+                                 "resume with the same number of processes, or start a new --out folder")
+    if rank == 0:
+        _write_config(run_dir, config, {"world_size": world, "fsdp": use_fsdp, "compute_dtype": str(dtype),
+                                        "steps_per_epoch": steps_per_epoch, "max_steps": max_steps,
+                                        "examples": len(dataset), "resumed_from_step": state.step or None})
+        metrics = _Metrics(run_dir / "metrics.csv", state.step if resume_from is not None else None)
+    if distributed:
+        dist.barrier()
+    log.info("SFT: %d examples, %d steps/epoch, %d steps, %d process(es)%s, %s, micro-batch %d x accumulation %d",
+             len(dataset), steps_per_epoch, max_steps, world, " FSDP2" if use_fsdp else "", dtype,
+             config.micro_batch_size, config.grad_accum)
+
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    plans: dict[int, list[list[int]]] = {}
+    losses: list[float] = []
+    rates: list[float] = []
+    stopped: str | None = None
+    resumed_at = state.step if resume_from is not None else None
+    saved_at = state.step if resume_from is not None else -1
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=max_steps, initial=state.step, disable=rank != 0, desc="sft", unit="step", leave=False)
+    with _Signals() as signals:
+        while state.step < max_steps:
+            t0 = time.perf_counter()
+            # 4. this rank's micro-batches of the step, and the step's denominator
+            plan = plans.get(state.epoch) or plans.setdefault(state.epoch, plan_epoch(
+                lengths.tolist(), config.micro_batch_size, config.seed, state.epoch, config.bucket_by_length))
+            batches = []
+            for a in range(config.grad_accum):
+                k = state.index * micro_per_step + a * world + rank
+                indices, scale = (plan[k], 1.0) if k < len(plan) else (plan[0], 0.0)
+                batches.append({key: v.to(device) for key, v in
+                                collate([dataset[i] for i in indices], pad_id, scale).items()})
+            totals = torch.tensor([sum(float(loss_denominator(b)) for b in batches),
+                                   sum(float(b["attention_mask"].sum()) for b in batches)],
+                                  dtype=torch.float64, device=device)
+            denominator, tokens = (float(v) for v in _all_reduce_sum(totals, distributed))
+
+            # 5. forward/backward per micro-batch, then one optimizer step
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            for a, b in enumerate(batches):
+                with _grad_sync(model, a == len(batches) - 1):
+                    with autocast():
+                        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                        part = weighted_token_loss(logits, b) / max(denominator, 1e-30)
+                    (part * world).backward()
+                loss_sum += part.detach().double()
+            loss = float(_all_reduce_sum(loss_sum, distributed))
+            grad_norm_t = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            grad_norm = float(grad_norm_t.full_tensor() if hasattr(grad_norm_t, "full_tensor") else grad_norm_t)
+            lr = float(scheduler.get_last_lr()[0])
+            if denominator > 0:
+                optimizer.step()
+            else:
+                log.warning("step %d: no assistant token carries weight; the optimizer does not step", state.step + 1)
+            optimizer.zero_grad(set_to_none=True)
+            with warnings.catch_warnings():  # a skipped optimizer step still advances the schedule
+                warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+                scheduler.step()
+
+            state.step += 1
+            state.index += 1
+            state.tokens += int(tokens)
+            if state.index >= steps_per_epoch:
+                state.epoch, state.index = state.epoch + 1, 0
+            elapsed = time.perf_counter() - t0
+            row = {"step": state.step, "loss": loss, "tokens": int(tokens), "tokens_per_s": tokens / elapsed,
+                   "lr": lr, "grad_norm": grad_norm, "peak_mem_mb": _peak_mem_mb(device)}
+            losses.append(loss)
+            rates.append(tokens / elapsed)
+            if metrics is not None:
+                metrics.write(row)
+                bar.update(1)
+                if state.step % config.log_every == 0 or state.step == max_steps:
+                    log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f peak %.0f MB", state.step,
+                             max_steps, loss, lr, grad_norm, row["tokens_per_s"], row["peak_mem_mb"])
+
+            # 6. checkpoints: periodic, SIGUSR1 (save, go on), SIGTERM (save, stop)
+            fault("usr1", state.step)
+            fault("term", state.step)
+            flags = torch.tensor([signals.save, signals.stop], dtype=torch.float64, device=device)
+            want_save, want_stop = (bool(v > 0) for v in _all_reduce_sum(flags, distributed))
+            if want_save or (config.save_every and state.step % config.save_every == 0):
+                save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
+                saved_at = state.step
+                signals.save = False
+            fault("kill", state.step)
+            if want_stop:
+                stopped = "SIGTERM"
+                log.warning("SIGTERM: saved checkpoint step-%d and stopping", state.step)
+                break
+    bar.close()
+
+    final = run_dir / "final"
+    if stopped is None:
+        if saved_at != state.step:
+            save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
+        _save_final(final, model, tokenizer, dtype, rank)
+    if distributed:
+        dist.barrier()
+    summary = {"run_dir": str(run_dir), "steps": state.step, "max_steps": max_steps, "epoch": state.epoch,
+               "first_loss": (metrics.first_loss if metrics is not None and metrics.first_loss is not None
+                              else (losses[0] if losses else None)),
+               "final_loss": losses[-1] if losses else None, "tokens": state.tokens,
+               "tokens_per_s": float(np.mean(rates)) if rates else None, "peak_mem_mb": _peak_mem_mb(device),
+               "world_size": world, "fsdp": use_fsdp, "resumed_from_step": resumed_at, "stopped": stopped,
+               "final": str(final) if stopped is None else None, "wall_s": time.perf_counter() - started}
+    log.info("SFT done: %s", {k: summary[k] for k in ("steps", "first_loss", "final_loss", "tokens_per_s")})
+    return summary
+
+
+def _save_final(final: Path, model: torch.nn.Module, tokenizer: Any, dtype: torch.dtype, rank: int) -> None:
+    """``final/``: a save_pretrained folder, written beside and renamed into place by rank 0."""
+    state_dict = full_model_state(model)  # collective
+    if rank != 0:
+        return
+    from transformers import AutoModelForCausalLM
+
+    inner = getattr(model, "module", model)
+    with torch.device("meta"):
+        fresh = AutoModelForCausalLM.from_config(inner.config)
+    result = fresh.load_state_dict(state_dict, assign=True, strict=False)
+    tied = {"lm_head.weight"} if getattr(inner.config, "tie_word_embeddings", False) else set()
+    if set(result.missing_keys) - tied or result.unexpected_keys:
+        raise RuntimeError(f"final model: state dict does not match the architecture (missing "
+                           f"{sorted(set(result.missing_keys) - tied)[:5]}, unexpected {result.unexpected_keys[:5]})")
+    fresh.tie_weights()
+    fresh.to(dtype)
+    fresh.config.use_cache = True
+    fresh.generation_config = inner.generation_config
+    fresh.eval()
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    fresh.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    log.info("wrote %s", final)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="python -m hydroagent_hpc.train.sft",
+                                          description="Weighted full-parameter SFT (see hydroagent_hpc/train/sft.py).")
+    p.add_argument("config", metavar="CONFIG", help="SFT config YAML")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (config, metrics, checkpoints, final)")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest when there is one")
+    return p
+
+
+def result_line(summary: dict[str, Any]) -> str:
+    """The run's summary as one JSON line (what the commands report)."""
+    import json
+
+    keys = ("run_dir", "steps", "first_loss", "final_loss", "tokens", "tokens_per_s", "peak_mem_mb", "world_size",
+            "fsdp", "stopped", "final")
+    return json.dumps({k: summary[k] for k in keys})
+
+
+def run_cli(args: argparse.Namespace) -> dict[str, Any]:
+    """Load ``args.config`` and train into ``args.out``; the summary (exit status: :func:`exit_status`)."""
+    return train_sft(load_sft_config(args.config), args.out, resume=args.resume)
+
+
+def exit_status(summary: dict[str, Any]) -> int:
+    """0 when the run finished, :data:`EXIT_SIGTERM` when a SIGTERM stopped it after saving."""
+    return EXIT_SIGTERM if summary["stopped"] else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hydroagent_hpc.train.sft``: the result line and errors go to the log (stderr)."""
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        summary = run_cli(args)
+    except HydroAgentError as exc:
+        log.error("error: %s", one_line(exc))
+        return exc.exit_code
+    if int(os.environ.get("RANK", "0")) == 0:
+        log.info("result: %s", result_line(summary))
+    return exit_status(summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
