@@ -361,8 +361,10 @@ def test_reader_follows_live_writer(tmp_path: Path) -> None:
                     line = reader.stdout.readline()
                     assert line, f"the reader stopped before seeing episode {i}: {reader.stderr.read()}"
                 synced += 1
-    out, err = reader.communicate(timeout=90)
-    assert reader.returncode == 0, err
+    # Read the rest through the same text wrapper that readline() used: communicate() reads the raw pipe
+    # and would miss a final line already buffered by readline().
+    out, err = reader.stdout.read(), reader.stderr.read()
+    assert reader.wait(timeout=90) == 0, err
     polls, seen = map(int, out.splitlines()[-1].split())
     assert seen == n and polls >= 2 and synced == n // 10  # it read while episodes were being written
 
