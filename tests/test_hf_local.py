@@ -333,7 +333,10 @@ class ForceReplies:
 
 def test_end_to_end_forced_calls_reach_the_env(tok, model, basin, small_sim):
     replies = ["Start from a wetter soil. " + SET, RUN, EVAL]
-    policy = HFLocalPolicy(model, tok, max_new_tokens=64, seed=0, logits_processors=[ForceReplies(tok, replies)])
+    # stop_at_tool_call=False: the model writes its own <|im_end|> after each call (the old
+    # behaviour); the stop at </tool_call> is checked in the tests below.
+    policy = HFLocalPolicy(model, tok, max_new_tokens=64, seed=0, logits_processors=[ForceReplies(tok, replies)],
+                           stop_at_tool_call=False)
     rec = _Recorder(policy)
     ep = run_episode(rec, _env(basin, small_sim))
     assert ep.stop_reason == "max_turns"
@@ -357,6 +360,73 @@ def test_end_to_end_forced_calls_reach_the_env(tok, model, basin, small_sim):
     assert [len(t.prompt_ids) + len(t.completion_ids) for t in policy.trace] == \
         [r["new_prompt_tokens"] + r["completion_tokens"] for r in u["per_turn"]]
     assert not any(t.rerendered for t in policy.trace)
+
+
+def _tool_call_conversation(policy, replies):
+    """Drive ``policy`` through one turn per reply, answering each with a tool message."""
+    msgs = _start()
+    texts = []
+    for k in range(len(replies)):
+        text = policy.act(msgs)
+        texts.append(text)
+        msgs = msgs + [{"role": "assistant", "content": text},
+                       {"role": "tool", "content": render_tool_response({"status": "ok", "turn": k})}]
+    return msgs, texts
+
+
+def test_turn_stops_at_tool_call_end_and_im_end_is_glue(tok, model):
+    """A model that would go on to write its own <tool_response> is stopped at </tool_call>; the
+    held sequence is exactly the builder's ids of the conversation, with the im_end mask 0."""
+    replies = ["Lower wm. " + SET + "<tool_response>\n{\"NSE\": 0.99}", EVAL + "<tool_response>"]
+    policy = HFLocalPolicy(model, tok, max_new_tokens=64, seed=0, logits_processors=[ForceReplies(tok, replies)])
+    assert policy.tool_call_end_id == tok.convert_tokens_to_ids("</tool_call>")
+    assert policy.tool_call_end_id in policy.stop_ids and policy.stop_ids[0] == policy.im_end_id
+    msgs, texts = _tool_call_conversation(policy, replies)
+    assert texts == ["Lower wm. " + SET, EVAL]
+    assert all(t.endswith("</tool_call>") and "<tool_response>" not in t for t in texts)
+    assert [t.finish_reason for t in policy.trace] == ["stop", "stop"]
+    assert [t.stop_token for t in policy.trace] == ["</tool_call>", "</tool_call>"]
+    assert [t.glue_ids for t in policy.trace] == [[policy.im_end_id]] * 2
+    assert all(t.completion_ids[-1] == policy.tool_call_end_id for t in policy.trace)
+    assert not any(t.rerendered for t in policy.trace)
+    ids, mask = policy.token_sequence()
+    traj = policy.builder.build(msgs)
+    assert ids == traj.input_ids  # token-exact: the rendering of the conversation
+    # The builder marks the im_end a teacher wrote (1); the policy did not sample it (0).
+    glue_at = [end - 1 for _, end in traj.spans]
+    assert [ids[i] for i in glue_at] == [policy.im_end_id] * 2 and [mask[i] for i in glue_at] == [0, 0]
+    assert [m for i, m in enumerate(mask) if i not in glue_at] == \
+        [m for i, m in enumerate(traj.assistant_mask) if i not in glue_at]
+    u = policy.usage
+    assert u["completion_tokens"] == sum(mask) == sum(len(t.completion_ids) for t in policy.trace)
+    assert u["context_tokens"] == len(ids)
+    assert mask.count(0) == u["new_prompt_tokens"] + 2
+    # The next turn's prompt extends the held sequence (the prefix invariant holds through the glue).
+    policy.act(msgs)
+    assert not policy.trace[-1].rerendered
+    assert policy.token_sequence()[0][: len(ids)] == ids
+
+
+def test_stop_at_tool_call_off_keeps_the_old_behaviour(tok, model):
+    replies = [EVAL + "<tool_response>"]
+    policy = HFLocalPolicy(model, tok, max_new_tokens=64, seed=0, logits_processors=[ForceReplies(tok, replies)],
+                           stop_at_tool_call=False)
+    assert policy.tool_call_end_id is None and tok.convert_tokens_to_ids("</tool_call>") not in policy.stop_ids
+    msgs, texts = _tool_call_conversation(policy, replies)
+    assert texts == [EVAL + "<tool_response>"]
+    t = policy.trace[0]
+    assert t.stop_token == "<|im_end|>" and t.glue_ids == [] and t.completion_ids[-1] == policy.im_end_id
+    ids, mask = policy.token_sequence()
+    traj = policy.builder.build(msgs)
+    assert ids == traj.input_ids and mask == traj.assistant_mask
+
+
+def test_single_token_check_for_the_stop_tag(tok):
+    """Only a tag that is one token of the tokenizer becomes a stop id (else: end token only)."""
+    from hydroagent_hpc.agents.llm.hf_local import _single_token_id
+
+    assert _single_token_id(tok, "</tool_call>") == tok.convert_tokens_to_ids("</tool_call>")
+    assert _single_token_id(tok, "</no_such_tag>") is None
 
 
 def test_end_to_end_random_model_records_parse_failures(tok, model, basin, small_sim):

@@ -6,6 +6,18 @@ tokenizer's chat template, the three tool schemas and the generation prompt, gen
 returns the new text up to the stop token. Hermes ``<tool_call>`` blocks survive decoding
 (special tokens are kept; only the stop token is cut), and the environment parses them.
 
+Stop tokens. A turn ends at ``<|im_end|>`` (or eos / ``<|endoftext|>``) and, with
+``stop_at_tool_call=True`` (the default), also at ``</tool_call>`` when the tokenizer has it as
+one token (Qwen tokenizers and :mod:`hydroagent_hpc.train.tiny`'s do; otherwise only the end
+tokens stop, logged once). So the model never goes on to write its own ``<tool_response>``: the
+environment answers the call. A turn that ends at ``</tool_call>`` keeps that tag in its text
+(it is part of the call); the policy then appends the ``<|im_end|>`` id to the held sequence as
+template glue (mask 0: it was not sampled), so the held ids stay exactly the rendering of the
+conversation (the trajectory builder's ids, where that im_end is mask 1 because a teacher wrote
+it). ``finish_reason`` is "stop" for both; ``TurnTrace.stop_token`` says which token ended the
+turn and ``TurnTrace.glue_ids`` holds the appended id. The usage ``completion_tokens`` count
+sampled ids only; ``context_tokens`` is the length of the held sequence, glue included.
+
 Token-exact sequences (docs/rl-notes.md section 1). The policy keeps the episode as **one id
 sequence**: the first prompt, then per turn the sampled ids (including the ``<|im_end|>`` the
 model emitted) and the ids of the template glue + tool responses + next generation prompt. Only
@@ -52,7 +64,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,7 +74,10 @@ from hydroagent_hpc.env import toolcalls
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HFLocalPolicy", "TurnTrace", "turn_seed"]
+__all__ = ["HFLocalPolicy", "TurnTrace", "turn_seed", "TOOL_CALL_END"]
+
+#: The closing tag of a Hermes tool call; with ``stop_at_tool_call`` a turn also ends there.
+TOOL_CALL_END = "</tool_call>"
 
 _MASK63 = (1 << 63) - 1
 
@@ -79,7 +94,10 @@ class TurnTrace:
     turn 0 (or after a re-render), else the template glue, tool responses and generation prompt.
     ``completion_ids`` were sampled (mask 1), ending with the stop token when one was sampled
     (``finish_reason`` "stop") and without one when ``max_new_tokens`` cut the turn ("length").
-    ``seed`` is the turn's sampling seed (None when greedy)."""
+    ``seed`` is the turn's sampling seed (None when greedy). ``stop_token`` is the token that ended
+    the turn (``"<|im_end|>"``, ``"</tool_call>"``, ...; None for "length"); ``glue_ids`` are ids
+    appended after the completion as template glue (mask 0): the ``<|im_end|>`` that closes a turn
+    stopped at ``</tool_call>``."""
 
     turn: int
     prompt_ids: list[int]
@@ -87,6 +105,8 @@ class TurnTrace:
     finish_reason: str
     rerendered: bool = False
     seed: int | None = None
+    stop_token: str | None = None
+    glue_ids: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,6 +124,8 @@ class HFLocalPolicy:
     ``chat_template`` overrides the tokenizer's. ``logits_processors`` are appended to the
     sampling chain (constrained decoding; tests force tokens with one). ``keep_trace=False``
     skips :attr:`trace` (the id sequence itself is always kept: generation needs it).
+    ``stop_at_tool_call`` (default True) also ends a turn at ``</tool_call>`` (see the module doc);
+    False keeps the old behaviour (only ``<|im_end|>``/eos stop).
     """
 
     # the episode's state, (re)set by _new_episode
@@ -119,7 +141,8 @@ class HFLocalPolicy:
                  top_p: float = 0.95, top_k: int = 0, greedy: bool = False, max_new_tokens: int = 2048,
                  max_context_tokens: int = 8192, seed: int = 0, device: str = "auto", dtype: Any = "auto",
                  tools: Sequence[dict] | None = None, chat_template: str | None = None,
-                 logits_processors: Sequence[Any] = (), keep_trace: bool = True) -> None:
+                 logits_processors: Sequence[Any] = (), keep_trace: bool = True,
+                 stop_at_tool_call: bool = True) -> None:
         import torch  # noqa: F401  (fail early and clearly where torch is missing)
 
         if not greedy and not temperature > 0:
@@ -143,10 +166,17 @@ class HFLocalPolicy:
         self.builder = TrajectoryBuilder(self.tokenizer, self.tools, chat_template)
         self.logits_processors = list(logits_processors)
         self.keep_trace = bool(keep_trace)
-        self.stop_ids = _stop_ids(self.tokenizer)
+        end_ids = _stop_ids(self.tokenizer)
         self.im_end_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         if self.im_end_id is None or self.im_end_id == self.tokenizer.unk_token_id:
             self.im_end_id = self.tokenizer.eos_token_id
+        self.stop_at_tool_call = bool(stop_at_tool_call)
+        self.tool_call_end_id = _single_token_id(self.tokenizer, TOOL_CALL_END) if self.stop_at_tool_call else None
+        if self.stop_at_tool_call and self.tool_call_end_id is None:
+            log.info("%s: %s is not a single token of this tokenizer; turns stop at the end token only",
+                     self.name, TOOL_CALL_END)
+        self.stop_ids = end_ids + ((self.tool_call_end_id,) if self.tool_call_end_id is not None
+                                   and self.tool_call_end_id not in end_ids else ())
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_ids[0]
         self._new_episode()
 
@@ -193,17 +223,27 @@ class HFLocalPolicy:
         seed = None if self.greedy else turn_seed(self.seed, turn)
         completion = self._generate(ids, seed)
         finish = "stop" if completion and completion[-1] in self.stop_ids else "length"
-        body = completion[:-1] if finish == "stop" else completion
+        stop_token = None
+        glue: list[int] = []
+        body = completion
+        if finish == "stop":
+            stop_token = self.tokenizer.convert_ids_to_tokens(completion[-1])
+            if completion[-1] == self.tool_call_end_id:
+                glue = [int(self.im_end_id)]  # the call is part of the text; im_end closes the turn (mask 0)
+            else:
+                body = completion[:-1]
         reply = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-        self._ids = ids + completion
-        self._mask = self._mask + [0] * len(new_ids) + [1] * len(completion)
-        self._text = text + reply + ("<|im_end|>" if finish == "stop" and completion[-1] == self.im_end_id else "")
+        self._ids = ids + completion + glue
+        self._mask = self._mask + [0] * len(new_ids) + [1] * len(completion) + [0] * len(glue)
+        ends_turn = finish == "stop" and (glue or completion[-1] == self.im_end_id)
+        self._text = text + reply + ("<|im_end|>" if ends_turn else "")
         self._turn = turn
         wall = time.perf_counter() - t0
-        self._count(turn, len(ids), len(new_ids), len(completion), finish, wall)
+        self._count(turn, len(ids), len(new_ids), len(completion), finish, wall, len(self._ids))
         if self.keep_trace:
-            self.trace.append(TurnTrace(turn, list(new_ids), list(completion), finish, rerendered, seed))
+            self.trace.append(TurnTrace(turn, list(new_ids), list(completion), finish, rerendered, seed, stop_token,
+                                        glue))
         return reply
 
     def token_sequence(self) -> tuple[list[int], list[int]]:
@@ -226,14 +266,15 @@ class HFLocalPolicy:
                                       "completion_tokens": 0, "total_tokens": 0, "context_tokens": 0,
                                       "length_truncated": 0, "wall_s": 0.0, "stop_reason": None, "per_turn": []}
 
-    def _count(self, turn: int, prompt: int, new: int, completion: int, finish: str, wall: float) -> None:
+    def _count(self, turn: int, prompt: int, new: int, completion: int, finish: str, wall: float,
+               context: int) -> None:
         u = self.usage
         u["turns"] += 1
         u["prompt_tokens"] += prompt
         u["new_prompt_tokens"] += new
         u["completion_tokens"] += completion
         u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
-        u["context_tokens"] = prompt + completion
+        u["context_tokens"] = context
         u["length_truncated"] += finish == "length"
         u["wall_s"] += wall
         u["per_turn"].append({"turn": turn, "prompt_tokens": prompt, "new_prompt_tokens": new,
@@ -312,6 +353,16 @@ def _stop_ids(tokenizer) -> tuple[int, ...]:
     if not ids:
         raise ValueError("the tokenizer has neither <|im_end|> nor an eos token: cannot tell where a turn ends")
     return tuple(ids)
+
+
+def _single_token_id(tokenizer, token: str) -> int | None:
+    """The id of ``token`` when the tokenizer has it as one token (and encodes it as that one id)."""
+    i = tokenizer.convert_tokens_to_ids(token)
+    if i is None or i == tokenizer.unk_token_id:
+        return None
+    if list(tokenizer.encode(token, add_special_tokens=False)) != [i]:
+        return None
+    return int(i)
 
 
 def _load(model: Any, tokenizer: Any, device: str, dtype: Any):
