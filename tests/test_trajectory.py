@@ -201,7 +201,10 @@ def test_builder_ids_equal_the_local_policy_sequence(tok, small_basin_dir, small
             seen[:] = [dict(m) for m in messages] + [{"role": "assistant", "content": reply}]
             return reply
 
-    policy = HFLocalPolicy(model, tok, max_new_tokens=48, seed=0, logits_processors=[force])
+    # The model writes its own <|im_end|> after two calls here, so turns must not stop at the first
+    # </tool_call> (the stop and its mask-0 im_end glue are checked in tests/test_hf_local.py).
+    policy = HFLocalPolicy(model, tok, max_new_tokens=48, seed=0, logits_processors=[force],
+                           stop_at_tool_call=False)
     basin = load_basin(small_basin_dir)
     env = CalibrationEnv(basin, small_sim, preset("paper", max_turns=6, target_nse=0.999), agent="hf")
     run_episode(Recorder(policy), env)
