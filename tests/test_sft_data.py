@@ -68,12 +68,13 @@ def test_paper_preset_filters_weights_and_masks(stores, tok, tmp_path):
     assert set(good["agent"]) == {"heuristic", "slow"} and (eps.loc[eps["agent"] == "bad", "best_nse"] <= 0.6).all()
     out = tmp_path / "paper.h5"
     report = build_sft_data([stores["mixed"]], out, preset="paper", tokenizer=tok, tokenizer_name="tiny",
-                            max_tokens=100_000)
-    assert report.kept == len(good) == 4
+                            max_tokens=100_000, augment="none")
+    assert report.kept == len(good) == 4 == report.examples
     assert report.dropped == {"nse_le_0.6": 2, "no_text": 2}
     c = report.counts
     assert c["syn_small/heuristic"]["kept"] == 2 and c["syn_small/slow"]["kept"] == 2
-    assert c["syn_small/bad"] == {"basin": "syn_small", "agent": "bad", "kept": 0, "dropped": 2,
+    assert c["syn_small/heuristic"]["examples"] == 2 and c["syn_small/slow"]["examples"] == 2
+    assert c["syn_small/bad"] == {"basin": "syn_small", "agent": "bad", "kept": 0, "examples": 0, "dropped": 2,
                                   "dropped_by": {"nse_le_0.6": 2}}
     assert c["syn_small/dds"]["dropped_by"] == {"no_text": 2}
 
@@ -175,7 +176,7 @@ def test_over_long_sequences_are_refused_by_name_and_nothing_is_written(stores, 
         build_sft_data([stores["mixed"]], new, preset="paper", tokenizer=tok, max_tokens=shortest - 1)
     assert not new.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ok.h5"]
     # exactly at the budget is fine
-    build_sft_data([stores["mixed"]], new, preset="paper", tokenizer=tok, max_tokens=longest)
+    build_sft_data([stores["mixed"]], new, preset="paper", tokenizer=tok, max_tokens=longest, augment="none")
     assert len(SFTDataset(new)) == 4
 
 
@@ -215,3 +216,83 @@ def test_paper_weights_are_mid_rank_percentiles():
     w = paper_weights([0.7, 0.9, 0.8, 0.9])
     assert np.allclose(w, [0.25, (3 + 4) / 2 / 4, 0.5, (3 + 4) / 2 / 4])
     assert paper_weights([]).size == 0 and math.isclose(paper_weights([0.61])[0], 1.0)
+
+
+def _evaluate_followed(episode) -> list[int]:
+    """Positions (among the assistant messages) of the messages right after one whose evaluate call
+    was answered with a score, counted here from the stored turns."""
+    msgs = sorted({t.message_index for t in episode.turns})
+    scored = {t.message_index for t in episode.turns if t.tool == "evaluate" and t.kind == "tool" and t.ok}
+    return [pos for pos, m in enumerate(msgs) if m - 1 in scored]
+
+
+def test_stopping_point_variants_are_prefixes_with_split_weights(stores, tok, tmp_path):
+    from hydroagent_hpc.env.toolcalls import tool_schemas
+    from hydroagent_hpc.store import load_episode
+
+    full_out, aug_out = tmp_path / "none.h5", tmp_path / "aug.h5"
+    rn = build_sft_data([stores["mixed"]], full_out, preset="paper", tokenizer=tok, max_tokens=100_000,
+                        augment="none")
+    ra = build_sft_data([stores["mixed"]], aug_out, preset="paper", tokenizer=tok, max_tokens=100_000)
+    full, aug = SFTDataset(full_out), SFTDataset(aug_out)
+    assert full.info("augment") == "none" and aug.info("augment") == "stopping_points"  # paper default
+    assert len(full) == rn.kept == ra.kept == 4 and len(aug) == ra.examples > len(full)
+    b = TrajectoryBuilder(tok, tools=tool_schemas())
+    seen_cut = False
+    for i, eid in enumerate(full.episode_ids):
+        ep = load_episode(stores["mixed"], eid)
+        points = _evaluate_followed(ep)
+        n_assistant = len({t.message_index for t in ep.turns})
+        want = len(points) + (0 if points and points[-1] == n_assistant - 1 else 1)
+        rows = [j for j, e in enumerate(aug.episode_ids) if e == eid]
+        assert len(rows) == want and list(aug.variants[rows]) == list(range(want))
+        assert set(aug.n_variants[rows]) == {want}
+        assert math.isclose(float(aug.weights[rows].sum()), float(full.weights[i]), rel_tol=1e-12)
+        assert np.allclose(aug.weights[rows], full.weights[i] / want)
+        whole = full[i]["input_ids"].tolist()
+        msgs = episode_messages(ep)
+        at = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
+        cuts = [at[p] + 1 for p in points] + ([len(msgs)] if want > len(points) else [])
+        for j, cut in zip(rows, cuts):
+            item = aug[j]
+            ids = item["input_ids"].tolist()
+            assert whole[:len(ids)] == ids  # a prefix of the full trajectory
+            ref = b.build(msgs[:cut])  # and exactly the truncated conversation's trajectory
+            assert ids == ref.input_ids and item["assistant_mask"].tolist() == ref.assistant_mask
+            assert item["spans"].tolist() == [list(s) for s in ref.spans]
+        assert aug[rows[-1]]["input_ids"].tolist() == whole  # the full conversation is the last variant
+        seen_cut |= want > 1
+    assert seen_cut  # some episode was actually cut
+    by_agent = {row["agent"]: row["examples"] for row in aug.info("counts").values()}
+    assert by_agent == {a: sum(1 for e, ag in zip(aug.episode_ids, _agents(aug_out)) if ag == a) for a in by_agent}
+    assert sum(by_agent.values()) == len(aug)
+
+
+def _agents(path: Path) -> list[str]:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return [s.decode() if isinstance(s, bytes) else s for s in f["agent"][()]]
+
+
+def test_augment_none_and_released_default_one_example_per_episode(stores, tok, tmp_path):
+    out = tmp_path / "released.h5"
+    r = build_sft_data([stores["mixed"]], out, preset="released", tokenizer=tok, max_tokens=100_000)
+    ds = SFTDataset(out)
+    assert r.augment == "none" == ds.info("augment") and r.examples == r.kept == len(ds) == 6
+    assert len(set(ds.episode_ids)) == len(ds) and set(ds.variants) == {0} and set(ds.n_variants) == {1}
+    with pytest.raises(SFTDataError, match="--augment 'all': unknown"):
+        build_sft_data([stores["mixed"]], tmp_path / "x.h5", tokenizer=tok, augment="all")
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_cli_augment_option(stores, tmp_path, capsys):
+    from hydroagent_hpc.cli import main
+
+    out = tmp_path / "cli.h5"
+    rc = main(["-q", "train", "sft-data", "--from", str(stores["mixed"]), "--out", str(out), "--preset", "released",
+               "--augment", "stopping_points", "--max-tokens", "100000"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and summary["augment"] == "stopping_points" and summary["kept"] == 6
+    ds = SFTDataset(out)
+    assert summary["examples"] == len(ds) > 6 and ds.info("augment") == "stopping_points"

@@ -12,14 +12,17 @@ log = logging.getLogger("hydroagent")
 
 #: The SFT data presets (kept here too so building the parser does not import torch).
 _SFT_PRESETS = ("paper", "released")
+#: The augment modes (train/sft_data.py AUGMENT_MODES).
+_AUGMENT_MODES = ("none", "stopping_points")
 
 
 def cmd_sft_data(args: argparse.Namespace) -> int:
     from hydroagent_hpc.train.sft_data import build_sft_data
 
     report = build_sft_data(args.stores, args.out, preset=args.preset, tokenizer=args.tokenizer,
-                            max_tokens=args.max_tokens)
-    summary = {"out": str(report.out), "preset": report.preset, "kept": report.kept, "dropped": report.dropped,
+                            max_tokens=args.max_tokens, augment=args.augment)
+    summary = {"out": str(report.out), "preset": report.preset, "augment": report.augment, "kept": report.kept,
+               "examples": report.examples, "dropped": report.dropped,
                "weights": {k: report.weights[k] for k in ("min", "median", "mean", "max")},
                "tokens": {k: report.lengths[k] for k in ("median", "max", "budget", "total_tokens")}}
     print(json.dumps(summary))
@@ -49,6 +52,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--out", required=True, metavar="DATA.h5", help="data file to write")
     d.add_argument("--preset", choices=_SFT_PRESETS, default="paper",
                    help="paper: drop final NSE <= 0.6, weight by NSE percentile; released: clip((NSE+1)/2, 0.1, 1)")
+    d.add_argument("--augment", choices=_AUGMENT_MODES, default=None,
+                   help="stopping_points: one example per cut after each assistant turn that follows an evaluate "
+                        "response (+ the full run), the episode weight split evenly; none: one example per episode "
+                        "(default: stopping_points for paper, none for released)")
     d.add_argument("--tokenizer", default="tiny", help="tokenizer folder or hub id (its chat template), or 'tiny'")
     d.add_argument("--max-tokens", type=int, default=16384, help="context budget per sequence (default 16384)")
     d.set_defaults(func=cmd_sft_data)

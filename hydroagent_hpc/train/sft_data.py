@@ -28,18 +28,41 @@ Presets (reference-implementation.md section 6):
 - ``released``: keep every episode with text; weight ``clip((NSE + 1) / 2, 0.1, 1)`` (the
   authors' released ``prepare_sft_data.py``), an episode without any NSE at the floor 0.1.
 
-One trajectory per episode, in its original order; augmentation at valid stopping points is not
-implemented yet. Sequences longer than ``max_tokens`` are refused (every such episode named, with
-its length) and nothing is written: they are never truncated silently.
+Augmentation (``augment``; ``--augment``; default ``stopping_points`` for ``paper``, ``none`` for
+``released``; recorded in the root attribute ``augment``). The paper cut about 35 variants per
+teacher run at "valid stopping points" (reference-implementation.md section 6); we define them:
+
+- A **valid stopping point** is the end of an assistant turn that follows a successful
+  ``evaluate`` tool response: the previous assistant message made an ``evaluate`` call the
+  environment answered with a score (turn ``kind == "tool"``, ``tool == "evaluate"``, ``ok``), so
+  the agent has just read a score and decides what to do next (propose, refine or stop).
+- **Variant k** of an episode is its conversation truncated right after the k-th such assistant
+  turn (the tool responses after it carry no loss and are left out); the full conversation is the
+  last variant. A variant identical to another (the last assistant turn is itself a stopping
+  point, so the full conversation equals the last cut) is dropped. ``none`` gives one example per
+  episode, the full conversation.
+- The builder is exact-prefix, so variant k's ids, mask and spans are the first
+  ``spans[j][1]`` ids of the full trajectory (``j`` the assistant turn of the cut); they are
+  sliced from it, which equals building the truncated conversation.
+- **Weights.** Each variant is its own example with the episode's weight divided by the number of
+  variants of that episode. An episode's total weight, and so the relative weighting of episodes
+  (the NSE percentile of ``paper``, the clipped NSE of ``released``), is unchanged by
+  augmentation: a long episode with many stopping points does not count more than a short one.
+
+Examples stay in the original episode order, the variants of an episode in increasing length.
+Sequences longer than ``max_tokens`` are refused (every such episode named, with its length) and
+nothing is written: they are never truncated silently.
 
 Output (:data:`DATA_SCHEMA`, written to a temporary file beside ``out`` and renamed into place):
 ragged ``input_ids`` (int32) and ``assistant_mask`` (uint8) concatenated, addressed by
 ``offsets`` (n + 1); ``spans`` (per assistant turn ``[start, end)`` relative to its sequence)
-addressed by ``span_offsets``; per example ``weight``, ``best_nse``, ``episode_id``,
-``basin_id``, ``agent``, ``source`` (index into the sources); root attributes ``preset``,
+addressed by ``span_offsets``; per example ``weight``, ``best_nse``, ``episode_id`` (the source
+episode), ``variant`` (0-based index among its episode's variants), ``n_variants``, ``basin_id``,
+``agent``, ``source`` (index into the sources); root attributes ``preset``, ``augment``,
 ``tokenizer``, ``max_tokens``, ``git_commit``, ``created_utc`` and JSON ``sources`` (path,
-sha256, episodes), ``counts`` (kept/dropped per basin and agent), ``weights`` and ``lengths``
-(distributions). :class:`SFTDataset` reads it as a ``torch.utils.data.Dataset``.
+sha256, episodes), ``counts`` (kept/dropped episodes and examples per basin and agent),
+``weights`` (distribution of the episode weights) and ``lengths`` (of the examples).
+:class:`SFTDataset` reads it as a ``torch.utils.data.Dataset``.
 """
 
 from __future__ import annotations
@@ -74,15 +97,20 @@ from hydroagent_hpc.types import Basin, Episode
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SFT_PRESETS", "PAPER_MIN_NSE", "DATA_SCHEMA", "SFTDataError", "SFTDataReport", "episode_messages",
+__all__ = ["SFT_PRESETS", "AUGMENT_MODES", "DEFAULT_AUGMENT", "PAPER_MIN_NSE", "stopping_points", "DATA_SCHEMA",
+           "SFTDataError", "SFTDataReport", "episode_messages",
            "episode_tools", "paper_weights", "released_weights", "load_tokenizer", "build_sft_data", "SFTDataset"]
 
 SFT_PRESETS = ("paper", "released")
+#: ``augment`` modes (see the module doc).
+AUGMENT_MODES = ("none", "stopping_points")
+#: The ``augment`` mode of each preset when none is given.
+DEFAULT_AUGMENT = {"paper": "stopping_points", "released": "none"}
 #: ``paper`` drops episodes whose final best NSE is at or below this.
 PAPER_MIN_NSE = 0.6
 #: Root attribute ``schema`` of a data file.
 DATA_SCHEMA = "hydroagent_hpc.sft_data"
-DATA_VERSION = 1
+DATA_VERSION = 2
 
 
 class SFTDataError(HydroAgentError, ValueError):
@@ -140,6 +168,32 @@ def episode_messages(episode: Episode) -> list[dict[str, str]]:
             messages.append({"role": "assistant", "content": turn.text})
         messages.append({"role": ROLE_TOOL, "content": render_tool_response(turn.observation or {})})
     return messages
+
+
+def stopping_points(episode: Episode) -> list[int]:
+    """0-based indices (among the assistant messages) of the valid stopping points of ``episode``:
+    the assistant messages whose previous message made an ``evaluate`` call that was answered with
+    a score (a ``tool`` turn of ``evaluate`` that is ``ok``). See the module doc."""
+    evaluated = {t.message_index for t in episode.turns if t.kind == "tool" and t.tool == "evaluate" and t.ok}
+    messages = sorted({t.message_index for t in episode.turns})
+    first = messages[0] if messages else 0
+    return [m - first for m in messages if m - 1 in evaluated]
+
+
+def _variants(traj: Trajectory, points: Sequence[int]) -> list[tuple[int, Trajectory]]:
+    """``(n_turns, trajectory)`` of each variant: cut after each stopping point, then the full one,
+    duplicates dropped (exact prefixes of ``traj``, see the module doc)."""
+    n = len(traj.spans)
+    cuts = sorted({p + 1 for p in points if 0 <= p < n} | {n})
+    out = []
+    for c in cuts:
+        if c == n:
+            out.append((c, traj))
+            continue
+        end = traj.spans[c - 1][1]
+        out.append((c, Trajectory(traj.input_ids[:end], traj.assistant_mask[:end], traj.spans[:c],
+                                  traj.message_index[:c], "")))
+    return out
 
 
 def episode_tools(episode: Episode) -> list[dict[str, Any]]:
@@ -202,6 +256,8 @@ class _Example:
     source: int
     best_nse: float | None
     weight: float = 0.0
+    variant: int = 0
+    n_variants: int = 1
 
 
 @dataclass
@@ -210,12 +266,14 @@ class SFTDataReport:
 
     out: Path
     preset: str
-    kept: int
+    kept: int  # episodes
     dropped: dict[str, int]
     counts: dict[str, dict[str, Any]]
     weights: dict[str, Any]
     lengths: dict[str, Any]
     sources: list[dict[str, Any]] = field(default_factory=list)
+    augment: str = "none"
+    examples: int = 0
 
 
 def _sha256(path: Path) -> str:
@@ -235,16 +293,21 @@ def _summary(x: np.ndarray) -> dict[str, float]:
 
 
 def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, preset: str = "paper",
-                   tokenizer: Any = "tiny", max_tokens: int = 16384, tokenizer_name: str | None = None
-                   ) -> SFTDataReport:
-    """Read ``stores``, filter and weight by ``preset``, tokenise, and write ``out`` atomically.
+                   tokenizer: Any = "tiny", max_tokens: int = 16384, tokenizer_name: str | None = None,
+                   augment: str | None = None) -> SFTDataReport:
+    """Read ``stores``, filter and weight by ``preset``, tokenise, augment, and write ``out`` atomically.
 
-    ``tokenizer``: a tokenizer object or a name for :func:`load_tokenizer`. Raises
-    :class:`SFTDataError` for a missing store, a store without text episodes, an unknown preset,
-    no episode left, or sequences longer than ``max_tokens``; nothing is written then.
+    ``tokenizer``: a tokenizer object or a name for :func:`load_tokenizer`. ``augment``: one of
+    :data:`AUGMENT_MODES` (None: the preset's :data:`DEFAULT_AUGMENT`). Raises
+    :class:`SFTDataError` for a missing store, a store without text episodes, an unknown preset
+    or augment mode, no episode left, or sequences longer than ``max_tokens``; nothing is
+    written then.
     """
     if preset not in SFT_PRESETS:
         raise SFTDataError(f"--preset {preset!r}: unknown", fix=f"use one of {', '.join(SFT_PRESETS)}")
+    augment = DEFAULT_AUGMENT[preset] if augment is None else augment
+    if augment not in AUGMENT_MODES:
+        raise SFTDataError(f"--augment {augment!r}: unknown", fix=f"use one of {', '.join(AUGMENT_MODES)}")
     if int(max_tokens) < 1:
         raise SFTDataError(f"--max-tokens {max_tokens}: must be at least 1")
     if not stores:
@@ -318,23 +381,28 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
             raise SFTDataError(f"episode {ex.episode_id!r} of {paths[ex.source]}: {exc.message}", fix=exc.fix) from None
         if len(traj) > max_tokens:
             too_long.append((ex.episode_id, len(traj)))
-        built.append((ex, traj))
+        variants = _variants(traj, stopping_points(e) if augment == "stopping_points" else [])
+        for vi, (_, v) in enumerate(variants):
+            built.append((dataclasses.replace(ex, weight=ex.weight / len(variants), variant=vi,
+                                              n_variants=len(variants)), v))
     lengths = np.array([len(t) for _, t in built])
     if too_long:
         named = ", ".join(f"{eid} ({n} tokens)" for eid, n in too_long[:10])
         more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
-        raise SFTDataError(f"{len(too_long)} of {len(pairs)} sequences exceed --max-tokens {max_tokens}: "
+        raise SFTDataError(f"{len(too_long)} of {len(pairs)} episode sequences exceed --max-tokens {max_tokens}: "
                            f"{named}{more}; "
                            f"nothing was written (sequences are never truncated)",
                            fix=f"raise --max-tokens to at least {int(lengths.max())}, or build from shorter episodes")
 
     # 4. report
     kept_by: Counter[tuple[str, str]] = Counter((ex.basin_id, ex.agent) for ex, _ in pairs)
+    examples_by: Counter[tuple[str, str]] = Counter((ex.basin_id, ex.agent) for ex, _ in built)
     counts: dict[str, dict[str, Any]] = {}
     for group in sorted(set(kept_by) | set(dropped)):
         d = dict(sorted(dropped[group].items()))
         counts[f"{group[0]}/{group[1]}"] = {"basin": group[0], "agent": group[1], "kept": int(kept_by[group]),
-                                        "dropped": int(sum(d.values())), "dropped_by": d}
+                                        "examples": int(examples_by[group]), "dropped": int(sum(d.values())),
+                                        "dropped_by": d}
     weights = np.array([ex.weight for ex, _ in pairs])
     hist, edges = np.histogram(weights, bins=10, range=(0.0, 1.0))
     weight_info = {**_summary(weights), "histogram": hist.tolist(), "edges": [round(float(v), 2) for v in edges]}
@@ -345,7 +413,8 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     dropped_total: Counter[str] = Counter()
     for c in dropped.values():
         dropped_total.update(c)
-    report = SFTDataReport(out, preset, len(pairs), dict(dropped_total), counts, weight_info, length_info, sources)
+    report = SFTDataReport(out, preset, len(pairs), dict(dropped_total), counts, weight_info, length_info, sources,
+                           augment, len(built))
     _log_report(report)
 
     # 5. write atomically
@@ -354,15 +423,16 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
 
 
 def _log_report(r: SFTDataReport) -> None:
-    log.info("sft-data %s: kept %d episodes, dropped %s", r.preset, r.kept, r.dropped or "none")
+    log.info("sft-data %s: kept %d episodes -> %d examples (augment %s), dropped %s", r.preset, r.kept, r.examples,
+             r.augment, r.dropped or "none")
     for row in r.counts.values():
-        log.info("  %-24s %-16s kept %4d dropped %4d %s", row["basin"], row["agent"], row["kept"], row["dropped"],
-                 row["dropped_by"] or "")
+        log.info("  %-24s %-16s kept %4d examples %4d dropped %4d %s", row["basin"], row["agent"], row["kept"],
+                 row["examples"], row["dropped"], row["dropped_by"] or "")
     w = r.weights
-    log.info("weights: min %.3f median %.3f mean %.3f max %.3f; histogram over [0,1] in tenths %s",
+    log.info("episode weights: min %.3f median %.3f mean %.3f max %.3f; histogram over [0,1] in tenths %s",
              w["min"], w["median"], w["mean"], w["max"], w["histogram"])
     n = r.lengths
-    log.info("tokens: median %d p90 %d max %d of budget %d (%.0f%%); %d tokens, %d by the model",
+    log.info("example tokens: median %d p90 %d max %d of budget %d (%.0f%%); %d tokens, %d by the model",
              n["median"], n["p90"], n["max"], n["budget"], 100 * n["max_share_of_budget"], n["total_tokens"],
              n["assistant_tokens"])
 
@@ -379,7 +449,7 @@ def _write(out: Path, pairs: list[tuple[_Example, Trajectory]], r: SFTDataReport
     try:
         with h5py.File(tmp, "w") as f:
             f.attrs.update({"schema": DATA_SCHEMA, "schema_version": DATA_VERSION, "preset": r.preset,
-                            "tokenizer": tokenizer_name, "max_tokens": int(r.lengths["budget"]),
+                            "augment": r.augment, "tokenizer": tokenizer_name, "max_tokens": int(r.lengths["budget"]),
                             "git_commit": git_commit(),
                             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                             "sources": json.dumps(r.sources), "counts": json.dumps(r.counts),
@@ -397,6 +467,8 @@ def _write(out: Path, pairs: list[tuple[_Example, Trajectory]], r: SFTDataReport
             f.create_dataset("best_nse", data=np.array([np.nan if ex.best_nse is None else ex.best_nse
                                                         for ex, _ in pairs], dtype=np.float64))
             f.create_dataset("source", data=np.array([ex.source for ex, _ in pairs], dtype=np.int32))
+            f.create_dataset("variant", data=np.array([ex.variant for ex, _ in pairs], dtype=np.int32))
+            f.create_dataset("n_variants", data=np.array([ex.n_variants for ex, _ in pairs], dtype=np.int32))
             for name in ("episode_id", "basin_id", "agent"):
                 f.create_dataset(name, data=[getattr(ex, name) for ex, _ in pairs], dtype=string)
         install_file(tmp, out)
@@ -414,9 +486,11 @@ class SFTDataset(Dataset[dict[str, Any]]):
     """A data file of :func:`build_sft_data` as a ``torch.utils.data.Dataset``.
 
     Item ``i``: ``input_ids`` (int64), ``assistant_mask`` (int64, 1 on model-written tokens),
-    ``weight`` (float32 scalar), ``spans`` (int64 ``[turns, 2]``) and ``episode_id``. The index
-    arrays are read once; token slices are read on demand from a handle opened per process
-    (safe with forked ``DataLoader`` workers).
+    ``weight`` (float32 scalar), ``spans`` (int64 ``[turns, 2]``) and ``episode_id`` (the source
+    episode). ``variants`` / ``n_variants`` hold each example's variant index and its episode's
+    number of variants (0 / 1 for files written before augmentation). The index arrays are read
+    once; token slices are read on demand from a handle opened per process (safe with forked
+    ``DataLoader`` workers).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -432,6 +506,9 @@ class SFTDataset(Dataset[dict[str, Any]]):
             self.span_offsets = f["span_offsets"][()]
             self.weights = f["weight"][()]
             self.episode_ids = [s.decode() if isinstance(s, bytes) else s for s in f["episode_id"][()]]
+            n = len(self.weights)  # files before augmentation: one full variant per episode
+            self.variants = f["variant"][()] if "variant" in f else np.zeros(n, np.int32)
+            self.n_variants = f["n_variants"][()] if "n_variants" in f else np.ones(n, np.int32)
             self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
         self._f: h5py.File | None = None
         self._pid = -1
