@@ -330,7 +330,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sf.add_argument("--module", action="append", help="environment module to load in the job (repeatable)")
     sf.add_argument("--max-requeues", type=nonnegative_int, default=3, help="time-limit requeues (default 3)")
     sf.add_argument("--save-wait", type=positive_float, default=240.0,
-                    help="seconds to wait for the checkpoint after SIGUSR1, and for the exit after SIGTERM (default 240)")
+                    help="seconds to wait for the checkpoint after SIGUSR1, then for the exit after SIGTERM "
+                         "(default 240)")
     sf.add_argument("--wait", action="store_true", help="wait for the run and print the trainer's result")
     sf.set_defaults(func=cmd_submit_sft)
 

@@ -62,6 +62,16 @@ def _newest_mtime(folder: Path) -> float:
         return 0.0
 
 
+def _poll_until_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Whether ``proc`` exited within ``timeout_s`` (polling: safe inside a signal handler)."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 # The running command of this job process (one per process; not pickled with the job).
 _RUNNING: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -95,7 +105,10 @@ class CheckpointedCommand:
         proc = subprocess.Popen(self.argv, env={**os.environ, **self.env})
         _RUNNING[id(self)] = proc
         try:
-            rc = proc.wait()
+            # Poll rather than block in wait(): submitit's signal handler runs checkpoint() on this
+            # thread, and a wait() it interrupted would hold the Popen lock that checkpoint needs.
+            while (rc := proc.poll()) is None:
+                time.sleep(0.2)
         finally:
             _RUNNING.pop(id(self), None)
         if rc != 0:
@@ -137,13 +150,11 @@ class CheckpointedCommand:
         log.warning("%s: %s; stopping the command for the requeue", self.name,
                     "checkpoint written" if saved else f"no new checkpoint in {folder} after SIGUSR1")
         self._signal(proc, signal.SIGTERM)
-        try:
-            proc.wait(timeout=self.save_wait_s)
-        except subprocess.TimeoutExpired:
+        if not _poll_until_exit(proc, self.save_wait_s):
             log.error("%s: still running %.0f s after SIGTERM; killing it (the previous checkpoint stays usable)",
                       self.name, self.save_wait_s)
             proc.kill()
-            proc.wait()
+            _poll_until_exit(proc, 10.0)
         return saved
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:

@@ -36,7 +36,7 @@ from hydroagent_hpc.hpc.slurm import SiteSettings, make_executor
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TRAINER_MODULE", "SFTJob", "SubmitError", "launcher_argv", "submit_sft"]
+__all__ = ["TRAINER_MODULE", "SFTJob", "SubmitError", "launcher_argv", "submit_sft", "submit_sft_job"]
 
 #: The trainer's entry point (``python -m``).
 TRAINER_MODULE = "hydroagent_hpc.train.sft"
@@ -121,13 +121,28 @@ def submit_sft(config: str | Path, run_dir: str | Path, site: SiteSettings, *, g
                module: str = TRAINER_MODULE, validate: bool = True) -> dict[str, Any]:
     """Submit one SFT run; return its job id, cluster and folders (and the trainer's result when ``wait``).
 
+    The arguments are those of :func:`submit_sft_job`, which also returns the submitit job.
+    """
+    job, out = submit_sft_job(config, run_dir, site, gpus=gpus, nodes=nodes, cluster=cluster,
+                              max_requeues=max_requeues, save_wait_s=save_wait_s, module=module, validate=validate)
+    if wait:
+        out["result"] = job.result()
+    return out
+
+
+def submit_sft_job(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0, nodes: int = 1,
+                   cluster: str | None = None, max_requeues: int = 3, save_wait_s: float = 240.0,
+                   module: str = TRAINER_MODULE, validate: bool = True) -> tuple[Any, dict[str, Any]]:
+    """Submit one SFT run; return ``(submitit job, summary)``.
+
     ``gpus`` per node (0: one CPU process); ``max_requeues`` time-limit requeues; on Slurm the
     warning signal comes ``save_wait_s + 60`` seconds before the limit, so the checkpoint and the
     final save both fit. Logs go to ``RUN/logs/<job id>/``; ``RUN/submit.json`` records the submission.
     """
     cfg = Path(config).resolve()
     if not cfg.is_file():
-        raise SubmitError(f"{config}: no such SFT config file", "give the path of a YAML such as data/train/sft-tiny.yaml")
+        raise SubmitError(f"{config}: no such SFT config file",
+                          "give the path of a YAML such as data/train/sft-tiny.yaml")
     if gpus < 0 or nodes < 1:
         raise SubmitError(f"--gpus {gpus} --nodes {nodes}: need gpus >= 0 and nodes >= 1")
     if gpus == 0 and nodes > 1:
@@ -155,6 +170,4 @@ def submit_sft(config: str | Path, run_dir: str | Path, site: SiteSettings, *, g
     log.info("submitted SFT job %s (%s); logs in %s", job.job_id, ex.cluster, logs)
     out: dict[str, Any] = {"job_id": str(job.job_id), "cluster": ex.cluster, "run_dir": str(run),
                            "logs": str(logs), "final": str(run / "final")}
-    if wait:
-        out["result"] = job.result()
-    return out
+    return job, out

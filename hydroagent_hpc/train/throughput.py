@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
@@ -58,12 +58,11 @@ def qwen3_config(**overrides: Any) -> Qwen3Config:
 
 def matmul_params(model: PreTrainedModel) -> int:
     """``N_matmul`` of the module docstring: all parameters but the input embedding, plus the LM head."""
-    total = sum(p.numel() for p in model.parameters())  # a tied table appears once
-    embed = model.get_input_embeddings().weight.numel()
-    head = model.get_output_embeddings()
-    head_n = head.weight.numel() if head is not None else 0
-    tied = head is not None and head.weight is model.get_input_embeddings().weight
-    return total - embed + head_n if not tied else total
+    total = sum(p.numel() for p in model.parameters())  # a tied table appears once, the untied head too
+    embed = cast(torch.Tensor, model.get_input_embeddings().weight)
+    head: Any = model.get_output_embeddings()
+    tied = head is not None and head.weight is embed
+    return int(total if tied else total - embed.numel())
 
 
 def flops_per_token(n_matmul: int, layers: int, heads: int, head_dim: int, seq_len: int) -> float:
@@ -192,7 +191,7 @@ def build_random_qwen3(config: Qwen3Config, device: str, dtype: torch.dtype, see
     """A randomly initialised :class:`Qwen3ForCausalLM` built directly on ``device`` in ``dtype``."""
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen3ForCausalLM._from_config(config, torch_dtype=dtype)
+        model: Qwen3ForCausalLM = Qwen3ForCausalLM._from_config(config, torch_dtype=dtype)
     return model
 
 
