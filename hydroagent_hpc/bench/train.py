@@ -61,12 +61,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def gpu_result(seconds: float, seq_len: int, batch: int, activation_checkpointing: bool,
                peak_tflops: float | None, layers: int | None = None) -> dict[str, Any]:
     """The ``--gpu`` benchmark on CUDA device 0 (the caller checked that there is one)."""
-    import torch
-
     from hydroagent_hpc.train.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
 
     overrides = {"num_hidden_layers": layers} if layers else {}
-    model = build_random_qwen3(qwen3_config(**overrides), "cuda", torch.bfloat16)
+    model = build_random_qwen3(qwen3_config(**overrides), "cuda", "bfloat16")
     r = measure_sft_steps(model, seq_len=seq_len, batch=batch, seconds=seconds, warmup_steps=2,
                           activation_checkpointing=activation_checkpointing, peak_tflops=peak_tflops)
     return r.as_dict()

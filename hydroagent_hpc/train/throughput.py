@@ -187,8 +187,14 @@ def measure_sft_steps(model: PreTrainedModel, *, seq_len: int, batch: int = 1, s
                             activation_checkpointing=activation_checkpointing, final_loss=loss_value)
 
 
-def build_random_qwen3(config: Qwen3Config, device: str, dtype: torch.dtype, seed: int = 0) -> Qwen3ForCausalLM:
-    """A randomly initialised :class:`Qwen3ForCausalLM` built directly on ``device`` in ``dtype``."""
+def build_random_qwen3(config: Qwen3Config, device: str, dtype: torch.dtype | str,
+                       seed: int = 0) -> Qwen3ForCausalLM:
+    """A randomly initialised :class:`Qwen3ForCausalLM` built directly on ``device`` in ``dtype``
+    (a torch dtype or its name, e.g. ``"bfloat16"``)."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"dtype={dtype!r}: not a torch dtype name such as 'bfloat16'")
     torch.manual_seed(seed)
     with torch.device(device):
         model: Qwen3ForCausalLM = Qwen3ForCausalLM._from_config(config, torch_dtype=dtype)
