@@ -18,7 +18,7 @@ The layers, bottom to top:
 - **datasets/**: core, metrics, sim. **env/** (and env/toolcalls when it is a package): core,
   metrics, sim.
 - **agents/** (and agents/optimizers, agents/llm): env, metrics, core.
-- **train/**: agents, env, hpc (submitting training jobs), core.
+- **train/**: agents, env, sim, store, metrics, hpc (submitting training jobs), core.
 - **campaign/**: agents, env, store, hpc, sim, core. **report/**: store, metrics, sim, core.
 - **cli/** and **bench/**: everything.
 
