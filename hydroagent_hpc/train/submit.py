@@ -16,8 +16,9 @@ for time limits. Every attempt passes ``--resume``, so it continues from the new
 Ranks on other nodes stop on Slurm's SIGTERM at the requeue; the trainer's own signal handling
 keeps the ranks of one save together. ``slurm/sft.sbatch`` is the same protocol for ``sbatch``.
 
-The trainer (``hydroagent_hpc.train.sft``) is imported only to validate the config before
-submitting, so this module loads without torch.
+Before submitting, the config is read with the trainer's strict loader
+(:func:`hydroagent_hpc.train.config.load_sft_config`), so a typo fails here, not in the queue; the
+trainer itself (torch) is never imported by this module.
 """
 
 from __future__ import annotations
@@ -103,17 +104,16 @@ class SFTJob(CheckpointedCommand):
 
 
 def _validate(config: Path, module: str) -> None:
-    """Load the config with the trainer's own strict loader when the trainer is installed here."""
-    import importlib
+    """Check that the trainer is installed and read the config with its strict loader (no torch needed)."""
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
         raise SubmitError(f"{config}: this installation has no {module} (the SFT trainer)",
                           "install the checkout that has it ('make venv'), or run from it")
-    trainer = importlib.import_module(module)
-    loader = getattr(trainer, "load_sft_config", None)
-    if loader is not None:
-        loader(config)  # raises the trainer's file:line error for a bad config
+    if module == TRAINER_MODULE:
+        from hydroagent_hpc.train.config import load_sft_config
+
+        load_sft_config(config)  # the trainer's file:line error for a bad config, before anything is queued
 
 
 def submit_sft(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0, nodes: int = 1,
