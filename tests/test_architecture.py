@@ -18,7 +18,7 @@ The layers, bottom to top:
 - **datasets/**: core, metrics, sim. **env/** (and env/toolcalls when it is a package): core,
   metrics, sim.
 - **agents/** (and agents/optimizers, agents/llm): env, metrics, core.
-- **train/**: agents, env, core.
+- **train/**: agents, env, sim, store, metrics, hpc (submitting training jobs), core.
 - **campaign/**: agents, env, store, hpc, sim, core. **report/**: store, metrics, sim, core.
 - **cli/** and **bench/**: everything.
 
@@ -61,7 +61,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "agents": CORE | {"metrics"} | ENV | AGENTS,
     "agents.optimizers": CORE | {"metrics"} | ENV | AGENTS,
     "agents.llm": CORE | {"metrics"} | ENV | AGENTS,
-    "train": CORE | {"metrics", "store"} | SIM | ENV | AGENTS,  # reads and writes stores; GRPO runs simulators
+    "train": CORE | {"metrics", "store", "hpc"} | SIM | ENV | AGENTS,  # reads and writes stores; GRPO runs simulators;
+    # submit.py hands training jobs to hpc/ (Slurm, submitit)
     "campaign": CORE | {"store", "hpc"} | ENV | AGENTS | SIM,
     "report": CORE | {"store", "metrics"} | SIM,
 }

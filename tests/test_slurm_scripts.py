@@ -61,19 +61,24 @@ def test_campaign_script_errors_name_the_fix(tmp_path):
     assert p.returncode == 2 and "HYDROAGENT_SITE" in p.stderr
 
 
-@pytest.mark.parametrize("script", ["sft.sbatch", "grpo.sbatch"])
-def test_training_templates_refuse_clearly_until_training_lands(tmp_path, script):
+def test_grpo_template_refuses_clearly_until_training_lands(tmp_path):
     (tmp_path / "cfg.yaml").write_text("{}\n")
     env = {k: v for k, v in job_env().items() if not k.startswith("SLURM_")}
-    p = subprocess.run(["bash", str(SLURM / script), "cfg.yaml"], capture_output=True, text=True, env=env,
+    p = subprocess.run(["bash", str(SLURM / "grpo.sbatch"), "cfg.yaml"], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=60)
-    module = script.split(".")[0]
     try:
-        __import__(f"hydroagent_hpc.{module}")
+        __import__("hydroagent_hpc.grpo")
     except ImportError:
-        assert p.returncode == 2 and f"no hydroagent_hpc.{module} yet" in p.stderr
+        assert p.returncode == 2 and "no hydroagent_hpc.grpo yet" in p.stderr
     else:  # pragma: no cover - once training exists this template runs it
-        pytest.skip(f"hydroagent_hpc.{module} exists; the template is exercised by its own tests")
+        pytest.skip("hydroagent_hpc.grpo exists; the template is exercised by its own tests")
+
+
+def test_sft_script_no_longer_refuses(tmp_path):
+    """The SFT template's refusal is gone: it launches hydroagent_hpc.train.sft (tests/test_sft_ops.py runs it)."""
+    text = (SLURM / "sft.sbatch").read_text()
+    assert "no hydroagent_hpc.sft yet" not in text and "-m \"$MODULE\"" in text
+    assert "MODULE=${HYDROAGENT_SFT_MODULE:-hydroagent_hpc.train.sft}" in text
 
 
 def test_site_settings_come_from_the_environment(monkeypatch):
@@ -88,7 +93,8 @@ def test_site_settings_come_from_the_environment(monkeypatch):
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("script,arg", [("campaign.sbatch", "c.yaml"), ("report.sbatch", "x.h5")])
+@pytest.mark.parametrize("script,arg", [("campaign.sbatch", "c.yaml"), ("report.sbatch", "x.h5"),
+                                        ("sft.sbatch", "c.yaml")])
 def test_sbatch_accepts_the_scripts(tmp_path, script, arg):
     if not slurm_available():
         pytest.skip("no Slurm controller answers (sinfo failed): start ../shared/scripts/start-local-slurm.sh")

@@ -1,4 +1,4 @@
-"""``python -m hydroagent_hpc.bench`` (``make bench``): simulator, metrics, report and HPC benchmarks.
+"""``python -m hydroagent_hpc.bench`` (``make bench``): simulator, metrics, report, HPC and SFT benchmarks.
 
 Prints Markdown tables; every speed is a ratio against a baseline measured in the same run.
 """
@@ -87,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     hpc_control = next((str(c) for _, c in cases if c.parent.name == "syn_01403060"), None)
     out("\n## HPC pools and Slurm (`python -m hydroagent_hpc.bench.hpc`)\n\n")
     out(hbench.markdown(hpc_control or hbench.default_control()))
+
+    from hydroagent_hpc.bench import train as tbench
+
+    out("\n## SFT steps on the CPU, tiny Qwen3 (`python -m hydroagent_hpc.bench.train`; `--gpu` for the 4B shape)\n\n")
+    out(tbench.markdown(tbench.cpu_rows()))
     return 0
 
 

@@ -175,6 +175,12 @@ def campaign_from_mapping(data: Any, base_dir: Path | None = None, source: str =
                       "give each agent entry its own name")
         seen.add(aname)
         options = {k: v for k, v in a.items() if k not in ("name", "kind")}
+        # A checkpoint written as ./x or ../x is relative to the campaign file, as basins are; other
+        # values (absolute folders, hub ids such as Qwen/Qwen3-4B-Instruct-2507) are used as given.
+        path_opt = options.get("path")
+        if (kind == "hf_local" and isinstance(path_opt, str) and base_dir is not None
+                and path_opt.startswith(("./", "../"))):
+            options["path"] = str((base_dir / path_opt).resolve())
         problem = check_agent_options(kind, options, f"agents[{i}].")
         if problem:
             fix = (f"remove {problem[0]!r} or spell it as one of the options listed" if problem[0] in options

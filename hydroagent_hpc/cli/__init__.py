@@ -2,7 +2,7 @@
 
 Subcommands, wired here and defined in :mod:`hydroagent_hpc.cli.basins` (``simulate``, a drop-in
 for ``ef5 control.txt``; ``basin synth|from-camels``; ``data usgs|verify``) and
-:mod:`hydroagent_hpc.cli.runs` (``calibrate``; ``campaign run|merge|status``; ``submit campaign``;
+:mod:`hydroagent_hpc.cli.runs` (``calibrate``; ``campaign run|merge|status``; ``submit campaign|sft``;
 ``demo``; ``report``) and :mod:`hydroagent_hpc.cli.store` (``store verify|salvage``) and
 :mod:`hydroagent_hpc.cli.train` (``train sft-data``). Errors in the input print one clear message
 (file:line, key, fix) and exit with status 2 (an incomplete merge exits 1); no traceback unless ``--debug``.

@@ -1,4 +1,4 @@
-"""``hydroagent calibrate``, ``campaign run|merge|status``, ``submit campaign``, ``demo`` and ``report``."""
+"""``hydroagent calibrate``, ``campaign run|merge|status``, ``submit campaign|sft``, ``demo`` and ``report``."""
 
 from __future__ import annotations
 
@@ -169,6 +169,19 @@ def cmd_submit_campaign(args: argparse.Namespace) -> int:
     return 1 if out.get("shard_failures") or (merge is not None and merge.get("missing")) else 0
 
 
+def cmd_submit_sft(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.hpc.slurm import SiteSettings
+    from hydroagent_hpc.train.submit import submit_sft
+
+    site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
+                                 constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
+                                 mem_gb=args.mem_gb, modules=tuple(args.module) if args.module else None)
+    out = submit_sft(args.config, args.run_dir, site, gpus=args.gpus, nodes=args.nodes, cluster=args.cluster,
+                     wait=args.wait, max_requeues=args.max_requeues, save_wait_s=args.save_wait)
+    print(json.dumps(out, default=str))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from hydroagent_hpc.cli.demo import run_demo
 
@@ -295,6 +308,32 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("--no-report", action="store_true", help="merge only; do not write RUN_DIR/report/")
     sc.add_argument("--wait", action="store_true", help="wait for the merge job and print its summary")
     sc.set_defaults(func=cmd_submit_campaign)
+    sf = sm.add_parser("sft", help="an SFT run as one job; requeued on time limit, resumes from its checkpoint",
+                       description="Submit `python -m hydroagent_hpc.train.sft CONFIG --out RUN_DIR --resume` "
+                                   "through submitit: one CPU process (--gpus 0), accelerate launch over the GPUs "
+                                   "of one node, or one launcher per node (--nodes N). Before a time limit or "
+                                   "preemption the trainer checkpoints and the job requeues itself. Site settings "
+                                   "default to $SBATCH_PARTITION, $SBATCH_ACCOUNT, $SBATCH_QOS, $HYDROAGENT_MODULES.")
+    sf.add_argument("config", help="SFT config YAML (e.g. data/train/sft-qwen3-4b.yaml)")
+    sf.add_argument("--run-dir", required=True, help="run folder: checkpoints/, final/, logs/, submit.json")
+    sf.add_argument("--gpus", type=nonnegative_int, default=0, help="GPUs per node (default 0: one CPU process)")
+    sf.add_argument("--nodes", type=positive_int, default=1, help="nodes (default 1)")
+    sf.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
+                    help="auto: Slurm when sbatch is here, else a local process")
+    sf.add_argument("--partition")
+    sf.add_argument("--account")
+    sf.add_argument("--qos")
+    sf.add_argument("--constraint")
+    sf.add_argument("--time", type=positive_int, help="minutes per attempt (default 60)")
+    sf.add_argument("--cpus-per-task", type=positive_int, help="CPUs per node (default 1)")
+    sf.add_argument("--mem-gb", type=positive_float)
+    sf.add_argument("--module", action="append", help="environment module to load in the job (repeatable)")
+    sf.add_argument("--max-requeues", type=nonnegative_int, default=3, help="time-limit requeues (default 3)")
+    sf.add_argument("--save-wait", type=positive_float, default=240.0,
+                    help="seconds to wait for the checkpoint after SIGUSR1, then for the exit after SIGTERM "
+                         "(default 240)")
+    sf.add_argument("--wait", action="store_true", help="wait for the run and print the trainer's result")
+    sf.set_defaults(func=cmd_submit_sft)
 
     d = sub.add_parser("demo", help="the embedded default end to end: synthetic basins, defaults, a demo campaign")
     d.add_argument("--out", default="results/demo", help="output folder (default results/demo)")

@@ -90,8 +90,13 @@ def slurm_available() -> bool:
 
 
 def make_executor(folder: str | Path, site: SiteSettings, cluster: str | None = None, name: str = "hydroagent",
-                  dependency: str | None = None, srun_mpi: bool = True):
+                  dependency: str | None = None, srun_mpi: bool = True, max_num_timeout: int | None = None,
+                  nodes: int = 1):
     """A :class:`submitit.AutoExecutor` with the site's settings; logs go to ``folder/%j``.
+
+    ``nodes``: nodes per job (one task per node unless ``site.ntasks`` says more).
+    ``max_num_timeout``: how many times a job that reaches its time limit is requeued (submitit's
+    default, 3, when None).
 
     ``site.ntasks > 1`` starts that many tasks per job through ``srun --mpi=pmi2`` (PyPI's
     mpich), so the job can use the MPI simulation pool on its allocation.
@@ -105,9 +110,16 @@ def make_executor(folder: str | Path, site: SiteSettings, cluster: str | None = 
     if cluster == "slurm" and not slurm_available():
         raise RuntimeError("cluster='slurm' but no Slurm controller answers here (sinfo failed); "
                            "run on a login node, or use --cluster local")
-    ex = submitit.AutoExecutor(folder=str(Path(folder) / "%j"), cluster=cluster)
+    if nodes < 1:
+        raise ValueError(f"nodes={nodes}: must be at least 1")
+    requeues: dict[str, Any] = {}
+    if max_num_timeout is not None:
+        if max_num_timeout < 0:
+            raise ValueError(f"max_num_timeout={max_num_timeout}: must be 0 or more")
+        requeues = {"slurm_max_num_timeout": max_num_timeout, "local_max_num_timeout": max_num_timeout}
+    ex = submitit.AutoExecutor(folder=str(Path(folder) / "%j"), cluster=cluster, **requeues)
     params: dict[str, Any] = {"name": name, "timeout_min": site.time_min, "cpus_per_task": site.cpus_per_task,
-                              "tasks_per_node": site.ntasks, "nodes": 1}
+                              "tasks_per_node": site.ntasks, "nodes": nodes}
     if site.mem_gb is not None:
         params["mem_gb"] = site.mem_gb
     if site.gpus_per_node:

@@ -1,0 +1,173 @@
+"""``hydroagent submit sft CONFIG --run-dir RUN``: an SFT run as a submitit job that survives requeues.
+
+:class:`SFTJob` is a :class:`hydroagent_hpc.hpc.jobs.CheckpointedCommand` whose command is the
+trainer's entry point, ``python -m hydroagent_hpc.train.sft CONFIG --out RUN --resume``:
+
+* ``gpus == 0``: that command in one CPU process (tiny models; the local executor on a laptop);
+* one node with G GPUs: ``accelerate launch --num_processes G [--multi_gpu] -m hydroagent_hpc.train.sft ...``;
+* N nodes: submitit starts one task per node; each task builds its own launcher at run time with
+  ``--num_machines N --machine_rank NODE --main_process_ip HOST0 --main_process_port PORT`` from
+  submitit's job environment (HOST0 is the first of the job's hostnames).
+
+On a time limit or preemption, submitit calls :meth:`SFTJob.checkpoint` in the first task: SIGUSR1
+goes to the trainer ranks on that node (the trainer saves a checkpoint into RUN/checkpoints/), then
+SIGTERM (the trainer saves and exits 143), and the job is requeued, at most ``max_requeues`` times
+for time limits. Every attempt passes ``--resume``, so it continues from the newest checkpoint.
+Ranks on other nodes stop on Slurm's SIGTERM at the requeue; the trainer's own signal handling
+keeps the ranks of one save together. ``slurm/sft.sbatch`` is the same protocol for ``sbatch``.
+
+Before submitting, the config is read with the trainer's strict loader
+(:func:`hydroagent_hpc.train.config.load_sft_config`), so a typo fails here, not in the queue; the
+trainer itself (torch) is never imported by this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.hpc.jobs import CheckpointedCommand
+from hydroagent_hpc.hpc.slurm import SiteSettings, make_executor
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TRAINER_MODULE", "SFTJob", "SubmitError", "launcher_argv", "submit_sft", "submit_sft_job"]
+
+#: The trainer's entry point (``python -m``).
+TRAINER_MODULE = "hydroagent_hpc.train.sft"
+
+
+class SubmitError(HydroAgentError):
+    """An SFT submission that cannot start (missing config, bad sizes, no trainer installed)."""
+
+
+def launcher_argv(config: str, run_dir: str, *, gpus: int, nodes: int = 1, node_rank: int = 0,
+                  master_addr: str | None = None, master_port: int = 29500, module: str = TRAINER_MODULE,
+                  python: str | None = None) -> list[str]:
+    """The command line one node runs: a plain CPU process (``gpus == 0``) or ``accelerate launch``.
+
+    ``accelerate`` is the script beside ``python`` (the job's environment), so no PATH lookup decides it.
+    """
+    if gpus < 0 or nodes < 1 or not 0 <= node_rank < nodes:
+        raise ValueError(f"gpus={gpus}, nodes={nodes}, node_rank={node_rank}: need gpus >= 0, nodes >= 1 and "
+                         f"0 <= node_rank < nodes")
+    py = python or sys.executable
+    trainer = ["-m", module, str(config), "--out", str(run_dir), "--resume"]
+    if gpus == 0:
+        if nodes > 1:
+            raise ValueError(f"gpus=0 with nodes={nodes}: the CPU path is one process on one node")
+        return [py, *trainer]
+    total = gpus * nodes
+    argv = [str(Path(py).parent / "accelerate"), "launch", "--num_processes", str(total),
+            "--num_machines", str(nodes), "--machine_rank", str(node_rank), "--dynamo_backend", "no",
+            "--mixed_precision", "no"]  # the trainer's config sets its dtype and FSDP itself
+    if total > 1:
+        argv.append("--multi_gpu")
+    if nodes > 1:
+        if not master_addr:
+            raise ValueError("nodes > 1 needs master_addr (the first host of the job)")
+        argv += ["--main_process_ip", master_addr, "--main_process_port", str(master_port),
+                 "--rdzv_backend", "static", "--same_network"]
+    return argv + trainer
+
+
+class SFTJob(CheckpointedCommand):
+    """The trainer as a requeueable submitit job (see the module docstring)."""
+
+    def __init__(self, config: str | Path, run_dir: str | Path, *, gpus: int = 0, nodes: int = 1,
+                 master_port: int = 29500, save_wait_s: float = 240.0, module: str = TRAINER_MODULE,
+                 env: dict[str, str] | None = None) -> None:
+        self.config, self.run_dir = str(config), str(run_dir)
+        self.gpus, self.nodes, self.master_port, self.module = int(gpus), int(nodes), int(master_port), module
+        argv = launcher_argv(self.config, self.run_dir, gpus=self.gpus, nodes=self.nodes,
+                             master_addr="localhost", master_port=self.master_port, module=module)
+        super().__init__(argv, Path(self.run_dir) / "checkpoints", env=env,
+                         ranks_match=None if self.gpus == 0 else module, save_wait_s=save_wait_s, name="sft")
+
+    def __call__(self) -> dict[str, Any]:
+        if self.nodes > 1:  # each node's task builds its launcher from the job it runs in
+            import submitit
+
+            job = submitit.JobEnvironment()
+            self.argv = launcher_argv(self.config, self.run_dir, gpus=self.gpus, nodes=self.nodes,
+                                      node_rank=job.node, master_addr=job.hostnames[0],
+                                      master_port=self.master_port, module=self.module)
+        out = super().__call__()
+        out.update(run_dir=self.run_dir, final=str(Path(self.run_dir) / "final"))
+        return out
+
+
+def _validate(config: Path, module: str) -> None:
+    """Check that the trainer is installed and read the config with its strict loader (no torch needed)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise SubmitError(f"{config}: this installation has no {module} (the SFT trainer)",
+                          "install the checkout that has it ('make venv'), or run from it")
+    if module == TRAINER_MODULE:
+        from hydroagent_hpc.train.config import load_sft_config
+
+        load_sft_config(config)  # the trainer's file:line error for a bad config, before anything is queued
+
+
+def submit_sft(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0, nodes: int = 1,
+               cluster: str | None = None, wait: bool = False, max_requeues: int = 3, save_wait_s: float = 240.0,
+               module: str = TRAINER_MODULE, validate: bool = True) -> dict[str, Any]:
+    """Submit one SFT run; return its job id, cluster and folders (and the trainer's result when ``wait``).
+
+    The arguments are those of :func:`submit_sft_job`, which also returns the submitit job.
+    """
+    job, out = submit_sft_job(config, run_dir, site, gpus=gpus, nodes=nodes, cluster=cluster,
+                              max_requeues=max_requeues, save_wait_s=save_wait_s, module=module, validate=validate)
+    if wait:
+        out["result"] = job.result()
+    return out
+
+
+def submit_sft_job(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0, nodes: int = 1,
+                   cluster: str | None = None, max_requeues: int = 3, save_wait_s: float = 240.0,
+                   module: str = TRAINER_MODULE, validate: bool = True) -> tuple[Any, dict[str, Any]]:
+    """Submit one SFT run; return ``(submitit job, summary)``.
+
+    ``gpus`` per node (0: one CPU process); ``max_requeues`` time-limit requeues; on Slurm the
+    warning signal comes ``save_wait_s + 60`` seconds before the limit, so the checkpoint and the
+    final save both fit. Logs go to ``RUN/logs/<job id>/``; ``RUN/submit.json`` records the submission.
+    """
+    cfg = Path(config).resolve()
+    if not cfg.is_file():
+        raise SubmitError(f"{config}: no such SFT config file",
+                          "give the path of a YAML such as data/train/sft-tiny.yaml")
+    if gpus < 0 or nodes < 1:
+        raise SubmitError(f"--gpus {gpus} --nodes {nodes}: need gpus >= 0 and nodes >= 1")
+    if gpus == 0 and nodes > 1:
+        raise SubmitError(f"--gpus 0 --nodes {nodes}: the CPU path is one process; use --nodes 1 or give GPUs")
+    if max_requeues < 0:
+        raise SubmitError(f"--max-requeues {max_requeues}: must be 0 or more")
+    if validate:
+        _validate(cfg, module)
+    run = Path(run_dir).resolve()
+    logs = run / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    ex = make_executor(logs, site.with_(gpus_per_node=gpus, ntasks=1), cluster, name=f"hydroagent-sft-{cfg.stem}",
+                       max_num_timeout=max_requeues, nodes=nodes)
+    if ex.cluster == "slurm":
+        ex.update_parameters(slurm_signal_delay_s=int(save_wait_s) + 60)
+    port = 29500 + os.getpid() % 1000
+    job = ex.submit(SFTJob(cfg, run, gpus=gpus, nodes=nodes, master_port=port, save_wait_s=save_wait_s,
+                           module=module))
+    record = {"command": "submit sft", "config": str(cfg), "run_dir": str(run), "job_id": str(job.job_id),
+              "cluster": ex.cluster, "gpus_per_node": gpus, "nodes": nodes, "max_requeues": max_requeues,
+              "site": site.as_dict(), "submitted_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    tmp = run / ".submit.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    tmp.replace(run / "submit.json")
+    log.info("submitted SFT job %s (%s); logs in %s", job.job_id, ex.cluster, logs)
+    out: dict[str, Any] = {"job_id": str(job.job_id), "cluster": ex.cluster, "run_dir": str(run),
+                           "logs": str(logs), "final": str(run / "final")}
+    return job, out
