@@ -316,7 +316,9 @@ def _write_inputs(folder: Path, s: SynthSettings, rngs: Sequence[np.random.Gener
     for fname, grid in zip(pet_files, pets):
         _tif(folder / "pet" / fname, terrain, grid, compress=True)
     (folder / CONTROL_NAME).write_text(_control_text(s, s.name, terrain.gauge))
-    _write_obs(folder / "obs" / "obs.csv", [], [])  # header only until the truth has been simulated
+    # One missing value (-999) until the truth has been simulated: a header-only file would be
+    # reported (rightly, for a user's basin) as an observation file with nothing to score against.
+    _write_obs(folder / "obs" / "obs.csv", steps[:1], [-999.0])
     return {"terrain": terrain, "steps": steps, "events": events, "pet_files": len(pet_files), "begin": begin,
             "start": start, "end": end, "precip_mm": float(rain[:, terrain.basin].mean(axis=1).sum())}
 
