@@ -1,0 +1,106 @@
+"""Learning on CPU: ``python -m hydroagent_hpc.bench.sft_learning --out DIR [--steps N]``.
+
+The whole first training stage, small enough for a laptop, measured the way issue 14 asks:
+
+1. three small synthetic basins (80 km2, 10 days): two for teaching, one held out;
+2. a teacher campaign: the heuristic hydrologist on the two teaching basins, ``--seeds`` seeds,
+   ``--sims`` simulations each (its episodes carry the diagnosis + tool-call text an LLM writes);
+3. ``train.sft_data.build_sft_data`` (``released`` weights, no augmentation: every episode kept);
+4. ``train.sft.train_sft`` of the tiny offline Qwen3 for ``--steps`` steps (fp32, CPU);
+5. the base (untrained) and the SFT'd model as ``hf_local`` agents on the held-out basin (greedy,
+   at most ``--turns`` tool calls): the share of assistant messages that were valid tool calls,
+   the best NSE, and why each episode stopped.
+
+Prints one table and writes ``DIR/result.json``. Not part of ``make bench`` (a few minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["run", "main"]
+
+
+def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int = 12) -> dict[str, Any]:
+    from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
+    from hydroagent_hpc.sim.synth.basins import synthesize_basin
+    from hydroagent_hpc.store import read_episodes, read_turns
+    from hydroagent_hpc.train.config import load_sft_config
+    from hydroagent_hpc.train.sft import train_sft
+    from hydroagent_hpc.train.sft_data import build_sft_data
+    from hydroagent_hpc.train.tiny import save_tiny
+
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    basins = {}
+    for name, seed in (("syn_teach1", 7), ("syn_teach2", 8), ("syn_heldout", 9)):
+        folder = out / "basins" / name
+        if not (folder / "control.txt").exists():
+            synthesize_basin(folder, name=name, area_km2=80.0, window_days=10, warmup_days=3, seed=seed,
+                             start="2021-07-01")
+        basins[name] = str(folder)
+    env = {"preset": "paper", "protocol": "turns", "max_simulations": sims, "patience": None, "stop_at_target": False}
+    teacher = campaign_from_mapping({"name": "teacher", "basins": [basins["syn_teach1"], basins["syn_teach2"]],
+                                     "agents": [{"name": "heuristic", "kind": "heuristic"}],
+                                     "seeds": list(range(seeds)), "env": env})
+    run_campaign(teacher, out / "teacher.h5", progress=False)
+    report = build_sft_data([out / "teacher.h5"], out / "sft.h5", preset="released", tokenizer="tiny",
+                            augment="none", max_tokens=32768)
+    save_tiny(out / "base", seed=0)
+    config = out / "sft.yaml"
+    config.write_text(f"data: sft.h5\nmodel: tiny\nlr: 3.0e-3\nweight_decay: 0.0\nwarmup_steps: 10\n"
+                      f"max_steps: {steps}\nmicro_batch_size: 1\ngrad_accum: 1\nmax_grad_norm: 1.0\nseed: 0\n"
+                      f"dtype: fp32\nfsdp: false\nactivation_checkpointing: false\nsave_every: 100000\n"
+                      f"log_every: 10\nbucket_by_length: true\n")
+    t_sft = time.perf_counter()
+    summary = train_sft(load_sft_config(config), out / "run", resume=True)
+    sft_s = time.perf_counter() - t_sft
+    losses = [float(line.split(",")[1]) for line in (out / "run" / "metrics.csv").read_text().splitlines()[1:]]
+    agent = {"kind": "hf_local", "greedy": True, "max_new_tokens": 256}
+    evaluation = campaign_from_mapping({
+        "name": "eval", "basins": [basins["syn_heldout"]], "seeds": [0], "env": {**env, "max_turns": turns},
+        "agents": [{"name": "base", "path": str(out / "base"), **agent},
+                   {"name": "sft", "path": str(out / "run" / "final"), **agent}]})
+    run_campaign(evaluation, out / "eval.h5", progress=False)
+    episodes, turn_rows = read_episodes(out / "eval.h5"), read_turns(out / "eval.h5")
+    policies = {}
+    for _, ep in episodes.iterrows():
+        rows = turn_rows[turn_rows.episode_id == ep.episode_id]
+        messages = rows.drop_duplicates("message_index")
+        failed = set(rows[rows.kind == "parse_failure"].message_index)
+        policies[ep.agent] = {"messages": int(len(messages)),
+                              "valid_call_share": float(1 - len(failed) / max(1, len(messages))),
+                              "best_nse": None if ep.best_nse != ep.best_nse else float(ep.best_nse),
+                              "stop_reason": str(ep.stop_reason)}
+    result = {"teacher_episodes": report.kept, "sft_steps": steps,
+              "loss_first": losses[0], "loss_last": losses[-1], "sft_s": round(sft_s, 1),
+              "tokens_per_s": summary.get("tokens_per_s"), "policies": policies,
+              "total_s": round(time.perf_counter() - t0, 1)}
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.bench.sft_learning",
+                                 description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--seeds", type=int, default=6)
+    ap.add_argument("--sims", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=12)
+    args = ap.parse_args(argv)
+    r = run(args.out, args.steps, args.seeds, args.sims, args.turns)
+    print(f"SFT {r['sft_steps']} steps in {r['sft_s']} s: loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
+    print(f"{'policy':<8} {'messages':>8} {'valid calls':>11} {'best NSE':>9}  stop")
+    for name, p in r["policies"].items():
+        nse = "n/a" if p["best_nse"] is None else f"{p['best_nse']:.3f}"
+        print(f"{name:<8} {p['messages']:>8} {p['valid_call_share']:>11.0%} {nse:>9}  {p['stop_reason']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
