@@ -66,8 +66,10 @@ def test_killed_campaign_resumes_without_repeats(tmp_path, small_basin_dir):
            "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:  # the store may not exist yet, or be mid-creation at the instant it is read: that is "not yet"
+        # a fixed 20 ms poll: the whole campaign takes about a second once started, so a backed-off
+        # poll could miss the window in which 2..7 episodes are stored
         wait_until(lambda: out.exists() and len(stored_ids(out)) >= 2, 120, "two stored episodes",
-                   ignore=(Exception,))
+                   interval=0.02, max_interval=0.02, ignore=(Exception,))
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

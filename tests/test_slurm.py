@@ -57,7 +57,7 @@ def wait_job(job: str, timeout: float = 240) -> str:
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
-    wait_until(predicate, timeout, what, interval=0.2)
+    wait_until(predicate, timeout, what, interval=0.2, max_interval=0.2)  # catch short-lived states
 
 
 def _stored(path: Path) -> int:

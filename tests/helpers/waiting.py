@@ -12,11 +12,12 @@ __all__ = ["wait_until"]
 
 
 def wait_until(condition: Callable[[], T], timeout: float, what: str, *, interval: float = 0.05,
-               ignore: tuple[type[BaseException], ...] = ()) -> T:
+               max_interval: float = 1.0, ignore: tuple[type[BaseException], ...] = ()) -> T:
     """Call ``condition`` until it returns something truthy and return that; fail after ``timeout`` s.
 
-    ``condition`` is asked at once, then every ``interval`` seconds (doubling up to 1 s, so a slow
-    condition such as ``sacct`` is not hammered). Exceptions of the types in ``ignore`` count as
+    ``condition`` is asked at once, then every ``interval`` seconds (doubling up to ``max_interval``,
+    1 s by default, so a slow condition such as ``sacct`` is not hammered; pass ``max_interval=interval``
+    to poll at a fixed rate when the state to catch is short-lived). Exceptions of the types in ``ignore`` count as
     "not yet" (a file being created at that instant). After ``timeout`` seconds it raises
     ``AssertionError`` naming ``what`` and the last answer, so a hang becomes a clear failure.
     """
@@ -33,4 +34,4 @@ def wait_until(condition: Callable[[], T], timeout: float, what: str, *, interva
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last answer: {last!r})")
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-        interval = min(2 * interval, 1.0)
+        interval = min(2 * interval, max_interval)
