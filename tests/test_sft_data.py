@@ -296,3 +296,11 @@ def test_cli_augment_option(stores, tmp_path, capsys):
     assert rc == 0 and summary["augment"] == "stopping_points" and summary["kept"] == 6
     ds = SFTDataset(out)
     assert summary["examples"] == len(ds) > 6 and ds.info("augment") == "stopping_points"
+
+
+def test_the_cli_choices_match_the_library():
+    """cli/train.py keeps torch-free copies of the preset and augment names: they must not drift."""
+    from hydroagent_hpc.cli import train as cli_train
+    from hydroagent_hpc.train.sft_data import AUGMENT_MODES, SFT_PRESETS
+
+    assert cli_train._SFT_PRESETS == SFT_PRESETS and cli_train._AUGMENT_MODES == AUGMENT_MODES

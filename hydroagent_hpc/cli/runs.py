@@ -204,6 +204,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+
+def _add_site_options(p: argparse.ArgumentParser, *, local: str, time: str, cpus: str, module: str) -> None:
+    """The Slurm site options every ``submit`` subcommand takes (read by ``hpc.slurm.SiteSettings``)."""
+    p.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
+                   help=f"auto: Slurm when sbatch is here, else {local}")
+    for name in ("--partition", "--account", "--qos", "--constraint"):
+        p.add_argument(name)
+    p.add_argument("--time", type=positive_int, help=time)
+    p.add_argument("--cpus-per-task", type=positive_int, help=cpus)
+    p.add_argument("--mem-gb", type=positive_float)
+    p.add_argument("--module", action="append", help=module)
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """The calibrate, campaign, submit, demo and report subcommands."""
     from hydroagent_hpc.agents.factory import AGENT_KINDS
@@ -288,19 +300,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("file", help="campaign YAML")
     sc.add_argument("--run-dir", required=True, help="run folder: shards/, campaign.h5, logs/, report/")
     sc.add_argument("--array", type=positive_int, default=4, help="number of shard jobs (default 4)")
-    sc.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
-                    help="auto: Slurm when sbatch is here, else local processes")
-    sc.add_argument("--partition")
-    sc.add_argument("--account")
-    sc.add_argument("--qos")
-    sc.add_argument("--constraint")
-    sc.add_argument("--time", type=positive_int, help="minutes per shard job (default 60)")
-    sc.add_argument("--cpus-per-task", type=positive_int,
-                    help="CPUs per shard job (default 1); local processes use them")
+    _add_site_options(sc, local="local processes", time="minutes per shard job (default 60)",
+                      cpus="CPUs per shard job (default 1); local processes use them",
+                      module="environment module to load in each job (repeatable)")
     sc.add_argument("--ntasks", type=positive_int, help="MPI ranks per shard job (srun --mpi=pmi2; default 1)")
-    sc.add_argument("--mem-gb", type=positive_float)
     sc.add_argument("--array-parallelism", type=positive_int, help="shard jobs running at once (default 64)")
-    sc.add_argument("--module", action="append", help="environment module to load in each job (repeatable)")
     sc.add_argument("--pool", choices=POOLS, default="auto")
     sc.add_argument("--workers", type=positive_int, help="worker processes per shard job (default: its CPUs)")
     sc.add_argument("--max-in-flight", type=positive_int, default=32)
@@ -318,16 +322,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sf.add_argument("--run-dir", required=True, help="run folder: checkpoints/, final/, logs/, submit.json")
     sf.add_argument("--gpus", type=nonnegative_int, default=0, help="GPUs per node (default 0: one CPU process)")
     sf.add_argument("--nodes", type=positive_int, default=1, help="nodes (default 1)")
-    sf.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
-                    help="auto: Slurm when sbatch is here, else a local process")
-    sf.add_argument("--partition")
-    sf.add_argument("--account")
-    sf.add_argument("--qos")
-    sf.add_argument("--constraint")
-    sf.add_argument("--time", type=positive_int, help="minutes per attempt (default 60)")
-    sf.add_argument("--cpus-per-task", type=positive_int, help="CPUs per node (default 1)")
-    sf.add_argument("--mem-gb", type=positive_float)
-    sf.add_argument("--module", action="append", help="environment module to load in the job (repeatable)")
+    _add_site_options(sf, local="a local process", time="minutes per attempt (default 60)",
+                      cpus="CPUs per node (default 1)", module="environment module to load in the job (repeatable)")
     sf.add_argument("--max-requeues", type=nonnegative_int, default=3, help="time-limit requeues (default 3)")
     sf.add_argument("--save-wait", type=positive_float, default=240.0,
                     help="seconds to wait for the checkpoint after SIGUSR1, then for the exit after SIGTERM "

@@ -8,6 +8,8 @@ import json
 import logging
 import os
 
+from hydroagent_hpc.cli.argtypes import positive_int
+
 log = logging.getLogger("hydroagent")
 
 #: The SFT data presets (kept here too so building the parser does not import torch).
@@ -57,7 +59,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "response (+ the full run), the episode weight split evenly; none: one example per episode "
                         "(default: stopping_points for paper, none for released)")
     d.add_argument("--tokenizer", default="tiny", help="tokenizer folder or hub id (its chat template), or 'tiny'")
-    d.add_argument("--max-tokens", type=int, default=16384, help="context budget per sequence (default 16384)")
+    d.add_argument("--max-tokens", type=positive_int, default=16384, help="context budget per sequence (default 16384)")
     d.set_defaults(func=cmd_sft_data)
     s = tsub.add_parser("sft", help="weighted full-parameter SFT of a model on an sft-data file",
                         description="Assistant-only, per-example-weighted SFT (transformers + accelerate; FSDP2 "
