@@ -1,0 +1,258 @@
+"""The GRPO rollout engine: one task per episode, no lockstep, one global cap on simulations.
+
+``run_rollouts(specs, ...)`` plays every :class:`RolloutSpec` (a basin, a group, a member of the
+group, a seed) as a full calibration episode through the same
+:func:`~hydroagent_hpc.env.episode.run_episode` contract as every other agent:
+
+- **One thread per episode.** Each rollout alternates model turns and tool calls at its own
+  pace; nothing waits for the slowest rollout of the batch or of its turn (TRL's lock-step
+  rollouts do). The embedded simulator's kernel releases the GIL, so the simulations of
+  different rollouts run on different cores.
+- **Model turns** go to a :class:`~hydroagent_hpc.train.sampler.GenerationServer`: the rollouts
+  waiting for a turn at the same moment are sampled in one batch. The policy is
+  :class:`RolloutPolicy`, :class:`~hydroagent_hpc.agents.llm.hf_local.HFLocalPolicy` with its
+  sampling handed to the server, so the held id sequence is built exactly as in evaluation (the
+  token-exact trajectory builder; sampled ids never re-tokenised) and the trainer gets those ids.
+- **Simulations** pass through :class:`RolloutSimulator`: a global cap on simulations in flight
+  (:class:`SimulationSlots`, 32 by default as in the paper), shared by all rollouts, and
+  :class:`SharedRuns`, so one parameter set on one basin is simulated once per batch (the K
+  members of a group usually start from the same defaults) and the result is shared. Each
+  rollout's environment still records, credits and counts that run as its own.
+- **Rewards come from the environment's ledger only**: the per-turn payments of the turns an
+  assistant message caused (:attr:`Rollout.turn_rewards`) and the terminal payment. The text the
+  model wrote never scores itself.
+
+A rollout whose thread fails outside the episode loop (which already records policy crashes and
+parse failures as such) is returned with ``error`` set and no sequence; the batch goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
+from hydroagent_hpc.env.environment import CalibrationEnv
+from hydroagent_hpc.env.episode import run_episode
+from hydroagent_hpc.sim import Simulator
+from hydroagent_hpc.train.sampler import GenerationServer, Sampling
+from hydroagent_hpc.types import Episode, SimulationResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RolloutSpec", "Rollout", "SimulationSlots", "SharedRuns", "RolloutSimulator", "RolloutPolicy",
+           "run_rollouts", "assistant_spans", "message_rewards"]
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """One episode to play: ``group`` indexes the prompt (basin) of a GRPO group, ``member`` 0..K-1."""
+
+    group: int
+    member: int
+    basin_dir: str
+    seed: int
+    episode_id: str
+
+
+@dataclass
+class Rollout:
+    """A played episode and the token sequence the trainer uses.
+
+    ``ids``/``mask``: the whole episode as one id sequence, mask 1 exactly on sampled ids.
+    ``spans[j]`` = ``(start, end)`` of assistant turn ``j``'s sampled ids in ``ids``;
+    ``turn_rewards[j]`` is what the environment paid for the calls of message ``j``;
+    ``terminal`` the terminal payment. ``sample_logprobs`` are the generator's log-probs of the
+    mask-1 ids, in order. ``trainable`` is False when the sequence cannot be trained on (a thread
+    error, a re-rendered history); ``error`` says why.
+    """
+
+    spec: RolloutSpec
+    episode: Episode | None
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    terminal: float = 0.0
+    sample_logprobs: list[float] = field(default_factory=list)
+    error: str | None = None
+    wall_s: float = 0.0
+    generation_wait_s: float = 0.0
+
+    @property
+    def trainable(self) -> bool:
+        return self.error is None and bool(self.spans)
+
+
+class SimulationSlots:
+    """At most ``limit`` simulations in flight across all rollouts; records the peak and busy time."""
+
+    def __init__(self, limit: int = 32) -> None:
+        if limit < 1:
+            raise ValueError(f"max_simulations_in_flight={limit}: must be at least 1")
+        self.limit = int(limit)
+        self._sem = threading.BoundedSemaphore(self.limit)
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self.peak = 0
+        self.runs = 0
+        self.busy_s = 0.0  # summed over slots
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        with self._sem:
+            with self._lock:
+                self.in_flight += 1
+                self.peak = max(self.peak, self.in_flight)
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                with self._lock:
+                    self.in_flight -= 1
+                    self.runs += 1
+                    self.busy_s += time.perf_counter() - t0
+
+
+class SharedRuns:
+    """Results of parameter sets already simulated on a basin in this batch (``key -> Future``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[tuple[Any, ...], Future[SimulationResult]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get_or_run(self, key: tuple[Any, ...], run: Callable[[], SimulationResult]) -> SimulationResult:
+        with self._lock:
+            fut = self._runs.get(key)
+            owner = fut is None
+            if fut is None:
+                fut = self._runs[key] = Future()
+                self.misses += 1
+            else:
+                self.hits += 1
+        if owner:
+            try:
+                fut.set_result(run())
+            except BaseException as exc:
+                fut.set_exception(exc)
+        return fut.result()
+
+
+class RolloutSimulator:
+    """A :class:`~hydroagent_hpc.sim.Simulator` for one rollout: the basin's simulator behind the
+    global slots and the batch's shared runs (see the module doc)."""
+
+    def __init__(self, inner: Simulator, slots: SimulationSlots, shared: SharedRuns | None, basin_key: str) -> None:
+        self.inner = inner
+        self.slots = slots
+        self.shared = shared
+        self.basin_key = basin_key
+
+    @property
+    def base_params(self) -> dict[str, float]:
+        return dict(self.inner.base_params)
+
+    def _run_now(self, params: Mapping[str, float] | None) -> SimulationResult:
+        with self.slots.slot():
+            return self.inner.run(params)
+
+    def run(self, params: Mapping[str, float] | None = None) -> SimulationResult:
+        if self.shared is None:
+            return self._run_now(params)
+        full = {**self.inner.base_params, **{str(k): float(v) for k, v in (params or {}).items()}}
+        key = (self.basin_key, tuple(sorted(full.items())))
+        return self.shared.get_or_run(key, lambda: self._run_now(params))
+
+    def run_batch(self, param_sets: Sequence[Mapping[str, float] | None]) -> list[SimulationResult]:
+        return [self.run(p) for p in param_sets]
+
+
+class RolloutPolicy(HFLocalPolicy):
+    """:class:`HFLocalPolicy` whose turns are sampled by a shared :class:`GenerationServer`."""
+
+    def __init__(self, model: Any, tokenizer: Any, server: GenerationServer, sampling: Sampling, *,
+                 seed: int, max_context_tokens: int, name: str = "grpo", tools: Sequence[dict[str, Any]] | None = None,
+                 chat_template: str | None = None) -> None:
+        super().__init__(model, tokenizer, name=name, temperature=sampling.temperature, top_p=sampling.top_p,
+                         top_k=sampling.top_k, greedy=sampling.greedy, max_new_tokens=sampling.max_new_tokens,
+                         max_context_tokens=max_context_tokens, seed=seed, tools=tools, chat_template=chat_template)
+        self.server = server
+        self.sample_logprobs: list[float] = []
+        self.generation_wait_s = 0.0
+
+    def _generate(self, ids: list[int], seed: int | None) -> list[int]:
+        t0 = time.perf_counter()
+        sample = self.server.generate(ids, seed)
+        self.generation_wait_s += time.perf_counter() - t0
+        self.sample_logprobs += sample.logprobs
+        return list(sample.ids)
+
+
+def assistant_spans(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """``(start, end)`` of each maximal run of 1s in ``mask``: one per assistant turn (turns are
+    always separated by tool responses or template glue, which are 0)."""
+    spans, start = [], None
+    for i, m in enumerate(mask):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    if start is not None:
+        spans.append((start, len(mask)))
+    return spans
+
+
+def message_rewards(episode: Episode, n_messages: int) -> list[float]:
+    """The environment's per-turn payments summed per assistant message (``message_index``)."""
+    out = [0.0] * n_messages
+    for t in episode.turns:
+        if 0 <= t.message_index < n_messages:
+            out[t.message_index] += float(t.reward)
+    return out
+
+
+def run_rollouts(specs: Sequence[RolloutSpec], *, env_factory: Callable[[RolloutSpec, Simulator], CalibrationEnv],
+                 simulators: Mapping[str, Simulator], policy_factory: Callable[[RolloutSpec], RolloutPolicy],
+                 slots: SimulationSlots, shared: SharedRuns | None = None,
+                 max_workers: int | None = None) -> list[Rollout]:
+    """Play ``specs`` concurrently (see the module doc); results in the order of ``specs``.
+
+    ``simulators`` maps a basin folder to its (thread-safe) simulator; ``env_factory(spec, sim)``
+    builds the episode's environment on the wrapped simulator; ``policy_factory(spec)`` its
+    policy (sharing the batch's generation server). ``shared``: a :class:`SharedRuns` to simulate
+    identical parameter sets on a basin once (None: every request runs).
+    """
+
+    def play(spec: RolloutSpec) -> Rollout:
+        t0 = time.perf_counter()
+        try:
+            sim = RolloutSimulator(simulators[spec.basin_dir], slots, shared, spec.basin_dir)
+            env = env_factory(spec, sim)
+            policy = policy_factory(spec)
+            episode = run_episode(policy, env)
+        except Exception as exc:  # the batch goes on; this rollout is recorded as failed
+            log.exception("rollout %s (group %d member %d) failed", spec.episode_id, spec.group, spec.member)
+            return Rollout(spec, None, error=f"{type(exc).__name__}: {exc}"[:500], wall_s=time.perf_counter() - t0)
+        ids, mask = policy.token_sequence()
+        spans = assistant_spans(mask)
+        error = None
+        if any(t.rerendered for t in policy.trace):
+            error = "rerendered: the template rewrote the history; the sequence is not the sampled one"
+        elif len(spans) != len(policy.trace):
+            error = f"{len(spans)} sampled spans for {len(policy.trace)} turns"
+        return Rollout(spec, episode, ids, mask, spans, message_rewards(episode, len(spans)),
+                       float(episode.terminal_reward or 0.0), list(policy.sample_logprobs), error,
+                       time.perf_counter() - t0, policy.generation_wait_s)
+
+    workers = max_workers or max(1, len(specs))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as pool:
+        return list(pool.map(play, specs))
