@@ -1,0 +1,211 @@
+"""The GRPO run configuration: one strict YAML file -> a frozen :class:`GRPOConfig`.
+
+Example (``basins`` is required; every other key has a default, and ``preset`` chooses the
+defaults of the recipe keys)::
+
+    preset: paper                    # paper | released (docs/reference-implementation.md section 7)
+    model: ../results/sft/final      # the initial policy: an SFT checkpoint (paper) or the base (released)
+    basins: [../basins/syn_a, ../basins/syn_b]     # training prompts (basin folders)
+    validation_basins: [../basins/syn_heldout]     # held out: validated on, never trained on
+    group_size: 8                    # K rollouts per prompt
+    prompts_per_step: 4
+    max_steps: 100
+    env: {max_turns: 50, max_simulations: 50}      # EnvConfig overrides on top of the preset
+
+Recipe keys and their preset defaults (a key given in the file always wins):
+
+=====================  ==============  ==================
+key                    paper           released
+=====================  ==============  ==================
+group_size             8               6
+kl_coef                0.2             0.05
+advantage              episode         released
+=====================  ==============  ==================
+
+Both: lr 1e-6 with ``warmup_steps`` linear warm-up then constant, weight decay 0, gradient clip
+1.0, entropy 0.01, clip 0.2 / 0.2, ``token-mean`` aggregation, temperature 1.0, top-p 0.95,
+at most 32 simulations in flight. Unknown keys, wrong types and out-of-range values are refused
+with the file and line of the key; relative paths are resolved against the config file's folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydroagent_hpc.errors import ConfigError
+from hydroagent_hpc.yamlio import brief, load_strict
+
+__all__ = ["GRPOConfig", "GRPOConfigError", "load_grpo_config", "grpo_config_from_mapping", "PRESET_DEFAULTS"]
+
+ADVANTAGES = ("episode", "turn", "released")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+#: The recipe keys whose defaults depend on the preset.
+PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "paper": {"group_size": 8, "kl_coef": 0.2, "advantage": "episode"},
+    "released": {"group_size": 6, "kl_coef": 0.05, "advantage": "released"},
+}
+
+
+class GRPOConfigError(ConfigError):
+    """A GRPO config that cannot be used (names the file:line and the fix)."""
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Everything that decides a GRPO run (written, resolved, into ``RUN_DIR/config.yaml``)."""
+
+    basins: tuple[str, ...]
+    preset: str = "paper"
+    model: str = "tiny"
+    validation_basins: tuple[str, ...] = ()
+    env: dict[str, Any] = field(default_factory=dict)
+    group_size: int = 8
+    prompts_per_step: int = 4
+    max_steps: int = 10
+    advantage: str = "episode"
+    gamma: float = 1.0
+    std_normalise: bool = True
+    lr: float = 1e-6
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.2
+    entropy_coef: float = 0.01
+    aggregation: str = "token-mean"
+    norm_length: int | None = None
+    temperature: float = 1.0
+    top_p: float = 0.95
+    top_k: int = 0
+    max_new_tokens: int = 512
+    max_context_tokens: int = 8192
+    max_simulations_in_flight: int = 32
+    share_runs: bool = True
+    generation_batch: int = 64
+    logprob_chunk: int = 1024
+    seed: int = 0
+    dtype: str = "auto"
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    validate_every: int = 0
+    simulator: str = "embedded"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["basins"], d["validation_basins"] = list(self.basins), list(self.validation_basins)
+        return d
+
+
+_INT = {"group_size": 1, "prompts_per_step": 1, "max_steps": 1, "warmup_steps": 0, "top_k": 0, "max_new_tokens": 1,
+        "max_context_tokens": 2, "max_simulations_in_flight": 1, "generation_batch": 1, "logprob_chunk": 1,
+        "seed": None, "save_every": 0, "keep_checkpoints": 0, "validate_every": 0, "norm_length": 1}
+_FLOAT = ("gamma", "lr", "weight_decay", "max_grad_norm", "clip_low", "clip_high", "kl_coef", "entropy_coef",
+          "temperature", "top_p")
+_BOOL = ("std_normalise", "share_runs")
+_CHOICES = {"preset": tuple(PRESET_DEFAULTS), "advantage": ADVANTAGES, "aggregation": AGGREGATIONS,
+            "dtype": ("auto", "bf16", "fp32")}
+
+
+def _check(data: dict[str, Any], where: Any) -> dict[str, Any]:
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        at = where(key)
+        if key not in fields:
+            raise GRPOConfigError(f"{at}: {key}: unknown key", f"use one of {', '.join(sorted(fields))}")
+        if key in ("basins", "validation_basins"):
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise GRPOConfigError(f"{at}: {key}: expected a list of basin folders, got {brief(value)}")
+            if len(set(value)) != len(value):
+                raise GRPOConfigError(f"{at}: {key}: lists a basin twice")
+            value = tuple(value)
+        elif key in ("model", "simulator"):
+            if not isinstance(value, str) or not value:
+                raise GRPOConfigError(f"{at}: {key}: expected a name or path, got {brief(value)}")
+        elif key == "env":
+            if not isinstance(value, dict):
+                raise GRPOConfigError(f"{at}: env: expected a mapping of environment settings, got {brief(value)}")
+        elif key in _INT:
+            if value is None and key == "norm_length":
+                pass
+            elif isinstance(value, bool) or not isinstance(value, int):
+                raise GRPOConfigError(f"{at}: {key}: expected a whole number, got {brief(value)}")
+            elif (least := _INT[key]) is not None and value < least:
+                raise GRPOConfigError(f"{at}: {key}: must be at least {least}, got {value}")
+        elif key in _FLOAT:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise GRPOConfigError(f"{at}: {key}: expected a number, got {brief(value)}",
+                                      "write numbers like 1.0e-6 (PyYAML reads 1e-6 without a dot as text)")
+            value = float(value)
+            if value != value or value in (float("inf"), float("-inf")) or value < 0:
+                raise GRPOConfigError(f"{at}: {key}: must be a finite number >= 0, got {value}")
+            if key in ("lr", "max_grad_norm", "temperature", "top_p") and value <= 0:
+                raise GRPOConfigError(f"{at}: {key}: must be positive, got {value}")
+            if key == "top_p" and value > 1:
+                raise GRPOConfigError(f"{at}: top_p: must be at most 1, got {value}")
+            if key == "gamma" and value > 1:
+                raise GRPOConfigError(f"{at}: gamma: must be in [0, 1], got {value}")
+            if key in ("clip_low",) and value >= 1:
+                raise GRPOConfigError(f"{at}: clip_low: must be below 1, got {value}")
+        elif key in _BOOL:
+            if not isinstance(value, bool):
+                raise GRPOConfigError(f"{at}: {key}: expected true or false, got {brief(value)}")
+        elif key in _CHOICES:
+            if value not in _CHOICES[key]:
+                raise GRPOConfigError(f"{at}: {key}: {brief(value)} is not one of {', '.join(_CHOICES[key])}")
+        out[key] = value
+    if not out.get("basins"):
+        raise GRPOConfigError(f"{where('basins' if 'basins' in out else None)}: basins: missing or empty",
+                              "list the training basin folders (made by `hydroagent basin synth` or from-camels)")
+    overlap = set(out["basins"]) & set(out.get("validation_basins", ()))
+    if overlap:
+        raise GRPOConfigError(f"{where('validation_basins')}: validation_basins: {sorted(overlap)} are also "
+                              f"training basins", "validate on held-out basins only")
+    if out.get("aggregation") == "seq-mean-token-sum-norm" and out.get("norm_length") is None:
+        raise GRPOConfigError(f"{where('aggregation')}: seq-mean-token-sum-norm needs norm_length",
+                              "set norm_length to the episode token budget (e.g. max_context_tokens)")
+    return out
+
+
+def grpo_config_from_mapping(data: Any, *, source: str = "<config>", base_dir: Path | None = None,
+                             where: Any = None) -> GRPOConfig:
+    """A :class:`GRPOConfig` from a parsed mapping (preset defaults filled, paths resolved)."""
+    if not isinstance(data, dict):
+        raise GRPOConfigError(f"{source}: expected a mapping of settings, got {brief(data)}")
+    where = where or (lambda key: source)
+    values = _check(data, where)
+    preset = values.get("preset", "paper")
+    for key, default in PRESET_DEFAULTS[preset].items():
+        values.setdefault(key, default)
+    if base_dir is not None:
+        def resolve(v: str) -> str:
+            return v if Path(v).is_absolute() else str((base_dir / v).resolve())
+        values["basins"] = tuple(resolve(v) for v in values["basins"])
+        values["validation_basins"] = tuple(resolve(v) for v in values.get("validation_basins", ()))
+        if values.get("model", "tiny") != "tiny":
+            values["model"] = resolve(values["model"])
+    _check_env(values.get("env", {}), preset, where)
+    return GRPOConfig(**values)
+
+
+def _check_env(env: dict[str, Any], preset: str, where: Any) -> None:
+    from hydroagent_hpc.config import preset as make_env
+
+    try:
+        make_env(preset, **env)
+    except (TypeError, ValueError) as exc:
+        raise GRPOConfigError(f"{where('env')}: env: {exc}", "use the keys of EnvConfig (docs/guarantees.md)") \
+            from None
+
+
+def load_grpo_config(path: str | Path) -> GRPOConfig:
+    """Read a GRPO config file strictly (unknown keys, bad types and values name the file:line)."""
+    doc = load_strict(path, error=GRPOConfigError, what="GRPO config")
+    p = Path(path)
+    return grpo_config_from_mapping(doc.data, source=doc.source, base_dir=p.resolve().parent,
+                                    where=lambda key: doc.where([key]) if key else doc.source)

@@ -1,0 +1,46 @@
+"""The GRPO config: strict YAML with file:line errors, preset defaults, resolved paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hydroagent_hpc.train.grpo_config import PRESET_DEFAULTS, GRPOConfigError, load_grpo_config
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "grpo.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_preset_defaults_fill_only_the_keys_not_given(tmp_path):
+    paper = load_grpo_config(_write(tmp_path, "basins: [b1, b2]\n"))
+    assert (paper.group_size, paper.kl_coef, paper.advantage) == (8, 0.2, "episode")
+    assert paper.lr == 1e-6 and paper.entropy_coef == 0.01 and (paper.temperature, paper.top_p) == (1.0, 0.95)
+    assert paper.max_simulations_in_flight == 32
+    assert paper.basins == (str((tmp_path / "b1").resolve()), str((tmp_path / "b2").resolve()))
+    released = load_grpo_config(_write(tmp_path, "preset: released\nbasins: [b1]\nkl_coef: 0.1\n"))
+    assert released.group_size == PRESET_DEFAULTS["released"]["group_size"] == 6
+    assert released.advantage == "released" and released.kl_coef == 0.1
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("basins: [b]\ngroup_sise: 4\n", 2, "unknown key"),
+    ("basins: [b]\nlr: 1e-6\n", 2, "expected a number"),
+    ("basins: [b]\n\nadvantage: gae\n", 3, "not one of"),
+    ("basins: [b]\ntop_p: 1.5\n", 2, "at most 1"),
+    ("basins: [b]\ngroup_size: 0\n", 2, "at least 1"),
+    ("basins: [a, b]\nvalidation_basins: [b]\n", 2, "also training basins"),
+    ("basins: [b]\naggregation: seq-mean-token-sum-norm\n", 2, "norm_length"),
+    ("basins: [b]\nenv: {max_turnz: 3}\n", 2, "env"),
+    ("preset: paper\n", 1, "basins"),
+])
+def test_bad_configs_name_the_file_line_and_key(tmp_path, text, line, words):
+    path = _write(tmp_path, text)
+    with pytest.raises(GRPOConfigError) as err:
+        load_grpo_config(path)
+    message = str(err.value)
+    assert words in message
+    assert f"{path}:{line}" in message or (line == 1 and str(path) in message)
