@@ -1,5 +1,6 @@
 """``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft_data.py);
-``hydroagent train sft CONFIG --out RUN_DIR [--resume]``: weighted SFT (see train/sft.py)."""
+``hydroagent train sft CONFIG --out RUN_DIR [--resume]``: weighted SFT (see train/sft.py);
+``hydroagent train grpo CONFIG --out RUN_DIR [--resume]``: GRPO on the simulator's reward (train/grpo.py)."""
 
 from __future__ import annotations
 
@@ -40,10 +41,19 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return exit_status(summary)
 
 
+def cmd_grpo(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.train.grpo import run_cli
+
+    summary = run_cli(args)
+    print(json.dumps({k: summary[k] for k in ("run_dir", "steps", "first_reward", "last_reward", "final",
+                                              "stopped")}))
+    return 0 if summary["stopped"] is None else 143
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """``train sft-data``, ``train sft``."""
+    """``train sft-data``, ``train sft``, ``train grpo``."""
     t = sub.add_parser("train", help="training data and training runs",
-                       description="Training: SFT teacher data and SFT runs.")
+                       description="Training: SFT teacher data, SFT runs and GRPO runs.")
     tsub = t.add_subparsers(dest="train_command", required=True)
     d = tsub.add_parser("sft-data", help="campaign stores -> weighted, token-exact SFT trajectories (HDF5)",
                         description="Rebuild each text episode's conversation from campaign stores, filter and "
@@ -70,3 +80,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder")
     s.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest when there is one")
     s.set_defaults(func=cmd_sft)
+    g = tsub.add_parser("grpo", help="GRPO of a policy with the simulator as the verifier",
+                        description="Rollouts on the training basins (one thread per episode, batched model turns, "
+                                    "a global cap on simulations in flight), advantages from the environment's "
+                                    "ledger, clipped-ratio loss with k3 KL and entropy. Writes RUN_DIR/config.yaml, "
+                                    "metrics.csv, rollouts.h5 (every episode), checkpoints/ and final/.")
+    g.add_argument("config", metavar="CONFIG", help="GRPO config YAML (see hydroagent_hpc/train/grpo_config.py)")
+    g.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder")
+    g.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest when there is one")
+    g.set_defaults(func=cmd_grpo)

@@ -47,7 +47,8 @@ __all__ = ["TrainerState", "rng_state", "set_rng_state", "latest_checkpoint", "s
 _STEP = re.compile(r"^step-(\d+)$")
 
 #: Test-only fault injection: a comma list of ``kill:K`` (SIGKILL itself after step K),
-#: ``kill_in_save:K`` (SIGKILL in the middle of writing checkpoint K), ``usr1:K`` / ``term:K``
+#: ``kill_in_save:K`` (SIGKILL in the middle of writing checkpoint K), ``kill_after_rollouts:K``
+#: (GRPO: SIGKILL once step K's rollouts are stored, before its update), ``usr1:K`` / ``term:K``
 #: (send itself SIGUSR1 / SIGTERM after step K, through the real handlers).
 FAULT_ENV = "HYDROAGENT_SFT_FAULTS"
 
@@ -59,8 +60,8 @@ def fault(point: str, step: int) -> None:
         return
     import signal
 
-    signals = {"kill": signal.SIGKILL, "kill_in_save": signal.SIGKILL, "usr1": signal.SIGUSR1,
-               "term": signal.SIGTERM}
+    signals = {"kill": signal.SIGKILL, "kill_in_save": signal.SIGKILL, "kill_after_rollouts": signal.SIGKILL,
+               "usr1": signal.SIGUSR1, "term": signal.SIGTERM}
     for item in spec.split(","):
         name, _, at = item.strip().partition(":")
         if name == point and at.strip() == str(step) and name in signals:

@@ -1,0 +1,512 @@
+"""GRPO with the simulator as the verifier: ``hydroagent train grpo CONFIG --out RUN``.
+
+One step, top to bottom (:func:`train_grpo`):
+
+1. **Prompts.** ``prompts_per_step`` training basins, taken in a per-epoch shuffle of
+   ``basins`` (seeded); held-out ``validation_basins`` are never trained on.
+2. **Rollouts.** ``group_size`` (K) episodes per prompt, all at once through
+   :func:`~hydroagent_hpc.train.rollout.run_rollouts` (one thread per episode, batched model turns,
+   at most ``max_simulations_in_flight`` simulations, identical parameter sets on a basin simulated
+   once). Member ``k`` of group ``g`` at step ``s`` samples with the seed derived from
+   ``(seed, s, g, k)``, so a resumed step replays the same episodes. Every rollout is stored as an
+   episode in ``RUN/rollouts.h5`` (the campaign store format: ``hydroagent report`` reads it).
+3. **Rewards and advantages** from the environment's ledger only: per assistant message the
+   payments of the calls it made, and the terminal payment
+   (:func:`~hydroagent_hpc.train.advantages.group_advantages`, mode ``advantage``). A group whose
+   returns are all equal gives no gradient and is counted (``degenerate_groups``).
+4. **Loss.** Each trainable sequence is scored by the policy in chunks
+   (:func:`~hydroagent_hpc.train.grpo_loss.token_logprobs`) and by the frozen reference (the
+   initial policy) when ``kl_coef > 0``; the clipped-ratio loss with k3 KL and the entropy bonus
+   (:func:`~hydroagent_hpc.train.grpo_loss.grpo_loss`) is aggregated with the step's **global**
+   token and sequence counts, so splitting the step into one sequence per backward pass changes
+   nothing. One optimizer step per rollout batch (one PPO epoch, mini-batch = batch, as the paper):
+   ``old_logp`` is the policy's own detached log-prob, so the ratio is 1 and the clip is inert
+   until an engine other than the trainer samples. Then gradient clipping and AdamW.
+5. **Record.** One row per step in ``RUN/metrics.csv`` (reward parts, best NSE, simulations,
+   turns, parse failures, stop reasons, entropy, KL, clip fraction, advantage statistics, time
+   split into generation / simulation / training) and one console line.
+6. **Checkpoints** every ``save_every`` steps, on SIGUSR1 (and SIGTERM, which then stops), and at
+   the end, atomically (:mod:`hydroagent_hpc.train.checkpoint`); a resumed run replays nothing
+   twice: a step is either complete in the checkpoint or redone from its start. ``RUN/final`` is a
+   ``save_pretrained`` folder the ``hf_local`` agent loads.
+
+Validation (``validate_every`` > 0): one greedy episode per validation basin before the first
+step and every ``validate_every`` steps, stored in the same file (agent ``grpo-val``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import logging
+import math
+import os
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from hydroagent_hpc.provenance import provenance
+from hydroagent_hpc.train.advantages import group_advantages, token_advantages
+from hydroagent_hpc.train.checkpoint import (
+    TrainerState,
+    fault,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError, load_grpo_config
+from hydroagent_hpc.train.grpo_loss import grpo_loss, token_logprobs
+from hydroagent_hpc.train.rollout import (
+    Rollout,
+    RolloutPolicy,
+    RolloutSpec,
+    SharedRuns,
+    SimulationSlots,
+    run_rollouts,
+)
+from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sampling
+
+log = logging.getLogger(__name__)
+
+__all__ = ["train_grpo", "rollout_seed", "plan_prompts", "METRICS_COLUMNS", "build_parser", "run_cli", "main"]
+
+METRICS_COLUMNS = ("step", "reward_mean", "reward_std", "turn_reward_mean", "terminal_mean", "best_nse_mean",
+                   "simulations_mean", "turns_mean", "parse_failures_mean", "rollouts", "trainable",
+                   "degenerate_groups", "adv_mean", "adv_std", "adv_abs_max", "loss", "pg", "kl", "entropy",
+                   "clip_fraction", "grad_norm", "lr", "tokens", "generation_s", "simulation_s", "training_s",
+                   "step_s", "sim_peak_in_flight", "shared_run_hits", "stop_reasons", "val_reward_mean",
+                   "val_best_nse_mean")
+
+
+def rollout_seed(seed: int, step: int, group: int, member: int) -> int:
+    """The sampling seed of member ``member`` of group ``group`` at step ``step`` (63-bit)."""
+    s = np.random.SeedSequence([int(seed) & ((1 << 63) - 1), 1, int(step), int(group), int(member)])
+    a, b = (int(x) for x in s.generate_state(2, dtype=np.uint32))
+    return ((a << 32) | b) & ((1 << 63) - 1)
+
+
+def plan_prompts(n_basins: int, per_step: int, seed: int, epoch: int, index: int) -> tuple[list[int], int, int]:
+    """The basin indices of the next step and the new ``(epoch, index)`` position.
+
+    Each epoch is a permutation of the basins seeded by ``(seed, epoch)``; a step takes the next
+    ``per_step`` of it and continues into the next epoch's permutation when it runs out.
+    """
+    out: list[int] = []
+    while len(out) < per_step:
+        order = np.random.default_rng([int(seed), int(epoch)]).permutation(n_basins)
+        take = min(per_step - len(out), n_basins - index)
+        out += [int(i) for i in order[index:index + take]]
+        index += take
+        if index >= n_basins:
+            epoch, index = epoch + 1, 0
+    return out, epoch, index
+
+
+# ---------------------------------------------------------------------------------------------
+# Setup
+
+
+def _load_policy(config: GRPOConfig, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
+    model: Any
+    tokenizer: Any
+    if config.model == "tiny":
+        from hydroagent_hpc.train.tiny import build_tiny
+
+        model, tokenizer = build_tiny(seed=config.seed)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(config.model)
+        if not (path / "config.json").is_file():
+            raise GRPOConfigError(f"model: {path} is not a save_pretrained folder (no config.json)",
+                                  "point model at an SFT run's final/ folder, or use model: tiny")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+        except (OSError, ValueError) as exc:
+            from hydroagent_hpc.errors import one_line
+
+            raise GRPOConfigError(f"model: {path}: cannot load ({one_line(exc)})",
+                                  "point model at a complete save_pretrained folder") from None
+    return model.to(device=device, dtype=dtype), tokenizer
+
+
+def _prepare_run_dir(run_dir: Path, config: GRPOConfig, resume: bool) -> Path | None:
+    latest = latest_checkpoint(run_dir)
+    if latest is not None and not resume:
+        raise GRPOConfigError(f"--out {run_dir}: holds checkpoints of a run (latest {latest.name})",
+                              "pass --resume to continue it, or choose a new --out folder")
+    saved = run_dir / "config.yaml"
+    if latest is not None and saved.is_file():
+        old = (yaml.safe_load(saved.read_text()) or {}).get("config")
+        if old != config.to_dict():
+            changed = sorted(k for k in config.to_dict() if (old or {}).get(k) != config.to_dict()[k])
+            raise GRPOConfigError(f"--out {run_dir}: was started with another config (differs in "
+                                  f"{', '.join(changed)})", f"resume with the config in {saved}, or a new --out")
+    return latest
+
+
+def _write_config(run_dir: Path, config: GRPOConfig, extra: dict[str, Any]) -> None:
+    from hydroagent_hpc.train.sft import _version
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {"config": config.to_dict(), **extra, "provenance": provenance(),
+              "versions": {n: _version(n) for n in ("torch", "transformers", "accelerate", "h5py")}}
+    tmp = run_dir / "config.yaml.tmp"
+    tmp.write_text(yaml.safe_dump(record, sort_keys=False))
+    os.replace(tmp, run_dir / "config.yaml")
+
+
+class _Metrics:
+    """``metrics.csv``: one row per step; on resume the rows after the checkpoint are dropped."""
+
+    def __init__(self, path: Path, resumed_step: int | None) -> None:
+        self.path = path
+        rows: list[list[str]] = []
+        if resumed_step is not None and path.is_file():
+            with open(path, newline="") as fh:
+                rows = [r for r in list(csv.reader(fh))[1:] if r and int(r[0]) <= resumed_step]
+        tmp = path.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(METRICS_COLUMNS)
+            w.writerows(rows)
+        os.replace(tmp, path)
+
+    def write(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a", newline="") as fh:
+            csv.writer(fh).writerow([f"{row.get(c):.8g}" if isinstance(row.get(c), float) else row.get(c, "")
+                                     for c in METRICS_COLUMNS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollouts
+
+
+class _Episodes:
+    """The run's episode store; a replayed step's episodes that are already stored are not written again."""
+
+    def __init__(self, path: Path) -> None:
+        from hydroagent_hpc.store import EpisodeWriter
+
+        self.writer = EpisodeWriter(path)
+        self.basins: dict[str, Any] = {}
+
+    def write(self, rollouts: Sequence[Rollout]) -> None:
+        for r in rollouts:
+            ep = r.episode
+            if ep is None or self.writer.has(ep.episode_id):
+                continue
+            self.writer.write(ep, self.basins.get(r.spec.basin_dir))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpec], sims: dict[str, Any],
+          basins: dict[str, Any], *, greedy: bool = False,
+          agent: str = "grpo") -> tuple[list[Rollout], dict[str, Any]]:
+    from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
+    from hydroagent_hpc.config import preset
+    from hydroagent_hpc.env.environment import CalibrationEnv
+
+    env_config = preset(config.preset, **config.env)
+    sampling = Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                        max_new_tokens=config.max_new_tokens, greedy=greedy)
+    probe = HFLocalPolicy(model, tokenizer)  # stop and pad ids as evaluation uses them
+    sampler = BatchedSampler(model, probe.stop_ids, probe.pad_id, sampling, max_batch=config.generation_batch)
+    slots = SimulationSlots(config.max_simulations_in_flight)
+    shared = SharedRuns() if config.share_runs else None
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    with GenerationServer(sampler) as server:
+        rollouts = run_rollouts(
+            specs,
+            env_factory=lambda spec, sim: CalibrationEnv(basins[spec.basin_dir], sim, env_config, agent=agent,
+                                                         seed=spec.seed, episode_id=spec.episode_id),
+            simulators=sims,
+            policy_factory=lambda spec: RolloutPolicy(model, tokenizer, server, sampling, seed=spec.seed,
+                                                      max_context_tokens=config.max_context_tokens, name=agent),
+            slots=slots, shared=shared)
+        stats = dict(server.stats)
+    model.train(was_training)
+    stats.update(wall_s=time.perf_counter() - t0, sim_busy_s=slots.busy_s, sim_peak=slots.peak, sim_runs=slots.runs,
+                 shared_hits=shared.hits if shared else 0)
+    return rollouts, stats
+
+
+def _episode_summary(rollouts: Sequence[Rollout]) -> dict[str, Any]:
+    eps = [r.episode for r in rollouts if r.episode is not None]
+    if not eps:
+        return {"reward_mean": float("nan"), "best_nse_mean": float("nan")}
+    rewards = [sum(r.turn_rewards) + r.terminal for r in rollouts if r.episode is not None]
+    best = [e.best_nse for e in eps if e.best_nse is not None and math.isfinite(e.best_nse)]
+    stops = collections.Counter(str(e.stop_reason).split(":")[0] for e in eps)
+    return {"reward_mean": float(np.mean(rewards)), "reward_std": float(np.std(rewards)),
+            "turn_reward_mean": float(np.mean([sum(r.turn_rewards) for r in rollouts if r.episode is not None])),
+            "terminal_mean": float(np.mean([r.terminal for r in rollouts if r.episode is not None])),
+            "best_nse_mean": float(np.mean(best)) if best else float("nan"),
+            "simulations_mean": float(np.mean([e.counters.get("simulations", 0) for e in eps])),
+            "turns_mean": float(np.mean([len(e.turns) for e in eps])),
+            "parse_failures_mean": float(np.mean([sum(t.kind == "parse_failure" for t in e.turns) for e in eps])),
+            "stop_reasons": ";".join(f"{k}={v}" for k, v in sorted(stops.items()))}
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def _compute_dtype(config: GRPOConfig, device: torch.device) -> torch.dtype:
+    if config.dtype == "fp32" or (config.dtype == "auto" and device.type != "cuda"):
+        return torch.float32
+    return torch.bfloat16
+
+
+def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool = True) -> dict[str, Any]:
+    """Run GRPO as configured into ``run_dir``; returns a summary (see the module docstring)."""
+    from hydroagent_hpc.sim import open_simulator
+    from hydroagent_hpc.sim.basin import load_basin
+    from hydroagent_hpc.train.sft import _Signals
+
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    # 1. checks before anything is written: basins, model, run folder
+    all_dirs = list(config.basins) + list(config.validation_basins)
+    basins = {d: load_basin(d) for d in all_dirs}
+    sims = {d: open_simulator(Path(d) / "control.txt", config.simulator) for d in all_dirs}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = _compute_dtype(config, device)
+    torch.manual_seed(config.seed)
+    model, tokenizer = _load_policy(config, device, dtype)
+    resume_from = _prepare_run_dir(run_dir, config, resume)
+    reference = None
+    if config.kl_coef > 0:
+        import copy
+
+        reference = copy.deepcopy(model).eval()
+        for p in reference.parameters():
+            p.requires_grad_(False)
+    model.config.use_cache = True
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                                  betas=(0.9, 0.999), eps=1e-8, weight_decay=config.weight_decay)
+    warm = config.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    state = TrainerState()
+    if resume_from is not None:
+        # the reference was copied above: it stays the initial policy, not the resumed one
+        state = load_checkpoint(resume_from, model, optimizer, scheduler)
+    _write_config(run_dir, config, {"device": str(device), "compute_dtype": str(dtype),
+                                    "resumed_from_step": state.step or None})
+    metrics = _Metrics(run_dir / "metrics.csv", state.step if resume_from is not None else None)
+    store = _Episodes(run_dir / "rollouts.h5")
+    store.basins = basins
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    log.info("GRPO: %d training basins x K=%d, %d prompts/step, %d steps, %s advantages, kl %.3g, entropy %.3g, "
+             "%s on %s", len(config.basins), config.group_size, config.prompts_per_step, config.max_steps,
+             config.advantage, config.kl_coef, config.entropy_coef, dtype, device)
+
+    last_val: dict[str, Any] = {}
+    if config.validation_basins and config.validate_every and resume_from is None:
+        last_val = _validate(config, model, tokenizer, sims, basins, store, state.step)
+    summary_rows: list[dict[str, Any]] = []
+    stopped = None
+    saved_at = state.step if resume_from is not None else -1
+    try:
+        with _Signals() as signals:
+            while state.step < config.max_steps:
+                step = state.step + 1
+                t_step = time.perf_counter()
+                # 2. prompts and rollouts
+                idx, epoch, index = plan_prompts(len(config.basins), config.prompts_per_step, config.seed,
+                                                 state.epoch, state.index)
+                specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k),
+                                     f"grpo-s{step:05d}-g{g}-k{k}")
+                         for g, b in enumerate(idx) for k in range(config.group_size)]
+                rollouts, gen_stats = _play(config, model, tokenizer, specs, sims, basins)
+                store.write(rollouts)
+                fault("kill_after_rollouts", step)
+                t_rollout = time.perf_counter() - t_step
+                # 3. advantages per group, from the ledger
+                per_turn: dict[int, np.ndarray] = {}
+                degenerate = 0
+                for g in range(len(idx)):
+                    members = [i for i, r in enumerate(rollouts) if r.spec.group == g and r.trainable]
+                    if not members:
+                        degenerate += 1
+                        continue
+                    ga = group_advantages([rollouts[i].turn_rewards for i in members],
+                                          [rollouts[i].terminal for i in members], mode=config.advantage,
+                                          gamma=config.gamma, std=config.std_normalise)
+                    degenerate += bool(ga.degenerate)
+                    for i, adv in zip(members, ga.per_turn):
+                        per_turn[i] = np.asarray(adv, dtype=np.float64)
+                # 4. loss and one optimizer step
+                t_train = time.perf_counter()
+                parts = _optimise(config, model, reference, optimizer, rollouts, per_turn, pad_id, device)
+                lr = float(scheduler.get_last_lr()[0])
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+                    scheduler.step()
+                training_s = time.perf_counter() - t_train
+                state.step, state.epoch, state.index = step, epoch, index
+                state.tokens += int(parts["tokens"])
+                # 5. record
+                if config.validation_basins and config.validate_every and step % config.validate_every == 0:
+                    last_val = _validate(config, model, tokenizer, sims, basins, store, step)
+                advs = np.concatenate(list(per_turn.values())) if per_turn else np.zeros(1)
+                row = {"step": step, **_episode_summary(rollouts), "rollouts": len(rollouts),
+                       "trainable": sum(r.trainable for r in rollouts), "degenerate_groups": degenerate,
+                       "adv_mean": float(advs.mean()), "adv_std": float(advs.std()),
+                       "adv_abs_max": float(np.abs(advs).max()), **parts, "lr": lr,
+                       "generation_s": float(gen_stats["busy_s"]),
+                       "simulation_s": float(gen_stats["sim_busy_s"]), "training_s": training_s,
+                       "step_s": time.perf_counter() - t_step, "sim_peak_in_flight": int(gen_stats["sim_peak"]),
+                       "shared_run_hits": int(gen_stats.get("shared_hits", 0)),
+                       "val_reward_mean": last_val.get("reward_mean", float("nan")),
+                       "val_best_nse_mean": last_val.get("best_nse_mean", float("nan"))}
+                metrics.write(row)
+                summary_rows.append(row)
+                log.info("step %d/%d reward %.3f (turn %.3f, terminal %.3f) best NSE %.3f | loss %.4f kl %.4f "
+                         "entropy %.3f | %d/%d trainable, %d degenerate groups | rollouts %.1f s train %.1f s",
+                         step, config.max_steps, row["reward_mean"], row.get("turn_reward_mean", float("nan")),
+                         row.get("terminal_mean", float("nan")), row["best_nse_mean"], row["loss"], row["kl"],
+                         row["entropy"], row["trainable"], len(rollouts), degenerate, t_rollout, training_s)
+                # 6. checkpoints
+                fault("usr1", step)
+                fault("term", step)
+                if signals.save or signals.stop or (config.save_every and step % config.save_every == 0):
+                    save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
+                    saved_at = step
+                    signals.save = False
+                fault("kill", step)
+                if signals.stop:
+                    stopped = "SIGTERM"
+                    log.warning("SIGTERM: saved checkpoint step-%d and stopping", step)
+                    break
+        final = run_dir / "final"
+        if stopped is None:
+            if saved_at != state.step:
+                save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
+            _save_final(final, model, tokenizer)
+    finally:
+        store.close()
+    return {"run_dir": str(run_dir), "steps": state.step, "stopped": stopped,
+            "final": str(final) if stopped is None else None,
+            "first_reward": summary_rows[0]["reward_mean"] if summary_rows else None,
+            "last_reward": summary_rows[-1]["reward_mean"] if summary_rows else None,
+            "wall_s": time.perf_counter() - started}
+
+
+def _optimise(config: GRPOConfig, model: Any, reference: Any, optimizer: torch.optim.Optimizer,
+              rollouts: Sequence[Rollout], per_turn: dict[int, np.ndarray], pad_id: int,
+              device: torch.device) -> dict[str, float]:
+    """One optimizer step over the trainable rollouts (one sequence per backward pass)."""
+    chosen = [i for i in per_turn if rollouts[i].trainable]
+    total_tokens = float(sum(sum(rollouts[i].mask) for i in chosen))
+    n_seq = float(len(chosen))
+    sums: dict[str, float] = collections.defaultdict(float)
+    optimizer.zero_grad(set_to_none=True)
+    for i in chosen:
+        r = rollouts[i]
+        ids = torch.tensor([r.ids], dtype=torch.long, device=device)
+        attn = torch.ones_like(ids)
+        mask = torch.tensor([r.mask], dtype=torch.float32, device=device)
+        adv = torch.from_numpy(token_advantages(per_turn[i], r.spans, len(r.ids)))[None].to(device)
+        logp, entropy = token_logprobs(model, ids, attn, chunk_size=config.logprob_chunk,
+                                       with_entropy=True)
+        ref_logp = None
+        if reference is not None:
+            with torch.no_grad():
+                ref_logp, _ = token_logprobs(reference, ids, attn, chunk_size=config.logprob_chunk,
+                                             with_entropy=False)
+        parts = grpo_loss(logp, logp.detach(), ref_logp, entropy, adv, mask, clip_low=config.clip_low,
+                          clip_high=config.clip_high, kl_coef=config.kl_coef, entropy_coef=config.entropy_coef,
+                          aggregation=config.aggregation, norm_length=config.norm_length,
+                          total_tokens=total_tokens, num_sequences=n_seq)
+        parts.loss.backward()
+        sums["loss"] += float(parts.loss.detach())
+        share = float(mask.sum()) / max(total_tokens, 1.0)  # token-weighted means of the diagnostics
+        for key in ("pg", "kl", "entropy", "clip_fraction"):
+            value = getattr(parts, key)
+            sums[key] += float(value) * (share if key == "clip_fraction" else 1.0)
+    if not chosen:
+        log.warning("no trainable rollout in this batch: the optimizer does not step")
+        return {"loss": 0.0, "pg": 0.0, "kl": 0.0, "entropy": float("nan"), "clip_fraction": 0.0,
+                "grad_norm": 0.0, "tokens": 0.0}
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": sums["loss"], "pg": sums["pg"], "kl": sums["kl"], "entropy": sums["entropy"],
+            "clip_fraction": sums["clip_fraction"], "grad_norm": grad_norm, "tokens": total_tokens}
+
+
+def _validate(config: GRPOConfig, model: Any, tokenizer: Any, sims: dict[str, Any], basins: dict[str, Any],
+              store: _Episodes, step: int) -> dict[str, Any]:
+    specs = [RolloutSpec(g, 0, d, config.seed, f"grpo-val-s{step:05d}-g{g}")
+             for g, d in enumerate(config.validation_basins)]
+    rollouts, _ = _play(config, model, tokenizer, specs, sims, basins, greedy=True, agent="grpo-val")
+    store.write(rollouts)
+    summary = _episode_summary(rollouts)
+    log.info("validation at step %d: reward %.3f, best NSE %.3f on %d held-out basins", step,
+             summary["reward_mean"], summary["best_nse_mean"], len(specs))
+    return summary
+
+
+def _save_final(final: Path, model: Any, tokenizer: Any) -> None:
+    import shutil
+
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="hydroagent train grpo", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("config", type=Path, help="GRPO config (strict YAML)")
+    p.add_argument("--out", type=Path, required=True, help="run folder (checkpoints, metrics, rollouts.h5, final/)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    return p
+
+
+def run_cli(args: argparse.Namespace) -> dict[str, Any]:
+    return train_grpo(load_grpo_config(args.config), args.out, resume=args.resume)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hydroagent_hpc.train.grpo``: the result and errors go to the log (stderr).
+
+    Exit status 0 when the run reached ``max_steps``, 143 when SIGTERM stopped it after its
+    checkpoint (Slurm requeues it and ``--resume`` continues), the error's own status on an error.
+    """
+    from hydroagent_hpc.errors import HydroAgentError, one_line
+
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        summary = run_cli(args)
+    except HydroAgentError as exc:
+        log.error("error: %s", one_line(exc))
+        return exc.exit_code
+    log.info("result: %s", summary)
+    return 0 if summary["stopped"] is None else 143
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
