@@ -25,7 +25,8 @@ from typing import Any
 __all__ = ["run", "main"]
 
 
-def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int = 12) -> dict[str, Any]:
+def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int = 12, teach: int = 2,
+        lr: float = 3e-3) -> dict[str, Any]:
     from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
     from hydroagent_hpc.sim.synth.basins import synthesize_basin
     from hydroagent_hpc.store import read_episodes, read_turns
@@ -37,14 +38,15 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     basins = {}
-    for name, seed in (("syn_teach1", 7), ("syn_teach2", 8), ("syn_heldout", 9)):
+    names = [(f"syn_teach{i + 1}", 7 + i) for i in range(teach)] + [("syn_heldout", 6)]
+    for name, seed in names:
         folder = out / "basins" / name
         if not (folder / "control.txt").exists():
             synthesize_basin(folder, name=name, area_km2=80.0, window_days=10, warmup_days=3, seed=seed,
                              start="2021-07-01")
         basins[name] = str(folder)
     env = {"preset": "paper", "protocol": "turns", "max_simulations": sims, "patience": None, "stop_at_target": False}
-    teacher = campaign_from_mapping({"name": "teacher", "basins": [basins["syn_teach1"], basins["syn_teach2"]],
+    teacher = campaign_from_mapping({"name": "teacher", "basins": [basins[n] for n, _ in names[:-1]],
                                      "agents": [{"name": "heuristic", "kind": "heuristic"}],
                                      "seeds": list(range(seeds)), "env": env})
     run_campaign(teacher, out / "teacher.h5", progress=False)
@@ -52,7 +54,7 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
                             augment="none", max_tokens=32768)
     save_tiny(out / "base", seed=0)
     config = out / "sft.yaml"
-    config.write_text(f"data: sft.h5\nmodel: tiny\nlr: 3.0e-3\nweight_decay: 0.0\nwarmup_steps: 10\n"
+    config.write_text(f"data: sft.h5\nmodel: tiny\nlr: {lr}\nweight_decay: 0.0\nwarmup_steps: 10\n"
                       f"max_steps: {steps}\nmicro_batch_size: 1\ngrad_accum: 1\nmax_grad_norm: 1.0\nseed: 0\n"
                       f"dtype: fp32\nfsdp: false\nactivation_checkpointing: false\nsave_every: 100000\n"
                       f"log_every: 10\nbucket_by_length: true\n")
@@ -92,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--sims", type=int, default=4)
     ap.add_argument("--turns", type=int, default=12)
+    ap.add_argument("--teach", type=int, default=2, help="number of teaching basins")
+    ap.add_argument("--lr", type=float, default=3e-3)
     args = ap.parse_args(argv)
-    r = run(args.out, args.steps, args.seeds, args.sims, args.turns)
+    r = run(args.out, args.steps, args.seeds, args.sims, args.turns, args.teach, args.lr)
     print(f"SFT {r['sft_steps']} steps in {r['sft_s']} s: loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
     print(f"{'policy':<8} {'messages':>8} {'valid calls':>11} {'best NSE':>9}  stop")
     for name, p in r["policies"].items():

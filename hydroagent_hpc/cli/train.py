@@ -45,8 +45,9 @@ def cmd_grpo(args: argparse.Namespace) -> int:
     from hydroagent_hpc.train.grpo import run_cli
 
     summary = run_cli(args)
-    print(json.dumps({k: summary[k] for k in ("run_dir", "steps", "first_reward", "last_reward", "final",
-                                              "stopped")}))
+    if not summary.get("worker"):
+        print(json.dumps({k: summary[k] for k in ("run_dir", "steps", "first_reward", "last_reward", "final",
+                                                  "stopped")}))
     return 0 if summary["stopped"] is None else 143
 
 
@@ -88,4 +89,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     g.add_argument("config", metavar="CONFIG", help="GRPO config YAML (see hydroagent_hpc/train/grpo_config.py)")
     g.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder")
     g.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest when there is one")
+    g.add_argument("--pool", choices=("threads", "mpi"), default="threads",
+                   help="where simulations run: threads of this process (default), or the worker ranks of an MPI "
+                        "launch (srun --mpi=pmi2 / mpiexec; rank 0 trains, the others simulate)")
+    g.add_argument("--sim-timeout", type=float, default=600.0,
+                   help="seconds before a simulation on a worker rank is killed and recorded as failed (mpi)")
     g.set_defaults(func=cmd_grpo)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
 from typing import Any
 
@@ -135,6 +135,25 @@ class MPIPool:
         finally:
             for fut in pending:  # the consumer stopped early: drop what has not started
                 fut.cancel()
+
+    def submit(self, fn: Callable[[Any], Any], item: Any) -> Future[TaskResult]:
+        """Run ``fn(item)`` on a worker rank; the future holds its :class:`TaskResult` (never raises).
+
+        Safe to call from several threads at once (the GRPO rollout engine does); the caller keeps
+        its own limit on tasks in flight (``map``'s ``max_in_flight`` does not apply here).
+        """
+        out: Future[TaskResult] = Future()
+        inner = self._ex.submit(_rank_call, fn, item, self.timeout_s, self.initializer, self.isolate)
+
+        def _done(f: Any) -> None:
+            try:
+                ok, value, error, seconds = f.result()
+            except Exception as exc:  # the task or its result could not travel
+                ok, value, error, seconds = False, None, f"{type(exc).__name__}: {exc}", 0.0
+            out.set_result(TaskResult(0, ok, value, error, seconds))
+
+        inner.add_done_callback(_done)
+        return out
 
     def close(self) -> None:
         pass  # the executor is shut down by mpi_pool when the root leaves the block

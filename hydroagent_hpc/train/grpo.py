@@ -64,6 +64,7 @@ from hydroagent_hpc.train.checkpoint import (
 from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError, load_grpo_config
 from hydroagent_hpc.train.grpo_loss import grpo_loss, token_logprobs
 from hydroagent_hpc.train.rollout import (
+    RemoteRunner,
     Rollout,
     RolloutPolicy,
     RolloutSpec,
@@ -211,8 +212,8 @@ class _Episodes:
 
 
 def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpec], sims: dict[str, Any],
-          basins: dict[str, Any], *, greedy: bool = False,
-          agent: str = "grpo") -> tuple[list[Rollout], dict[str, Any]]:
+          basins: dict[str, Any], *, greedy: bool = False, agent: str = "grpo",
+          runner: Any = None) -> tuple[list[Rollout], dict[str, Any]]:
     from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
     from hydroagent_hpc.config import preset
     from hydroagent_hpc.env.environment import CalibrationEnv
@@ -235,7 +236,7 @@ def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpe
             simulators=sims,
             policy_factory=lambda spec: RolloutPolicy(model, tokenizer, server, sampling, seed=spec.seed,
                                                       max_context_tokens=config.max_context_tokens, name=agent),
-            slots=slots, shared=shared)
+            slots=slots, shared=shared, runner=runner)
         stats = dict(server.stats)
     model.train(was_training)
     stats.update(wall_s=time.perf_counter() - t0, sim_busy_s=slots.busy_s, sim_peak=slots.peak, sim_runs=slots.runs,
@@ -270,14 +271,20 @@ def _compute_dtype(config: GRPOConfig, device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
-def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool = True) -> dict[str, Any]:
-    """Run GRPO as configured into ``run_dir``; returns a summary (see the module docstring)."""
+def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool = True,
+               pool: Any = None) -> dict[str, Any]:
+    """Run GRPO as configured into ``run_dir``; returns a summary (see the module docstring).
+
+    ``pool``: run the simulations on this pool's workers (the root rank's
+    :class:`~hydroagent_hpc.hpc.mpi.MPIPool`); None runs them in the rollout threads.
+    """
     from hydroagent_hpc.sim import open_simulator
     from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.train.sft import _Signals
 
     started = time.perf_counter()
     run_dir = Path(run_dir)
+    runner = RemoteRunner(pool, config.simulator) if pool is not None else None
     # 1. checks before anything is written: basins, model, run folder
     all_dirs = list(config.basins) + list(config.validation_basins)
     basins = {d: load_basin(d) for d in all_dirs}
@@ -316,7 +323,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
 
     last_val: dict[str, Any] = {}
     if config.validation_basins and config.validate_every and resume_from is None:
-        last_val = _validate(config, model, tokenizer, sims, basins, store, state.step)
+        last_val = _validate(config, model, tokenizer, sims, basins, store, state.step, runner)
     summary_rows: list[dict[str, Any]] = []
     stopped = None
     saved_at = state.step if resume_from is not None else -1
@@ -331,7 +338,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
                 specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k),
                                      f"grpo-s{step:05d}-g{g}-k{k}")
                          for g, b in enumerate(idx) for k in range(config.group_size)]
-                rollouts, gen_stats = _play(config, model, tokenizer, specs, sims, basins)
+                rollouts, gen_stats = _play(config, model, tokenizer, specs, sims, basins, runner=runner)
                 store.write(rollouts)
                 fault("kill_after_rollouts", step)
                 t_rollout = time.perf_counter() - t_step
@@ -361,7 +368,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
                 state.tokens += int(parts["tokens"])
                 # 5. record
                 if config.validation_basins and config.validate_every and step % config.validate_every == 0:
-                    last_val = _validate(config, model, tokenizer, sims, basins, store, step)
+                    last_val = _validate(config, model, tokenizer, sims, basins, store, step, runner)
                 advs = np.concatenate(list(per_turn.values())) if per_turn else np.zeros(1)
                 row = {"step": step, **_episode_summary(rollouts), "rollouts": len(rollouts),
                        "trainable": sum(r.trainable for r in rollouts), "degenerate_groups": degenerate,
@@ -450,10 +457,10 @@ def _optimise(config: GRPOConfig, model: Any, reference: Any, optimizer: torch.o
 
 
 def _validate(config: GRPOConfig, model: Any, tokenizer: Any, sims: dict[str, Any], basins: dict[str, Any],
-              store: _Episodes, step: int) -> dict[str, Any]:
+              store: _Episodes, step: int, runner: Any = None) -> dict[str, Any]:
     specs = [RolloutSpec(g, 0, d, config.seed, f"grpo-val-s{step:05d}-g{g}")
              for g, d in enumerate(config.validation_basins)]
-    rollouts, _ = _play(config, model, tokenizer, specs, sims, basins, greedy=True, agent="grpo-val")
+    rollouts, _ = _play(config, model, tokenizer, specs, sims, basins, greedy=True, agent="grpo-val", runner=runner)
     store.write(rollouts)
     summary = _episode_summary(rollouts)
     log.info("validation at step %d: reward %.3f, best NSE %.3f on %d held-out basins", step,
@@ -481,11 +488,26 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("config", type=Path, help="GRPO config (strict YAML)")
     p.add_argument("--out", type=Path, required=True, help="run folder (checkpoints, metrics, rollouts.h5, final/)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--pool", choices=("threads", "mpi"), default="threads",
+                   help="where simulations run: threads of this process (default), or the worker ranks of an MPI "
+                        "launch (srun --mpi=pmi2 / mpiexec; rank 0 trains, the others simulate)")
+    p.add_argument("--sim-timeout", type=float, default=600.0,
+                   help="seconds before a simulation on a worker rank is killed and recorded as failed (mpi)")
     return p
 
 
 def run_cli(args: argparse.Namespace) -> dict[str, Any]:
-    return train_grpo(load_grpo_config(args.config), args.out, resume=args.resume)
+    """Run from parsed arguments. With ``--pool mpi`` every rank calls this: rank 0 trains and gets
+    the summary, the worker ranks serve simulations until it is done and get ``{"worker": True}``."""
+    config = load_grpo_config(args.config)
+    if getattr(args, "pool", "threads") != "mpi":
+        return train_grpo(config, args.out, resume=args.resume)
+    from hydroagent_hpc.hpc.mpi import mpi_pool
+
+    with mpi_pool(max_in_flight=config.max_simulations_in_flight, timeout_s=args.sim_timeout) as pool:
+        if pool is None:
+            return {"worker": True, "stopped": None}
+        return train_grpo(config, args.out, resume=args.resume, pool=pool)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -504,7 +526,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HydroAgentError as exc:
         log.error("error: %s", one_line(exc))
         return exc.exit_code
-    log.info("result: %s", summary)
+    if not summary.get("worker"):
+        log.info("result: %s", summary)
     return 0 if summary["stopped"] is None else 143
 
 

@@ -47,7 +47,7 @@ from hydroagent_hpc.types import Episode, SimulationResult
 log = logging.getLogger(__name__)
 
 __all__ = ["RolloutSpec", "Rollout", "SimulationSlots", "SharedRuns", "RolloutSimulator", "RolloutPolicy",
-           "run_rollouts", "assistant_spans", "message_rewards"]
+           "RemoteRunner", "run_rollouts", "assistant_spans", "message_rewards"]
 
 
 @dataclass(frozen=True)
@@ -146,15 +146,46 @@ class SharedRuns:
         return fut.result()
 
 
+class RemoteRunner:
+    """Runs a rollout's simulations on a pool's workers (MPI ranks): ``runner(basin_dir, params)``.
+
+    ``pool`` needs ``submit(fn, item) -> Future[TaskResult]`` (:meth:`hydroagent_hpc.hpc.mpi.MPIPool.submit`).
+    A failed task (the simulator raised, the worker's child crashed or timed out) raises
+    :class:`~hydroagent_hpc.sim.errors.SimulationError` with the worker's message, which the
+    environment records as a failed simulation, as for a local run.
+    """
+
+    def __init__(self, pool: Any, backend: str = "embedded") -> None:
+        self.pool = pool
+        self.backend = backend
+
+    def __call__(self, basin_dir: str, params: Mapping[str, float] | None) -> SimulationResult:
+        from hydroagent_hpc.sim.errors import SimulationError
+        from hydroagent_hpc.sim.task import simulate_task
+
+        item = (basin_dir, self.backend, None if params is None else {str(k): float(v) for k, v in params.items()})
+        result = self.pool.submit(simulate_task, item).result()
+        if not result.ok:
+            last = (result.error or "failed").strip().splitlines()[-1]
+            raise SimulationError(f"{basin_dir}: simulation failed on a worker: {last}",
+                                  fix="see the worker's log; the rollout records it as a failed simulation")
+        value: SimulationResult = result.value
+        return value
+
+
 class RolloutSimulator:
     """A :class:`~hydroagent_hpc.sim.Simulator` for one rollout: the basin's simulator behind the
-    global slots and the batch's shared runs (see the module doc)."""
+    global slots and the batch's shared runs (see the module doc). With ``runner`` (a
+    :class:`RemoteRunner`) the runs execute on the pool's workers, ``inner`` giving only the base
+    parameters."""
 
-    def __init__(self, inner: Simulator, slots: SimulationSlots, shared: SharedRuns | None, basin_key: str) -> None:
+    def __init__(self, inner: Simulator, slots: SimulationSlots, shared: SharedRuns | None, basin_key: str,
+                 runner: Callable[[str, Mapping[str, float] | None], SimulationResult] | None = None) -> None:
         self.inner = inner
         self.slots = slots
         self.shared = shared
         self.basin_key = basin_key
+        self.runner = runner
 
     @property
     def base_params(self) -> dict[str, float]:
@@ -162,6 +193,8 @@ class RolloutSimulator:
 
     def _run_now(self, params: Mapping[str, float] | None) -> SimulationResult:
         with self.slots.slot():
+            if self.runner is not None:
+                return self.runner(self.basin_key, params)
             return self.inner.run(params)
 
     def run(self, params: Mapping[str, float] | None = None) -> SimulationResult:
@@ -222,20 +255,21 @@ def message_rewards(episode: Episode, n_messages: int) -> list[float]:
 
 def run_rollouts(specs: Sequence[RolloutSpec], *, env_factory: Callable[[RolloutSpec, Simulator], CalibrationEnv],
                  simulators: Mapping[str, Simulator], policy_factory: Callable[[RolloutSpec], RolloutPolicy],
-                 slots: SimulationSlots, shared: SharedRuns | None = None,
-                 max_workers: int | None = None) -> list[Rollout]:
+                 slots: SimulationSlots, shared: SharedRuns | None = None, max_workers: int | None = None,
+                 runner: Callable[[str, Mapping[str, float] | None], SimulationResult] | None = None) -> list[Rollout]:
     """Play ``specs`` concurrently (see the module doc); results in the order of ``specs``.
 
     ``simulators`` maps a basin folder to its (thread-safe) simulator; ``env_factory(spec, sim)``
     builds the episode's environment on the wrapped simulator; ``policy_factory(spec)`` its
     policy (sharing the batch's generation server). ``shared``: a :class:`SharedRuns` to simulate
-    identical parameter sets on a basin once (None: every request runs).
+    identical parameter sets on a basin once (None: every request runs). ``runner``: run the
+    simulations elsewhere (:class:`RemoteRunner` over MPI ranks) instead of in the rollout's thread.
     """
 
     def play(spec: RolloutSpec) -> Rollout:
         t0 = time.perf_counter()
         try:
-            sim = RolloutSimulator(simulators[spec.basin_dir], slots, shared, spec.basin_dir)
+            sim = RolloutSimulator(simulators[spec.basin_dir], slots, shared, spec.basin_dir, runner)
             env = env_factory(spec, sim)
             policy = policy_factory(spec)
             episode = run_episode(policy, env)

@@ -1,0 +1,32 @@
+"""GRPO rollouts with their simulations on MPI worker ranks (real mpiexec, real simulator)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from helpers.hpc import BIN, ROOT, job_env
+from test_mpi import mpiexec  # noqa: F401  (the fixture that skips where mpiexec cannot start)
+
+pytestmark = pytest.mark.mpi
+
+SCRIPT = ROOT / "tests" / "scripts" / "grpo_mpi_rollouts.py"
+
+
+def test_rollout_simulations_on_worker_ranks_equal_local_ones_under_the_cap(mpiexec, small_basin_dir):  # noqa: F811
+    p = subprocess.run([mpiexec, "-n", "3", str(BIN / "python"), str(SCRIPT), str(small_basin_dir), "2"],
+                       capture_output=True, text=True, timeout=300, env=job_env(), stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, p.stdout
+    out = json.loads(lines[0])
+    mpi, local = out["mpi"], out["local"]
+    assert mpi["errors"] == [None] * 4
+    assert all(len(n) == 2 and all(isinstance(v, float) for v in n) for n in mpi["nse"])
+    assert mpi["nse"] == local["nse"]  # the same runs, wherever they ran
+    assert mpi["nse"][0] == mpi["nse"][2]  # same parameters, same result
+    assert 1 <= mpi["peak"] <= 2
+    # 3 distinct parameter sets x 2 runs each (the second run repeats the first one's parameters)
+    assert mpi["misses"] == 3 and mpi["runs"] == 3 and mpi["hits"] == 5
