@@ -7,15 +7,15 @@ import subprocess
 
 import pytest
 
-from helpers.hpc import BIN, ROOT, job_env
-from test_mpi import mpiexec  # noqa: F401  (the fixture that skips where mpiexec cannot start)
+from helpers.hpc import BIN, ROOT, job_env, mpiexec_or_skip
 
 pytestmark = pytest.mark.mpi
 
 SCRIPT = ROOT / "tests" / "scripts" / "grpo_mpi_rollouts.py"
 
 
-def test_rollout_simulations_on_worker_ranks_equal_local_ones_under_the_cap(mpiexec, small_basin_dir):  # noqa: F811
+def test_rollout_simulations_on_worker_ranks_equal_local_ones_under_the_cap(small_basin_dir):
+    mpiexec = mpiexec_or_skip()
     p = subprocess.run([mpiexec, "-n", "3", str(BIN / "python"), str(SCRIPT), str(small_basin_dir), "2"],
                        capture_output=True, text=True, timeout=300, env=job_env(), stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stderr[-3000:]

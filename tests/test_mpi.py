@@ -3,39 +3,24 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers.hpc import BIN, ROOT, assert_same_episodes, job_env, write_campaign
+from helpers.hpc import BIN, ROOT, assert_same_episodes, job_env, mpiexec_or_skip, write_campaign
 from hydroagent_hpc.campaign import load_campaign, run_campaign
 from hydroagent_hpc.store import stored_ids
 
 pytestmark = pytest.mark.mpi
 
-MPIEXEC = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
 PROBE = ROOT / "tests" / "scripts" / "mpi_pool_probe.py"
 
 
 @pytest.fixture(scope="module")
 def mpiexec() -> str:
-    if MPIEXEC is None:
-        pytest.skip("no mpiexec: install the mpi extra (pip install mpi4py mpich)")
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        pytest.skip("mpi4py is not installed: pip install mpi4py mpich")
-    # only rank 0 prints: unbuffered ranks writing at once interleave ("22\n\n")
-    p = subprocess.run([MPIEXEC, "-n", "2", str(BIN / "python"), "-c", "from mpi4py import MPI; c = MPI.COMM_WORLD; "
-                        "c.Get_rank() or print('size', c.Get_size())"], capture_output=True, text=True, timeout=60,
-                       env=job_env(), stdin=subprocess.DEVNULL)  # hydra finds its proxy on PATH
-    if p.returncode != 0 or "size 2" not in p.stdout:
-        pytest.skip(f"mpiexec cannot start 2 ranks here (exit {p.returncode}; stdout {p.stdout.strip()[:100]!r}; "
-                    f"stderr {p.stderr.strip()[:300]!r})")
-    return MPIEXEC
+    return mpiexec_or_skip()
 
 
 def _probe(mpiexec: str, *args: str, n: int = 3, timeout: float = 120) -> dict:

@@ -4,6 +4,8 @@ and comparisons of stored episodes."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,3 +52,25 @@ def job_env() -> dict[str, str]:
     env["HYDROAGENT_HOME"] = str(ROOT)
     env["HYDROAGENT_VENV"] = str(BIN.parent)
     return env
+
+
+def mpiexec_or_skip() -> str:
+    """The ``mpiexec`` of the PyPI mpich wheel (beside this Python, else on PATH) when it can start
+    2 ranks here; otherwise the test is skipped, saying why."""
+    import pytest
+
+    mpiexec = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("no mpiexec: install the mpi extra (pip install mpi4py mpich)")
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        pytest.skip("mpi4py is not installed: pip install mpi4py mpich")
+    # only rank 0 prints: unbuffered ranks writing at once interleave ("22\n\n")
+    p = subprocess.run([mpiexec, "-n", "2", str(BIN / "python"), "-c", "from mpi4py import MPI; c = MPI.COMM_WORLD; "
+                        "c.Get_rank() or print('size', c.Get_size())"], capture_output=True, text=True, timeout=60,
+                       env=job_env(), stdin=subprocess.DEVNULL)  # hydra finds its proxy on PATH
+    if p.returncode != 0 or "size 2" not in p.stdout:
+        pytest.skip(f"mpiexec cannot start 2 ranks here (exit {p.returncode}; stdout {p.stdout.strip()[:100]!r}; "
+                    f"stderr {p.stderr.strip()[:300]!r})")
+    return mpiexec
