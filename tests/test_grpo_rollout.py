@@ -239,3 +239,39 @@ def test_a_rollout_that_fails_outside_the_loop_is_recorded_and_the_batch_goes_on
                            policy_factory=factory, slots=SimulationSlots(2))
     assert out[0].error is None and out[0].trainable
     assert out[1].episode is None and not out[1].trainable and "no policy for you" in (out[1].error or "")
+
+
+def test_the_lockstep_gate_holds_every_turn_until_all_live_rollouts_finished_the_last():
+    from hydroagent_hpc.train.rollout import TurnGate
+
+    gate = TurnGate(4)
+    events: list[tuple[str, int, int]] = []
+    lock = threading.Lock()
+    rng = np.random.default_rng(0)
+    delays = rng.uniform(0, 0.01, size=(4, 5))
+    turns = [5, 2, 5, 3]  # two rollouts end early and leave the gate
+
+    def rollout(i: int) -> None:
+        try:
+            for t in range(turns[i]):
+                if t:
+                    gate.arrive_and_wait()
+                with lock:
+                    events.append(("start", i, t))
+                threading.Event().wait(delays[i, t])
+                with lock:
+                    events.append(("end", i, t))
+        finally:
+            gate.leave()
+
+    threads = [threading.Thread(target=rollout, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=10)
+    assert not any(th.is_alive() for th in threads)
+    pos = {e: n for n, e in enumerate(events)}
+    for t in range(1, 5):
+        starts = [pos[("start", i, t)] for i in range(4) if turns[i] > t]
+        ends = [pos[("end", i, t - 1)] for i in range(4) if turns[i] > t - 1]
+        assert max(ends) < min(starts)

@@ -102,6 +102,11 @@ def test_resume_after_sigusr1_and_a_kill_mid_step_equals_an_uninterrupted_run(ba
     # the replayed step is neither stored twice nor counted twice
     assert len(read_episodes(tmp_path / "cut" / "rollouts.h5")) == 4
     assert [r["step"] for r in csv.DictReader(open(tmp_path / "cut" / "metrics.csv"))] == ["1", "2"]
+    import h5py
+
+    with h5py.File(tmp_path / "cut" / "metrics.h5") as f, h5py.File(tmp_path / "whole" / "metrics.h5") as g:
+        assert list(f["metrics/step"][:]) == [1.0, 2.0]
+        assert f["metrics/reward_mean"][:].tolist() == g["metrics/reward_mean"][:].tolist()
     # a finished run is not started over without --resume
     again = _module(cfg_path, tmp_path / "cut")
     assert again.returncode != 0 and "--resume" in again.stderr

@@ -166,10 +166,17 @@ def _write_config(run_dir: Path, config: GRPOConfig, extra: dict[str, Any]) -> N
 
 
 class _Metrics:
-    """``metrics.csv``: one row per step; on resume the rows after the checkpoint are dropped."""
+    """``metrics.csv`` and ``metrics.h5``: one row per step; on resume the rows after the checkpoint
+    are dropped from both.
+
+    ``metrics.h5`` holds one dataset per column under ``/metrics`` (float64; ``stop_reasons`` as
+    text), each row written and flushed before the step's checkpoint, so a reader sees whole rows.
+    """
 
     def __init__(self, path: Path, resumed_step: int | None) -> None:
         self.path = path
+        self.h5 = path.with_suffix(".h5")
+        self._init_h5(resumed_step)
         rows: list[list[str]] = []
         if resumed_step is not None and path.is_file():
             with open(path, newline="") as fh:
@@ -181,10 +188,41 @@ class _Metrics:
             w.writerows(rows)
         os.replace(tmp, path)
 
+    def _init_h5(self, resumed_step: int | None) -> None:
+        import h5py
+
+        if resumed_step is not None and self.h5.is_file():
+            with h5py.File(self.h5, "a") as f:
+                keep = int(np.sum(f["metrics/step"][:] <= resumed_step))
+                for name in METRICS_COLUMNS:
+                    f[f"metrics/{name}"].resize((keep,))
+            return
+        tmp = self.h5.with_suffix(".h5.tmp")
+        with h5py.File(tmp, "w") as f:
+            f.attrs["columns"] = list(METRICS_COLUMNS)
+            g = f.create_group("metrics")
+            for name in METRICS_COLUMNS:
+                dtype = h5py.string_dtype("utf-8") if name == "stop_reasons" else np.float64
+                g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(256,))
+        os.replace(tmp, self.h5)
+
     def write(self, row: dict[str, Any]) -> None:
+        import h5py
+
         with open(self.path, "a", newline="") as fh:
             csv.writer(fh).writerow([f"{row.get(c):.8g}" if isinstance(row.get(c), float) else row.get(c, "")
                                      for c in METRICS_COLUMNS])
+        with h5py.File(self.h5, "a") as f:
+            for name in METRICS_COLUMNS:
+                ds = f[f"metrics/{name}"]
+                n = ds.shape[0]
+                ds.resize((n + 1,))
+                value = row.get(name)
+                if name == "stop_reasons":
+                    ds[n] = str(value or "")
+                else:
+                    ds[n] = float("nan") if value is None else float(value)
+            f.flush()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from hydroagent_hpc.types import Episode, SimulationResult
 log = logging.getLogger(__name__)
 
 __all__ = ["RolloutSpec", "Rollout", "SimulationSlots", "SharedRuns", "RolloutSimulator", "RolloutPolicy",
-           "RemoteRunner", "run_rollouts", "assistant_spans", "message_rewards"]
+           "RemoteRunner", "TurnGate", "run_rollouts", "assistant_spans", "message_rewards"]
 
 
 @dataclass(frozen=True)
@@ -208,8 +208,47 @@ class RolloutSimulator:
         return [self.run(p) for p in param_sets]
 
 
+class TurnGate:
+    """The lock-step schedule, for comparison only: no rollout starts turn ``t + 1`` before every
+    live rollout has finished turn ``t`` (its generation and its tool calls), as trainers that step
+    all rollouts together do. Rollouts that end leave the gate."""
+
+    def __init__(self, parties: int) -> None:
+        self._cond = threading.Condition()
+        self._parties = int(parties)
+        self._arrived = 0
+        self._phase = 0
+
+    def arrive_and_wait(self) -> None:
+        with self._cond:
+            phase = self._phase
+            self._arrived += 1
+            if self._arrived >= self._parties:
+                self._advance()
+            else:
+                while self._phase == phase:
+                    self._cond.wait()
+
+    def leave(self) -> None:
+        with self._cond:
+            self._parties -= 1
+            if self._parties > 0 and self._arrived >= self._parties:
+                self._advance()
+
+    def _advance(self) -> None:
+        self._arrived = 0
+        self._phase += 1
+        self._cond.notify_all()
+
+
 class RolloutPolicy(HFLocalPolicy):
-    """:class:`HFLocalPolicy` whose turns are sampled by a shared :class:`GenerationServer`."""
+    """:class:`HFLocalPolicy` whose turns are sampled by a shared :class:`GenerationServer`.
+
+    ``gate`` (a :class:`TurnGate`) makes the rollouts wait for each other before every turn after
+    the first: the lock-step baseline of the benchmark, never the default.
+    """
+
+    gate: TurnGate | None = None
 
     def __init__(self, model: Any, tokenizer: Any, server: GenerationServer, sampling: Sampling, *,
                  seed: int, max_context_tokens: int, name: str = "grpo", tools: Sequence[dict[str, Any]] | None = None,
@@ -220,6 +259,11 @@ class RolloutPolicy(HFLocalPolicy):
         self.server = server
         self.sample_logprobs: list[float] = []
         self.generation_wait_s = 0.0
+
+    def act(self, messages: list[dict[str, Any]]) -> str | None:
+        if self.gate is not None and any(m.get("role") == "assistant" for m in messages):
+            self.gate.arrive_and_wait()
+        return super().act(messages)
 
     def _generate(self, ids: list[int], seed: int | None) -> list[int]:
         t0 = time.perf_counter()
@@ -256,7 +300,8 @@ def message_rewards(episode: Episode, n_messages: int) -> list[float]:
 def run_rollouts(specs: Sequence[RolloutSpec], *, env_factory: Callable[[RolloutSpec, Simulator], CalibrationEnv],
                  simulators: Mapping[str, Simulator], policy_factory: Callable[[RolloutSpec], RolloutPolicy],
                  slots: SimulationSlots, shared: SharedRuns | None = None, max_workers: int | None = None,
-                 runner: Callable[[str, Mapping[str, float] | None], SimulationResult] | None = None) -> list[Rollout]:
+                 runner: Callable[[str, Mapping[str, float] | None], SimulationResult] | None = None,
+                 lockstep: bool = False) -> list[Rollout]:
     """Play ``specs`` concurrently (see the module doc); results in the order of ``specs``.
 
     ``simulators`` maps a basin folder to its (thread-safe) simulator; ``env_factory(spec, sim)``
@@ -264,7 +309,10 @@ def run_rollouts(specs: Sequence[RolloutSpec], *, env_factory: Callable[[Rollout
     policy (sharing the batch's generation server). ``shared``: a :class:`SharedRuns` to simulate
     identical parameter sets on a basin once (None: every request runs). ``runner``: run the
     simulations elsewhere (:class:`RemoteRunner` over MPI ranks) instead of in the rollout's thread.
+    ``lockstep=True`` puts every rollout behind one :class:`TurnGate` (the baseline schedule the
+    benchmark compares against; it needs ``max_workers`` >= the number of rollouts).
     """
+    gate = TurnGate(len(specs)) if lockstep else None
 
     def play(spec: RolloutSpec) -> Rollout:
         t0 = time.perf_counter()
@@ -272,10 +320,14 @@ def run_rollouts(specs: Sequence[RolloutSpec], *, env_factory: Callable[[Rollout
             sim = RolloutSimulator(simulators[spec.basin_dir], slots, shared, spec.basin_dir, runner)
             env = env_factory(spec, sim)
             policy = policy_factory(spec)
+            policy.gate = gate
             episode = run_episode(policy, env)
         except Exception as exc:  # the batch goes on; this rollout is recorded as failed
             log.exception("rollout %s (group %d member %d) failed", spec.episode_id, spec.group, spec.member)
             return Rollout(spec, None, error=f"{type(exc).__name__}: {exc}"[:500], wall_s=time.perf_counter() - t0)
+        finally:
+            if gate is not None:
+                gate.leave()
         ids, mask = policy.token_sequence()
         spans = assistant_spans(mask)
         error = None
@@ -288,5 +340,7 @@ def run_rollouts(specs: Sequence[RolloutSpec], *, env_factory: Callable[[Rollout
                        time.perf_counter() - t0, policy.generation_wait_s)
 
     workers = max_workers or max(1, len(specs))
+    if gate is not None and workers < len(specs):
+        raise ValueError(f"lockstep needs one worker per rollout ({len(specs)}), got max_workers={workers}")
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout") as pool:
         return list(pool.map(play, specs))
