@@ -1,4 +1,4 @@
-"""``python -m hydroagent_hpc.bench`` (``make bench``): simulator, metrics, report, HPC and SFT benchmarks.
+"""``python -m hydroagent_hpc.bench`` (``make bench``): simulator, metrics, report, HPC, SFT and GRPO benchmarks.
 
 Prints Markdown tables; every speed is a ratio against a baseline measured in the same run.
 """
@@ -92,6 +92,20 @@ def main(argv: list[str] | None = None) -> int:
 
     out("\n## SFT steps on the CPU, tiny Qwen3 (`python -m hydroagent_hpc.bench.train`; `--gpu` for the 4B shape)\n\n")
     out(tbench.markdown(tbench.cpu_rows()))
+
+    from hydroagent_hpc.bench import grpo as gbench
+
+    out("\n## GRPO on the CPU, tiny Qwen3 (`python -m hydroagent_hpc.bench.grpo --quick`; without `--quick`: "
+        "K=8, 12 calls)\n\n")
+    import tempfile
+
+    demo_dirs = [c.parent for _, c in cases if c.parent.name.startswith("syn_")]
+    if demo_dirs:
+        schedule = gbench.schedule_comparison(demo_dirs, k=4, turns=6)
+        with tempfile.TemporaryDirectory(prefix="hydroagent-bench-grpo-") as tmp:
+            out(gbench.markdown(schedule, gbench.step_breakdown(Path(tmp), steps=1)))
+    else:
+        out("(skipped with --skip-demo: the schedule comparison plays the demo basins)\n")
     return 0
 
 
