@@ -275,3 +275,26 @@ def test_the_lockstep_gate_holds_every_turn_until_all_live_rollouts_finished_the
         starts = [pos[("start", i, t)] for i in range(4) if turns[i] > t]
         ends = [pos[("end", i, t - 1)] for i in range(4) if turns[i] > t - 1]
         assert max(ends) < min(starts)
+
+
+def test_the_prefix_cache_samples_what_a_full_prefill_samples(tiny, ids_of):
+    model, tok = tiny
+    stop, pad = ids_of
+    sampling = Sampling(max_new_tokens=12)
+    cached = BatchedSampler(model, stop, pad, sampling, prefix_cache=True)
+    plain = BatchedSampler(model, stop, pad, sampling)
+    seqs = [_prompt(tok, "<|im_start|>user\nCalibrate the CREST model.<|im_end|>\n<|im_start|>assistant\n"),
+            _prompt(tok, "<|im_start|>user\nBaseflow is too small.<|im_end|>\n<|im_start|>assistant\n")]
+    tool = _prompt(tok, "<|im_end|>\n<|im_start|>user\n<tool_response>\n{\"status\":\"ok\"}\n</tool_response>"
+                        "<|im_end|>\n<|im_start|>assistant\n")
+    for turn in range(3):  # three turns of two rollouts; the cached rows feed only their new ids
+        a = cached.sample(seqs, [10 + turn, 20 + turn], keys=["r0", "r1"])
+        b = plain.sample(seqs, [10 + turn, 20 + turn])
+        for x, y in zip(a, b):
+            assert x.ids == y.ids
+            assert np.allclose(x.logprobs, y.logprobs, atol=1e-5)
+        seqs = [s + x.ids + tool for s, x in zip(seqs, a)]
+    assert cached.stats["prefix_hits"] == 4 and cached.stats["prefix_tokens"] > 0
+    # a sequence that does not extend its cached prefix is prefilled in full, not mixed up
+    other = cached.sample([seqs[1][:5]], [1], keys=["r0"])[0]
+    assert other.ids == plain.sample([seqs[1][:5]], [1])[0].ids and cached.stats["prefix_misses"] == 1

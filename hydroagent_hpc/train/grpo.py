@@ -260,7 +260,8 @@ def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpe
     sampling = Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                         max_new_tokens=config.max_new_tokens, greedy=greedy)
     probe = HFLocalPolicy(model, tokenizer)  # stop and pad ids as evaluation uses them
-    sampler = BatchedSampler(model, probe.stop_ids, probe.pad_id, sampling, max_batch=config.generation_batch)
+    sampler = BatchedSampler(model, probe.stop_ids, probe.pad_id, sampling, max_batch=config.generation_batch,
+                             prefix_cache=config.prefix_cache)
     slots = SimulationSlots(config.max_simulations_in_flight)
     shared = SharedRuns() if config.share_runs else None
     was_training = model.training

@@ -87,6 +87,7 @@ class GRPOConfig:
     max_simulations_in_flight: int = 32
     share_runs: bool = True
     generation_batch: int = 64
+    prefix_cache: bool = True
     logprob_chunk: int = 1024
     seed: int = 0
     dtype: str = "auto"
@@ -106,7 +107,7 @@ _INT = {"group_size": 1, "prompts_per_step": 1, "max_steps": 1, "warmup_steps": 
         "seed": None, "save_every": 0, "keep_checkpoints": 0, "validate_every": 0, "norm_length": 1}
 _FLOAT = ("gamma", "lr", "weight_decay", "max_grad_norm", "clip_low", "clip_high", "kl_coef", "entropy_coef",
           "temperature", "top_p")
-_BOOL = ("std_normalise", "share_runs")
+_BOOL = ("std_normalise", "share_runs", "prefix_cache")
 _CHOICES = {"preset": tuple(PRESET_DEFAULTS), "advantage": ADVANTAGES, "aggregation": AGGREGATIONS,
             "dtype": ("auto", "bf16", "fp32")}
 

@@ -267,7 +267,7 @@ class RolloutPolicy(HFLocalPolicy):
 
     def _generate(self, ids: list[int], seed: int | None) -> list[int]:
         t0 = time.perf_counter()
-        sample = self.server.generate(ids, seed)
+        sample = self.server.generate(ids, seed, key=id(self))
         self.generation_wait_s += time.perf_counter() - t0
         self.sample_logprobs += sample.logprobs
         return list(sample.ids)
