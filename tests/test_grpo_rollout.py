@@ -298,3 +298,20 @@ def test_the_prefix_cache_samples_what_a_full_prefill_samples(tiny, ids_of):
     # a sequence that does not extend its cached prefix is prefilled in full, not mixed up
     other = cached.sample([seqs[1][:5]], [1], keys=["r0"])[0]
     assert other.ids == plain.sample([seqs[1][:5]], [1])[0].ids and cached.stats["prefix_misses"] == 1
+
+
+def test_forced_rows_emit_their_ids_with_the_models_logprobs_beside_sampled_rows(tiny, ids_of):
+    model, tok = tiny
+    stop, pad = ids_of
+    sampler = BatchedSampler(model, stop, pad, Sampling(max_new_tokens=30))
+    prompt = _prompt(tok, "<|im_start|>user\nCalibrate.<|im_end|>\n<|im_start|>assistant\n")
+    call = _prompt(tok, '<tool_call>\n{"name": "evaluate", "arguments": {}}\n</tool_call><|im_end|>')
+    forced, free = sampler.sample([prompt, prompt], [1, 2], forced=[call, None])
+    end = next(i for i, t in enumerate(call) if t in stop)  # </tool_call> stops the turn, as in sampling
+    assert forced.ids == call[:end + 1] and end < len(call) - 1
+    call = forced.ids
+    assert free.ids == sampler.sample([prompt], [2])[0].ids  # the free row is unaffected
+    seq = torch.tensor([prompt + call])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(seq).logits.float(), -1)[0, :-1].gather(-1, seq[0, 1:, None])[:, 0]
+    assert np.allclose(lp[len(prompt) - 1:].numpy(), forced.logprobs, atol=1e-5)

@@ -8,10 +8,10 @@ Two measurements, each with its baseline in the same run:
    them (one thread per episode, no waiting on each other) and behind a
    :class:`~hydroagent_hpc.train.rollout.TurnGate` (every rollout waits for all others at
    every turn, the schedule of trainers that step rollouts together). Workload per turn: the
-   tiny Qwen3 really samples a turn through the generation server (real batched decoding cost),
-   and the message the environment receives is a scripted call of a calibration plan
-   (set_parameters with seeded random multipliers, run_simulation, evaluate), so every rollout
-   really simulates; a random tiny model would only write parse failures and never simulate.
+   tiny Qwen3 decodes the turn through the generation server (real batched, prefix-cached decode
+   steps), forced to emit the next call of a scripted calibration plan (set_parameters with
+   seeded random multipliers, run_simulation, evaluate), so every rollout really simulates; a
+   random tiny model would only write parse failures and never simulate.
    Reported: wall time of the batch, the speed-up, and how busy the simulation slots were
    (simulation seconds / (wall x slots), slots = min(cap, CPU cores)).
 2. **Step breakdown.** A real ``train_grpo`` step of the tiny model (fp32, CPU) on small
@@ -60,14 +60,19 @@ def _scripted_policy_class() -> Any:
     from hydroagent_hpc.train.rollout import RolloutPolicy
 
     class ScriptedTurns(RolloutPolicy):
-        """Samples each turn for real (the cost), then hands the environment the plan's next call."""
+        """Decodes the plan's next call through the shared server (forced ids: the decode steps and
+        their cost are real, the text is the plan's), so the environment gets a valid call."""
 
         plan: list[Any] = []
 
         def _generate(self, ids: list[int], seed: int | None) -> list[int]:
-            super()._generate(ids, seed)  # the real generation cost, through the shared server
             text = render_hermes(self.plan[len(self.trace) % len(self.plan)]) + "<|im_end|>"
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            forced = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            t0 = time.perf_counter()
+            sample = self.server.generate(ids, seed, key=id(self), forced=forced)
+            self.generation_wait_s += time.perf_counter() - t0
+            self.sample_logprobs += sample.logprobs
+            return list(sample.ids)
 
     return ScriptedTurns
 

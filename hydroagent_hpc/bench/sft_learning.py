@@ -26,7 +26,7 @@ __all__ = ["run", "main"]
 
 
 def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int = 12, teach: int = 2,
-        lr: float = 3e-3) -> dict[str, Any]:
+        lr: float = 3e-3, width: int | None = None, layers: int | None = None) -> dict[str, Any]:
     from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
     from hydroagent_hpc.sim.synth.basins import synthesize_basin
     from hydroagent_hpc.store import read_episodes, read_turns
@@ -52,9 +52,21 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
     run_campaign(teacher, out / "teacher.h5", progress=False)
     report = build_sft_data([out / "teacher.h5"], out / "sft.h5", preset="released", tokenizer="tiny",
                             augment="none", max_tokens=32768)
-    save_tiny(out / "base", seed=0)
+    model_line = "model: tiny"
+    if width or layers:  # a wider/deeper random model than train/tiny.py's default sizes
+        from hydroagent_hpc.train.tiny import TINY_QWEN3_SIZES, build_tiny_qwen3, build_tiny_tokenizer
+
+        w = width or int(TINY_QWEN3_SIZES["hidden_size"])
+        tokenizer = build_tiny_tokenizer()
+        model = build_tiny_qwen3(tokenizer, seed=0, hidden_size=w, intermediate_size=3 * w,
+                                 num_hidden_layers=layers or int(TINY_QWEN3_SIZES["num_hidden_layers"]),
+                                 num_attention_heads=w // 32, num_key_value_heads=max(1, w // 64), head_dim=32)
+        save_tiny(out / "base", model=model, tokenizer=tokenizer)
+        model_line = f"model: {(out / 'base').resolve()}"
+    else:
+        save_tiny(out / "base", seed=0)
     config = out / "sft.yaml"
-    config.write_text(f"data: sft.h5\nmodel: tiny\nlr: {lr}\nweight_decay: 0.0\nwarmup_steps: 10\n"
+    config.write_text(f"data: sft.h5\n{model_line}\nlr: {lr}\nweight_decay: 0.0\nwarmup_steps: 10\n"
                       f"max_steps: {steps}\nmicro_batch_size: 1\ngrad_accum: 1\nmax_grad_norm: 1.0\nseed: 0\n"
                       f"dtype: fp32\nfsdp: false\nactivation_checkpointing: false\nsave_every: 100000\n"
                       f"log_every: 10\nbucket_by_length: true\n")
@@ -78,7 +90,8 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
                               "valid_call_share": float(1 - len(failed) / max(1, len(messages))),
                               "best_nse": None if ep.best_nse != ep.best_nse else float(ep.best_nse),
                               "stop_reason": str(ep.stop_reason)}
-    result = {"teacher_episodes": report.kept, "sft_steps": steps,
+    result = {"teacher_episodes": report.kept, "sft_steps": steps, "model": model_line.split(": ", 1)[1],
+              "width": width, "layers": layers, "teach_basins": teach, "seeds": seeds,
               "loss_first": losses[0], "loss_last": losses[-1], "sft_s": round(sft_s, 1),
               "tokens_per_s": summary.get("tokens_per_s"), "policies": policies,
               "total_s": round(time.perf_counter() - t0, 1)}
@@ -96,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=12)
     ap.add_argument("--teach", type=int, default=2, help="number of teaching basins")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--width", type=int, help="hidden size of a larger random model (default: train/tiny.py's 128)")
+    ap.add_argument("--layers", type=int, help="layers of a larger random model (default: train/tiny.py's 4)")
     args = ap.parse_args(argv)
-    r = run(args.out, args.steps, args.seeds, args.sims, args.turns, args.teach, args.lr)
+    r = run(args.out, args.steps, args.seeds, args.sims, args.turns, args.teach, args.lr, args.width, args.layers)
     print(f"SFT {r['sft_steps']} steps in {r['sft_s']} s: loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
     print(f"{'policy':<8} {'messages':>8} {'valid calls':>11} {'best NSE':>9}  stop")
     for name, p in r["policies"].items():

@@ -119,16 +119,24 @@ class BatchedSampler:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     def sample(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None],
-               keys: Sequence[Hashable | None] | None = None) -> list[Sample]:
+               keys: Sequence[Hashable | None] | None = None,
+               forced: Sequence[Sequence[int] | None] | None = None) -> list[Sample]:
         """Sample a continuation of each prompt; ``keys`` (one per prompt, e.g. a rollout id) turn on
-        the prefix cache for those rows when the sampler was built with ``prefix_cache=True``."""
-        if len(prompts) != len(seeds) or (keys is not None and len(keys) != len(prompts)):
-            raise ValueError("one seed (and one key, when keys are given) per prompt")
-        row_keys = list(keys) if keys is not None else [None] * len(prompts)
+        the prefix cache for those rows when the sampler was built with ``prefix_cache=True``.
+
+        ``forced[r]`` (benchmarks and tests): row ``r`` emits these ids instead of sampling, through
+        the same decode steps (the same cost, the model's log-probs of them), and ends after the
+        last one or at a stop id among them.
+        """
+        n = len(prompts)
+        if len(seeds) != n or (keys is not None and len(keys) != n) or (forced is not None and len(forced) != n):
+            raise ValueError("one seed (and one key / forced list, when given) per prompt")
+        row_keys = list(keys) if keys is not None else [None] * n
+        row_forced = list(forced) if forced is not None else [None] * n
         out: list[Sample] = []
-        for start in range(0, len(prompts), self.max_batch):
+        for start in range(0, n, self.max_batch):
             end = start + self.max_batch
-            out += self._batch(prompts[start:end], seeds[start:end], row_keys[start:end])
+            out += self._batch(prompts[start:end], seeds[start:end], row_keys[start:end], row_forced[start:end])
         return out
 
     def _take_prefix(self, key: Hashable | None, prompt: Sequence[int]) -> tuple[int, list[Any] | None]:
@@ -146,7 +154,7 @@ class BatchedSampler:
 
     @torch.inference_mode()
     def _batch(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None],
-               keys: Sequence[Hashable | None]) -> list[Sample]:
+               keys: Sequence[Hashable | None], forced: Sequence[Sequence[int] | None]) -> list[Sample]:
         device = self.model.device
         n = len(prompts)
         if any(not p for p in prompts):
@@ -218,10 +226,11 @@ class BatchedSampler:
             for r in range(n):
                 if done[r]:
                     continue
-                tok = int(chosen[r])
+                f = forced[r]
+                tok = int(f[len(sampled[r])]) if f is not None else int(chosen[r])
                 sampled[r].append(tok)
                 logps[r].append(float(model_logp[r, tok]))
-                if tok in stop:
+                if tok in stop or (f is not None and len(sampled[r]) >= len(f)):
                     done[r] = True
             if all(done) or step == self.sampling.max_new_tokens - 1:
                 break  # nothing more to sample: the last ids are not fed
@@ -269,6 +278,7 @@ class _Request:
     seed: int | None
     future: Future[Sample]
     key: Hashable | None = None
+    forced: list[int] | None = None
 
 
 class GenerationServer:
@@ -299,12 +309,16 @@ class GenerationServer:
             self._thread = None
         self.sampler.forget()
 
-    def generate(self, ids: Sequence[int], seed: int | None, key: Hashable | None = None) -> Sample:
+    def generate(self, ids: Sequence[int], seed: int | None, key: Hashable | None = None,
+                 forced: Sequence[int] | None = None) -> Sample:
         """Sample a turn after ``ids`` (blocks until done); ``key`` names the caller's sequence for
-        the sampler's prefix cache (the same key on every turn of one rollout)."""
+        the sampler's prefix cache (the same key on every turn of one rollout); ``forced`` see
+        :meth:`BatchedSampler.sample`."""
         if self._thread is None:
             raise RuntimeError("GenerationServer is not running (use it as a context manager)")
-        request = _Request(list(ids), seed, Future(), key)
+        if forced is not None and not forced:
+            raise ValueError("forced ids must not be empty")
+        request = _Request(list(ids), seed, Future(), key, None if forced is None else [int(i) for i in forced])
         self._queue.put(request)
         return request.future.result()
 
@@ -329,7 +343,7 @@ class GenerationServer:
             t0 = time.perf_counter()
             try:
                 samples = self.sampler.sample([r.ids for r in batch], [r.seed for r in batch],
-                                              [r.key for r in batch])
+                                              [r.key for r in batch], [r.forced for r in batch])
             except BaseException as exc:  # answer every waiting rollout; none may hang
                 for r in batch:
                     r.future.set_exception(exc)
