@@ -44,3 +44,17 @@ def test_bad_configs_name_the_file_line_and_key(tmp_path, text, line, words):
     message = str(err.value)
     assert words in message
     assert f"{path}:{line}" in message or (line == 1 and str(path) in message)
+
+
+@pytest.mark.parametrize("name", ["grpo-tiny.yaml", "grpo-qwen3-4b.yaml", "grpo-released.yaml"])
+def test_the_shipped_configs_load_and_hold_their_recipes(name):
+    root = Path(__file__).resolve().parents[1] / "data" / "train"
+    c = load_grpo_config(root / name)
+    assert all(b.startswith(str(root.parents[1])) for b in c.basins)
+    assert not set(c.basins) & set(c.validation_basins)
+    if name == "grpo-qwen3-4b.yaml":  # the paper (docs/reference-implementation.md section 7)
+        assert (c.group_size, c.kl_coef, c.entropy_coef, c.lr, c.prompts_per_step) == (8, 0.2, 0.01, 1e-6, 4)
+        assert (c.temperature, c.top_p, c.advantage, c.preset) == (1.0, 0.95, "episode", "paper")
+        assert c.max_simulations_in_flight == 32 and c.env["max_turns"] == 50 and len(c.basins) == 10
+    if name == "grpo-released.yaml":
+        assert (c.group_size, c.kl_coef, c.advantage, c.preset) == (6, 0.05, "released", "released")
