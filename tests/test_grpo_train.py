@@ -66,6 +66,8 @@ def test_a_run_writes_metrics_episodes_checkpoints_and_a_loadable_policy(basins,
     assert [r["step"] for r in rows] == ["1"]
     assert float(rows[0]["reward_mean"]) == pytest.approx(summary["first_reward"])
     assert int(rows[0]["rollouts"]) == 2 and rows[0]["stop_reasons"]
+    # the trainer scores exactly the ids that were sampled, with the sampler's own numbers
+    assert float(rows[0]["logprob_mismatch_max"]) < 1e-4
     eps = read_episodes(run / "rollouts.h5")
     assert sorted(eps.agent.value_counts().items()) == [("grpo", 2), ("grpo-val", 2)]  # step 0 and step 1
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-1"

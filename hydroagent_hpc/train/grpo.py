@@ -81,7 +81,8 @@ __all__ = ["train_grpo", "rollout_seed", "plan_prompts", "METRICS_COLUMNS", "bui
 METRICS_COLUMNS = ("step", "reward_mean", "reward_std", "turn_reward_mean", "terminal_mean", "best_nse_mean",
                    "simulations_mean", "turns_mean", "parse_failures_mean", "rollouts", "trainable",
                    "degenerate_groups", "adv_mean", "adv_std", "adv_abs_max", "loss", "pg", "kl", "entropy",
-                   "clip_fraction", "grad_norm", "lr", "tokens", "generation_s", "simulation_s", "training_s",
+                   "clip_fraction", "grad_norm", "lr", "tokens", "logprob_mismatch_mean", "logprob_mismatch_max",
+                   "tis_weight_mean", "generation_s", "simulation_s", "training_s",
                    "step_s", "sim_peak_in_flight", "shared_run_hits", "stop_reasons", "val_reward_mean",
                    "val_best_nse_mean")
 
@@ -474,6 +475,18 @@ def _optimise(config: GRPOConfig, model: Any, reference: Any, optimizer: torch.o
             with torch.no_grad():
                 ref_logp, _ = token_logprobs(reference, ids, attn, chunk_size=config.logprob_chunk,
                                              with_entropy=False)
+        # the generator's log-probs of the sampled ids against the trainer's: the engine mismatch
+        gen = torch.zeros_like(mask)
+        if len(r.sample_logprobs) == int(mask.sum()):
+            gen[mask.bool()] = torch.tensor(r.sample_logprobs, dtype=gen.dtype, device=device)
+            delta = (logp.detach().float() - gen)[mask.bool()]
+            sums["mismatch_abs_sum"] += float(delta.abs().sum())
+            sums["mismatch_max"] = max(sums["mismatch_max"], float(delta.abs().max()) if delta.numel() else 0.0)
+            if config.tis_cap > 0:  # truncated importance weights min(p_trainer / p_generator, cap)
+                weight = torch.exp(delta).clamp(max=config.tis_cap)
+                adv = adv.clone()
+                adv[mask.bool()] = adv[mask.bool()] * weight.to(adv.dtype)
+                sums["tis_weight_sum"] += float(weight.sum())
         parts = grpo_loss(logp, logp.detach(), ref_logp, entropy, adv, mask, clip_low=config.clip_low,
                           clip_high=config.clip_high, kl_coef=config.kl_coef, entropy_coef=config.entropy_coef,
                           aggregation=config.aggregation, norm_length=config.norm_length,
@@ -487,12 +500,16 @@ def _optimise(config: GRPOConfig, model: Any, reference: Any, optimizer: torch.o
     if not chosen:
         log.warning("no trainable rollout in this batch: the optimizer does not step")
         return {"loss": 0.0, "pg": 0.0, "kl": 0.0, "entropy": float("nan"), "clip_fraction": 0.0,
-                "grad_norm": 0.0, "tokens": 0.0}
+                "grad_norm": 0.0, "tokens": 0.0, "logprob_mismatch_mean": float("nan"),
+                "logprob_mismatch_max": float("nan"), "tis_weight_mean": float("nan")}
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    tokens = max(total_tokens, 1.0)
     return {"loss": sums["loss"], "pg": sums["pg"], "kl": sums["kl"], "entropy": sums["entropy"],
-            "clip_fraction": sums["clip_fraction"], "grad_norm": grad_norm, "tokens": total_tokens}
+            "clip_fraction": sums["clip_fraction"], "grad_norm": grad_norm, "tokens": total_tokens,
+            "logprob_mismatch_mean": sums["mismatch_abs_sum"] / tokens, "logprob_mismatch_max": sums["mismatch_max"],
+            "tis_weight_mean": sums["tis_weight_sum"] / tokens if config.tis_cap > 0 else float("nan")}
 
 
 def _validate(config: GRPOConfig, model: Any, tokenizer: Any, sims: dict[str, Any], basins: dict[str, Any],

@@ -22,6 +22,9 @@ kl_coef                0.2             0.05
 advantage              episode         released
 =====================  ==============  ==================
 
+``tis_cap`` (default 0 = off): truncated importance weights ``min(p_trainer / p_generator, cap)`` on
+each token's advantage, for generators whose numbers differ from the trainer's.
+
 Both: lr 1e-6 with ``warmup_steps`` linear warm-up then constant, weight decay 0, gradient clip
 1.0, entropy 0.01, clip 0.2 / 0.2, ``token-mean`` aggregation, temperature 1.0, top-p 0.95,
 at most 32 simulations in flight. Unknown keys, wrong types and out-of-range values are refused
@@ -75,6 +78,7 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.2
+    tis_cap: float = 0.0
     kl_coef: float = 0.2
     entropy_coef: float = 0.01
     aggregation: str = "token-mean"
@@ -106,7 +110,7 @@ _INT = {"group_size": 1, "prompts_per_step": 1, "max_steps": 1, "warmup_steps": 
         "max_context_tokens": 2, "max_simulations_in_flight": 1, "generation_batch": 1, "logprob_chunk": 1,
         "seed": None, "save_every": 0, "keep_checkpoints": 0, "validate_every": 0, "norm_length": 1}
 _FLOAT = ("gamma", "lr", "weight_decay", "max_grad_norm", "clip_low", "clip_high", "kl_coef", "entropy_coef",
-          "temperature", "top_p")
+          "temperature", "top_p", "tis_cap")
 _BOOL = ("std_normalise", "share_runs", "prefix_cache")
 _CHOICES = {"preset": tuple(PRESET_DEFAULTS), "advantage": ADVANTAGES, "aggregation": AGGREGATIONS,
             "dtype": ("auto", "bf16", "fp32")}
