@@ -301,6 +301,35 @@ def test_cli_augment_option(stores, tmp_path, capsys):
 def test_the_cli_choices_match_the_library():
     """cli/train.py keeps torch-free copies of the preset and augment names: they must not drift."""
     from hydroagent_hpc.cli import train as cli_train
-    from hydroagent_hpc.train.sft_data import AUGMENT_MODES, SFT_PRESETS
+    from hydroagent_hpc.train.sft_data import AUGMENT_MODES, RENDERERS, SFT_PRESETS
 
     assert cli_train._SFT_PRESETS == SFT_PRESETS and cli_train._AUGMENT_MODES == AUGMENT_MODES
+    assert cli_train._RENDERERS == RENDERERS
+
+
+def test_the_calls_renderer_turns_optimizer_episodes_into_the_calls_they_made(stores, tok, tmp_path):
+    """An optimizer store is refused without a renderer; with --render calls every assistant message
+    is exactly one Hermes block that parses back to the call the environment recorded."""
+    from hydroagent_hpc.env.toolcalls import parse_message
+    from hydroagent_hpc.store import iter_episodes
+    from hydroagent_hpc.train.sft_data import episode_messages, render_calls
+
+    with pytest.raises(SFTDataError, match="--render calls"):
+        build_sft_data([stores["optim"]], tmp_path / "none.h5", preset="released", tokenizer=tok)
+    report = build_sft_data([stores["optim"]], tmp_path / "calls.h5", preset="released", tokenizer=tok,
+                            render="calls")
+    assert report.kept == 1 and report.render == "calls" and SFTDataset(tmp_path / "calls.h5").info("render") == "calls"
+    episode = next(iter(iter_episodes(stores["optim"])))
+    messages = episode_messages(render_calls(episode))
+    said = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert len(said) == len(episode.turns) > 3
+    for text, turn in zip(said, episode.turns):
+        parsed = parse_message(text)
+        assert not parsed.failures and len(parsed.calls) == 1 and text.endswith("</tool_call>")
+        call = parsed.calls[0]
+        assert call.name == turn.tool
+        recorded = {k: float(v) for k, v in (turn.arguments or {}).items()}
+        assert {k: float(v) for k, v in call.arguments.items()} == recorded
+    # text episodes are left as they were: the mixed store's heuristic text is unchanged by the renderer
+    mixed = build_sft_data([stores["mixed"]], tmp_path / "mixed.h5", preset="released", tokenizer=tok, render="calls")
+    assert mixed.dropped == {} and mixed.kept == 8

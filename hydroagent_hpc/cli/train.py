@@ -17,13 +17,15 @@ log = logging.getLogger("hydroagent")
 _SFT_PRESETS = ("paper", "released")
 #: The augment modes (train/sft_data.py AUGMENT_MODES).
 _AUGMENT_MODES = ("none", "stopping_points")
+#: The renderers for text-less episodes (train/sft_data.py RENDERERS).
+_RENDERERS = ("none", "calls")
 
 
 def cmd_sft_data(args: argparse.Namespace) -> int:
     from hydroagent_hpc.train.sft_data import build_sft_data
 
     report = build_sft_data(args.stores, args.out, preset=args.preset, tokenizer=args.tokenizer,
-                            max_tokens=args.max_tokens, augment=args.augment)
+                            max_tokens=args.max_tokens, augment=args.augment, render=args.render)
     summary = {"out": str(report.out), "preset": report.preset, "augment": report.augment, "kept": report.kept,
                "examples": report.examples, "dropped": report.dropped,
                "weights": {k: report.weights[k] for k in ("min", "median", "mean", "max")},
@@ -69,6 +71,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="stopping_points: one example per cut after each assistant turn that follows an evaluate "
                         "response (+ the full run), the episode weight split evenly; none: one example per episode "
                         "(default: stopping_points for paper, none for released)")
+    d.add_argument("--render", choices=_RENDERERS, default="none",
+                   help="calls: give episodes without assistant text (classic optimizers) one message per tool call, "
+                        "its <tool_call> block alone; none (default): drop them")
     d.add_argument("--tokenizer", default="tiny", help="tokenizer folder or hub id (its chat template), or 'tiny'")
     d.add_argument("--max-tokens", type=positive_int, default=16384, help="context budget per sequence (default 16384)")
     d.set_defaults(func=cmd_sft_data)

@@ -16,7 +16,15 @@ Text. The heuristic hydrologist writes diagnosis + Hermes tool-call text; hosted
 their own text (native calls were executed as Hermes text, which is what is stored). Classic
 optimizers (dds, sceua, lhs, random, dream) drive the tools directly and write no text: such
 episodes are dropped (reason ``no_text``), and a store that holds no episode with text is
-refused with :class:`SFTDataError`, since there is nothing in it a language model could imitate.
+refused with :class:`SFTDataError`, since there is nothing in it a language model could imitate,
+unless a renderer is chosen (``render``; ``--render``; recorded in the root attribute ``render``):
+
+- ``none`` (the default): as above.
+- ``calls``: each tool call of a text-less episode becomes the assistant message an LLM would
+  have written to make exactly that call: its Hermes ``<tool_call>`` block alone, no prose (the
+  name and the arguments the environment recorded, serialised as :func:`render_hermes` does).
+  Such a teacher shows the format and the search, never a diagnosis; mixing it with text agents
+  teaches calls without reasons. Episodes with text are never re-rendered.
 
 Presets (reference-implementation.md section 6):
 
@@ -88,22 +96,25 @@ from torch.utils.data import Dataset
 from hydroagent_hpc.agents.llm.trajectory import Trajectory, TrajectoryBuilder, TrajectoryError
 from hydroagent_hpc.env import prompts
 from hydroagent_hpc.env.episode import ROLE_TOOL
-from hydroagent_hpc.env.toolcalls import render_tool_response, tool_schemas
+from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response, tool_schemas
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.provenance import git_commit
 from hydroagent_hpc.store import iter_episodes
 from hydroagent_hpc.store.writer import install_file
-from hydroagent_hpc.types import Basin, Episode
+from hydroagent_hpc.types import Basin, Episode, ToolCall
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SFT_PRESETS", "AUGMENT_MODES", "DEFAULT_AUGMENT", "PAPER_MIN_NSE", "stopping_points", "DATA_SCHEMA",
+__all__ = ["SFT_PRESETS", "AUGMENT_MODES", "RENDERERS",
+           "render_calls", "DEFAULT_AUGMENT", "PAPER_MIN_NSE", "stopping_points", "DATA_SCHEMA",
            "SFTDataError", "SFTDataReport", "episode_messages",
            "episode_tools", "paper_weights", "released_weights", "load_tokenizer", "build_sft_data", "SFTDataset"]
 
 SFT_PRESETS = ("paper", "released")
 #: ``augment`` modes (see the module doc).
 AUGMENT_MODES = ("none", "stopping_points")
+#: How episodes without assistant text (classic optimizers) are treated (module doc).
+RENDERERS = ("none", "calls")
 #: The ``augment`` mode of each preset when none is given.
 DEFAULT_AUGMENT = {"paper": "stopping_points", "released": "none"}
 #: ``paper`` drops episodes whose final best NSE is at or below this.
@@ -136,6 +147,22 @@ def _budget(env: dict[str, Any], target: float | None) -> prompts.Budget:
 def has_text(episode: Episode) -> bool:
     """True when some turn carries assistant text (classic optimizers write none)."""
     return any(t.text for t in episode.turns)
+
+
+def render_calls(episode: Episode) -> Episode:
+    """``episode`` with the ``calls`` renderer's text on every turn (see the module doc).
+
+    Each turn of a text-less episode is its own assistant message (direct tool calls); a turn that
+    is not a recorded tool call (a parse failure, which a direct agent cannot make) is refused.
+    """
+    turns = []
+    for t in episode.turns:
+        if t.kind != "tool" or not t.tool:
+            raise SFTDataError(f"episode {episode.episode_id!r}: turn {t.index} is a {t.kind}, not a tool call; "
+                               f"the calls renderer only renders recorded tool calls",
+                               fix="use --render none for this store")
+        turns.append(dataclasses.replace(t, text=render_hermes(ToolCall(t.tool, dict(t.arguments or {})))))
+    return dataclasses.replace(episode, turns=turns)
 
 
 def episode_messages(episode: Episode) -> list[dict[str, str]]:
@@ -274,6 +301,7 @@ class SFTDataReport:
     sources: list[dict[str, Any]] = field(default_factory=list)
     augment: str = "none"
     examples: int = 0
+    render: str = "none"
 
 
 def _sha256(path: Path) -> str:
@@ -294,7 +322,7 @@ def _summary(x: np.ndarray) -> dict[str, float]:
 
 def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, preset: str = "paper",
                    tokenizer: Any = "tiny", max_tokens: int = 16384, tokenizer_name: str | None = None,
-                   augment: str | None = None) -> SFTDataReport:
+                   augment: str | None = None, render: str = "none") -> SFTDataReport:
     """Read ``stores``, filter and weight by ``preset``, tokenise, augment, and write ``out`` atomically.
 
     ``tokenizer``: a tokenizer object or a name for :func:`load_tokenizer`. ``augment``: one of
@@ -308,6 +336,8 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     augment = DEFAULT_AUGMENT[preset] if augment is None else augment
     if augment not in AUGMENT_MODES:
         raise SFTDataError(f"--augment {augment!r}: unknown", fix=f"use one of {', '.join(AUGMENT_MODES)}")
+    if render not in RENDERERS:
+        raise SFTDataError(f"--render {render!r}: unknown", fix=f"use one of {', '.join(RENDERERS)}")
     if int(max_tokens) < 1:
         raise SFTDataError(f"--max-tokens {max_tokens}: must be at least 1")
     if not stores:
@@ -332,6 +362,8 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     for s, p in enumerate(paths):
         # only turns, config and scores are needed: drop simulations and series as they are read
         eps = [dataclasses.replace(e, sims=[], times=None, observed=None, warmup=None) for e in iter_episodes(p)]
+        if render == "calls":
+            eps = [e if has_text(e) or not e.turns else render_calls(e) for e in eps]
         text = [e for e in eps if has_text(e)]
         if not text:
             agents = sorted({e.agent for e in eps})
@@ -339,7 +371,8 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
                 f"--from {p}: no episode with assistant text ({len(eps)} episodes"
                 + (f", agents {', '.join(agents)}" if agents else "") + "); classic optimizers drive the tools "
                 "directly and write no text a model could imitate",
-                fix="pass stores of text agents (heuristic, hosted or local language models)")
+                fix="pass stores of text agents (heuristic, hosted or local language models), or render the "
+                    "optimizers' calls as text with --render calls")
         for e in eps:
             if not has_text(e):
                 dropped[(e.basin_id, e.agent)]["no_text"] += 1
@@ -414,7 +447,7 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     for c in dropped.values():
         dropped_total.update(c)
     report = SFTDataReport(out, preset, len(pairs), dict(dropped_total), counts, weight_info, length_info, sources,
-                           augment, len(built))
+                           augment, len(built), render)
     _log_report(report)
 
     # 5. write atomically
@@ -449,7 +482,8 @@ def _write(out: Path, pairs: list[tuple[_Example, Trajectory]], r: SFTDataReport
     try:
         with h5py.File(tmp, "w") as f:
             f.attrs.update({"schema": DATA_SCHEMA, "schema_version": DATA_VERSION, "preset": r.preset,
-                            "augment": r.augment, "tokenizer": tokenizer_name, "max_tokens": int(r.lengths["budget"]),
+                            "augment": r.augment, "render": r.render,
+                            "tokenizer": tokenizer_name, "max_tokens": int(r.lengths["budget"]),
                             "git_commit": git_commit(),
                             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                             "sources": json.dumps(r.sources), "counts": json.dumps(r.counts),
