@@ -30,3 +30,19 @@ def test_rollout_simulations_on_worker_ranks_equal_local_ones_under_the_cap(smal
     assert 1 <= mpi["peak"] <= 2
     # 3 distinct parameter sets x 2 runs each (the second run repeats the first one's parameters)
     assert mpi["misses"] == 3 and mpi["runs"] == 3 and mpi["hits"] == 5
+
+
+def test_train_grpo_with_the_mpi_pool_runs_a_step_on_rank_0(tmp_path, small_basin_dir):
+    """`hydroagent train grpo --pool mpi` under mpiexec: rank 0 trains, the other rank serves
+    simulations and leaves when training is done; one result line, from rank 0 only."""
+    mpiexec = mpiexec_or_skip()
+    cfg = tmp_path / "grpo.yaml"
+    cfg.write_text(f"basins: [{small_basin_dir}]\ngroup_size: 2\nprompts_per_step: 1\nmax_steps: 1\n"
+                   f"max_new_tokens: 8\nenv: {{max_turns: 1}}\n")
+    p = subprocess.run([mpiexec, "-n", "2", str(BIN / "hydroagent"), "train", "grpo", str(cfg), "--out",
+                        str(tmp_path / "run"), "--pool", "mpi"], capture_output=True, text=True, timeout=300,
+                       env=job_env(), stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    assert len(results) == 1 and json.loads(results[0])["steps"] == 1
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
