@@ -61,17 +61,35 @@ def test_campaign_script_errors_name_the_fix(tmp_path):
     assert p.returncode == 2 and "HYDROAGENT_SITE" in p.stderr
 
 
-def test_grpo_template_refuses_clearly_until_training_lands(tmp_path):
-    (tmp_path / "cfg.yaml").write_text("{}\n")
+def test_grpo_script_validates_its_arguments_before_starting_anything(tmp_path):
+    """The GRPO template runs the trainer now (tests/test_grpo_ops.py runs it); before it starts anything it
+    refuses, with sft.sbatch's messages, a missing config, a missing trainer, a GPU-less allocation unless
+    HYDROAGENT_GRPO_CPU=1, and a GPU count that is not a number."""
+    script = SLURM / "grpo.sbatch"
+    text = script.read_text()
+    assert "no hydroagent_hpc.grpo yet" not in text
+    assert "MODULE=${HYDROAGENT_GRPO_MODULE:-hydroagent_hpc.train.grpo}" in text
+    (tmp_path / "cfg.yaml").write_text("basins: [b]\n")
     env = {k: v for k, v in job_env().items() if not k.startswith("SLURM_")}
-    p = subprocess.run(["bash", str(SLURM / "grpo.sbatch"), "cfg.yaml"], capture_output=True, text=True, env=env,
-                       cwd=tmp_path, timeout=60)
-    try:
-        __import__("hydroagent_hpc.grpo")
-    except ImportError:
-        assert p.returncode == 2 and "no hydroagent_hpc.grpo yet" in p.stderr
-    else:  # pragma: no cover - once training exists this template runs it
-        pytest.skip("hydroagent_hpc.grpo exists; the template is exercised by its own tests")
+    env.update(HYDROAGENT_GRPO_GPUS="0")
+
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env={**env, **extra},
+                              cwd=tmp_path, timeout=60)
+
+    p = run()
+    assert p.returncode != 0 and "usage: sbatch slurm/grpo.sbatch GRPO_CONFIG.yaml [RUN_DIR]" in p.stderr
+    p = run("nope.yaml")
+    assert p.returncode == 2 and "config nope.yaml not found" in p.stderr
+    p = run("cfg.yaml")
+    assert p.returncode == 2 and "no GPU" in p.stderr and "HYDROAGENT_GRPO_CPU=1" in p.stderr
+    p = run("cfg.yaml", HYDROAGENT_GRPO_GPUS="two")
+    assert p.returncode == 2 and "'two' is not a whole number" in p.stderr
+    p = run("cfg.yaml", HYDROAGENT_GRPO_CPU="1", HYDROAGENT_GRPO_MODULE="hydroagent_hpc.no_such_trainer")
+    assert p.returncode == 2 and "cannot import hydroagent_hpc.no_such_trainer" in p.stderr
+    p = run("cfg.yaml", HYDROAGENT_VENV=str(tmp_path / "no-venv"))
+    assert p.returncode == 2 and "run 'make venv'" in p.stderr
+    assert not (tmp_path / "results").exists()  # nothing was created
 
 
 def test_sft_script_no_longer_refuses(tmp_path):
@@ -97,6 +115,7 @@ def test_site_settings_come_from_the_environment(monkeypatch):
     ("campaign.sbatch", "c.yaml", ()), ("report.sbatch", "x.h5", ()),
     # the local test cluster has no GPUs: the documented CPU path (the header's third example)
     ("sft.sbatch", "c.yaml", ("--gpus-per-node=0", "--mem=1G", "--cpus-per-task=1")),
+    ("grpo.sbatch", "c.yaml", ("--gpus-per-node=0", "--ntasks=2", "--mem-per-cpu=1G")),
 ])
 def test_sbatch_accepts_the_scripts(tmp_path, script, arg, extra):
     if not slurm_available():

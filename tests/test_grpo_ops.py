@@ -1,0 +1,345 @@
+"""GRPO on a cluster: slurm/grpo.sbatch.
+
+The signal and requeue plumbing is checked first with a stand-in trainer written by the test (a real
+process that saves a checkpoint folder on SIGUSR1, saves and exits 143 on SIGTERM, and finishes when it
+finds a checkpoint, as the real trainer's --resume does; with --pool mpi its worker ranks only record
+what they see and wait), behind real bash, a stand-in srun that starts and signals the ranks as srun
+does, and real signals. Where a Slurm controller answers (../shared/scripts/start-local-slurm.sh),
+the real trainer runs a tiny CPU config through sbatch on MPI ranks (also through a requeue); those tests
+skip, saying why, without Slurm or without a working MPI.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.hpc import ROOT, job_env, mpiexec_or_skip
+from helpers.waiting import wait_until
+from hydroagent_hpc.hpc.slurm import slurm_available
+
+SBATCH = ROOT / "slurm" / "grpo.sbatch"
+HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
+
+STANDIN = '''
+import os, signal, sys, time
+from pathlib import Path
+
+def main():
+    args = sys.argv[1:]
+    run = Path(args[args.index("--out") + 1])
+    pool = args[args.index("--pool") + 1]
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    ck = run / "checkpoints"
+    ck.mkdir(parents=True, exist_ok=True)
+    log = run / "standin.log"
+    def note(text):
+        with open(log, "a") as f:
+            f.write(text + "\\n")
+    if rank:  # a simulation rank: say what it sees, then wait for the trainer to finish (or for SIGTERM)
+        usr1 = "ignored" if signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN else "default"
+        note(f"worker {rank} pool={pool} usr1={usr1} cuda={os.environ.get('CUDA_VISIBLE_DEVICES')!r}")
+        while not (run / "final").exists():
+            time.sleep(0.05)
+        return 0
+    found = sorted(p.name for p in ck.iterdir())
+    note(f"start config={args[0]} resume={'--resume' in args} pool={pool} found={','.join(found)}")
+    if found:  # a resumed attempt: finish the run
+        (run / "final").mkdir(exist_ok=True)
+        note("finished")
+        return 0
+    def save(tag):
+        tmp = ck / f".tmp-{tag}"
+        tmp.mkdir()
+        (tmp / "state.json").write_text("{}")
+        tmp.rename(ck / f"step-{tag}")
+    def on_usr1(sig, frame):
+        save("usr1")
+        note("usr1")
+    def on_term(sig, frame):
+        save("term")
+        note("term")
+        sys.exit(143)
+    signal.signal(signal.SIGUSR1, on_usr1)
+    signal.signal(signal.SIGTERM, on_term)
+    note("ready")
+    while True:
+        signal.pause()
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+# Starts -n ranks of the command with SLURM_PROCID set and passes SIGUSR1 and SIGTERM on to every rank,
+# as srun does; exits with rank 0's status once every rank has ended.
+FAKE_SRUN = r'''echo "$*" > "$SRUN_LOG"
+n=1
+while [ $# -gt 0 ]; do case $1 in -n) n=$2; shift 2;; -*) shift;; *) break;; esac; done
+pids=()
+for ((i = 0; i < n; i++)); do SLURM_PROCID=$i "$@" & pids+=($!); done
+trap 'kill -USR1 "${pids[@]}" 2>/dev/null' USR1
+trap 'kill -TERM "${pids[@]}" 2>/dev/null' TERM
+rc0=0
+for i in "${!pids[@]}"; do
+  while true; do wait "${pids[$i]}"; rc=$?; kill -0 "${pids[$i]}" 2>/dev/null || break; done
+  [ "$i" = 0 ] && rc0=$rc
+done
+exit "$rc0"
+'''
+
+
+def _standin(tmp_path: Path) -> tuple[str, str]:
+    """Write the stand-in trainer module; return (module name, PYTHONPATH with it first)."""
+    mods = tmp_path / "mods"
+    mods.mkdir(exist_ok=True)
+    (mods / "standin_grpo.py").write_text(STANDIN)
+    return "standin_grpo", os.pathsep.join([str(mods), str(ROOT), os.environ.get("PYTHONPATH", "")])
+
+
+def _log(run: Path) -> str:
+    p = run / "standin.log"
+    return p.read_text() if p.exists() else ""
+
+
+def _fake_bin(tmp_path: Path, **scripts: str) -> Path:
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    for name, body in scripts.items():
+        (fake / name).write_text("#!/bin/bash\n" + body)
+        (fake / name).chmod(0o755)
+    return fake
+
+
+def _sbatch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in job_env().items() if not k.startswith("SLURM_")}
+    module, pythonpath = _standin(tmp_path)
+    fake = _fake_bin(tmp_path, scontrol='echo "$@" >> "$SCONTROL_LOG"\n', srun=FAKE_SRUN)
+    env.update(PATH=f"{fake}:{env['PATH']}", PYTHONPATH=pythonpath, HYDROAGENT_GRPO_MODULE=module,
+               HYDROAGENT_GRPO_GPUS="0", HYDROAGENT_GRPO_CPU="1", SCONTROL_LOG=str(tmp_path / "scontrol.log"),
+               SRUN_LOG=str(tmp_path / "srun.log"), HYDROAGENT_SAVE_WAIT="60")
+    env.update(extra)
+    return env
+
+
+def _metric_steps(run: Path) -> list[int]:
+    p = run / "metrics.csv"
+    if not p.exists():
+        return []
+    with open(p, newline="") as f:
+        return [int(r["step"]) for r in csv.DictReader(f) if r.get("step")]
+
+
+def _tiny_config(tmp_path: Path, max_steps: int = 2) -> Path:
+    """The tiny CPU GRPO config (offline tiny Qwen3, two 5-day synthetic basins)."""
+    from hydroagent_hpc.sim.synth.basins import synthesize_basin
+
+    basins = []
+    for i, name in enumerate(("b1", "b2")):
+        synthesize_basin(tmp_path / "basins" / name, name=f"syn_{name}", area_km2=80.0, window_days=5,
+                         warmup_days=2, seed=40 + i, start="2021-07-01")
+        basins.append(str(tmp_path / "basins" / name))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"basins: [{', '.join(basins)}]\ngroup_size: 2\nprompts_per_step: 1\nmax_steps: {max_steps}\n"
+                   "max_new_tokens: 12\nlr: 1.0e-3\ngeneration_batch: 1\nenv: {max_turns: 2}\n")
+    return cfg
+
+
+# --------------------------------------------------------------------------- slurm/grpo.sbatch, no Slurm
+
+def test_the_grpo_script_launches_the_trainer_instead_of_refusing():
+    text = SBATCH.read_text()
+    assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True).returncode == 0
+    assert "no hydroagent_hpc.grpo yet" not in text and "lands with the GRPO issue" not in text
+    assert "MODULE=${HYDROAGENT_GRPO_MODULE:-hydroagent_hpc.train.grpo}" in text
+    for needed in ("srun --mpi=pmi2", "--pool mpi", "--pool threads", "--resume", "scontrol requeue",
+                   "HYDROAGENT_MAX_REQUEUES", "trap on_usr1 USR1", "HYDROAGENT_GRPO_CPU"):
+        assert needed in text, needed
+
+
+@pytest.mark.parametrize("ntasks", [1, 3], ids=["threads", "mpi"])
+def test_sigusr1_checkpoints_requeues_and_the_next_attempt_resumes(tmp_path, ntasks):
+    """USR1 -> the trainer (rank 0) saves -> requeue -> TERM (save, 143) -> exit 3; the requeued attempt
+    finds the checkpoint and finishes. With ranks, srun starts them all; the simulation ranks ignore
+    SIGUSR1 and see no GPU, and the pool is mpi."""
+    if ntasks > 1 and not HAVE_MPI4PY:
+        pytest.skip("mpi4py is not installed: the script refuses --ntasks > 1 without it")
+    (tmp_path / "cfg.yaml").write_text("basins: [b]\n")
+    run = tmp_path / "run"
+    env = _sbatch_env(tmp_path, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="0", SLURM_NTASKS=str(ntasks),
+                      CUDA_VISIBLE_DEVICES="0")
+    pool = "mpi" if ntasks > 1 else "threads"
+    proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        wait_until(lambda: "ready" in _log(run) and _log(run).count("worker ") == ntasks - 1, 120,
+                   "the stand-in ranks to start")
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, err
+    assert f"{ntasks} rank(s), pool {pool}, 0 GPU(s) (job 4242, restart 0)" in out
+    assert "checkpoint written" in out and "requeueing job 4242" in out
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    lines = _log(run).splitlines()
+    trainer = [ln for ln in lines if not ln.startswith("worker ")]
+    assert trainer[0] == f"start config={tmp_path / 'cfg.yaml'} resume=True pool={pool} found="
+    assert trainer[-2:] == ["usr1", "term"]  # saved on USR1 first, then on the requeue's TERM
+    workers = sorted(ln for ln in lines if ln.startswith("worker "))
+    assert workers == [f"worker {r} pool=mpi usr1=ignored cuda=''" for r in range(1, ntasks)]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-term", "step-usr1"]
+    assert not list(run.glob(".usr1.*"))  # the marker is cleaned up
+    if ntasks > 1:
+        srun = (tmp_path / "srun.log").read_text().split()
+        assert srun[:6] == ["--mpi=pmi2", "--kill-on-bad-exit=1", "-n", str(ntasks), "bash", "-c"]
+        assert srun[-8:] == ["-m", "standin_grpo", str(tmp_path / "cfg.yaml"), "--out", str(run), "--resume",
+                             "--pool", "mpi"]
+    else:
+        assert not (tmp_path / "srun.log").exists()  # one process, no srun
+
+    env["SLURM_RESTART_COUNT"] = "1"
+    p = subprocess.run(["bash", str(SBATCH), "cfg.yaml", str(run)], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "restart 1" in p.stdout and (run / "final").is_dir()
+    trainer = [ln for ln in _log(run).splitlines() if not ln.startswith("worker ")]
+    assert trainer[-2:] == [f"start config={tmp_path / 'cfg.yaml'} resume=True pool={pool} "
+                            "found=step-term,step-usr1", "finished"]
+
+
+def test_the_requeue_limit_stops_requeueing_and_says_how_to_continue(tmp_path):
+    (tmp_path / "cfg.yaml").write_text("basins: [b]\n")
+    run = tmp_path / "run"
+    env = _sbatch_env(tmp_path, SLURM_JOB_ID="7", SLURM_RESTART_COUNT="3", HYDROAGENT_MAX_REQUEUES="3")
+    proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        wait_until(lambda: "ready" in _log(run), 120, "the stand-in trainer to start")
+        proc.send_signal(signal.SIGUSR1)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3
+    assert "requeued 3 times already" in err and "longer --time" in err
+    assert not (tmp_path / "scontrol.log").exists()
+    assert (run / "checkpoints" / "step-usr1").is_dir()
+
+
+def test_mpi_ranks_need_mpi4py(tmp_path):
+    """--ntasks > 1 with an environment that cannot import mpi4py: refused before anything starts."""
+    (tmp_path / "cfg.yaml").write_text("basins: [b]\n")
+    mods = tmp_path / "nompi"
+    mods.mkdir()
+    (mods / "mpi4py.py").write_text("raise ImportError('no mpi4py here')\n")
+    env = _sbatch_env(tmp_path, SLURM_NTASKS="3")
+    env["PYTHONPATH"] = os.pathsep.join([str(mods), env["PYTHONPATH"]])
+    p = subprocess.run(["bash", str(SBATCH), "cfg.yaml", "run"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=60)
+    assert p.returncode == 2 and "cannot import mpi4py" in p.stderr and "--ntasks=1" in p.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "srun.log").exists()
+
+
+# --------------------------------------------------------------------------- slurm/grpo.sbatch on Slurm
+
+def _slurm_or_skip() -> None:
+    if not slurm_available():
+        pytest.skip("no Slurm controller answers (sinfo failed): start one with "
+                    "../shared/scripts/start-local-slurm.sh (root, Debian)")
+    mpiexec_or_skip()  # the MPI runtime (mpi4py + mpich) the ranks need
+
+
+def _slurm_env() -> dict[str, str]:
+    env = {k: v for k, v in job_env().items() if not k.startswith("SLURM_")}
+    env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HYDROAGENT_GRPO_CPU="1")
+    return env
+
+
+def _sacct_state(job: str) -> str:
+    p = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "JobID,State"], capture_output=True, text=True,
+                       timeout=30)
+    for line in p.stdout.splitlines():
+        jid, _, state = line.partition("|")
+        if jid == job:
+            return state.split()[0] if state else ""
+    return ""
+
+
+def _wait_job(job: str, timeout: float) -> str:
+    done = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED"}
+    try:
+        return wait_until(lambda: s if (s := _sacct_state(job)) in done else "", timeout, f"job {job} to end",
+                          interval=0.5, max_interval=2.0)
+    except AssertionError:
+        subprocess.run(["scancel", job], timeout=30)
+        raise
+
+
+def _sbatch(tmp_path: Path, *args: str) -> str:
+    # -O: three ranks on a node that may have fewer CPUs (the local test cluster has 2)
+    p = subprocess.run(["sbatch", "--parsable", "-O", "--ntasks=3", "--gpus-per-node=0", "--mem-per-cpu=2G",
+                        "--time=30", *args, str(SBATCH), "cfg.yaml", "run"], capture_output=True, text=True,
+                       cwd=tmp_path, env=_slurm_env(), timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().split(";")[0]
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+def test_sbatch_trains_a_tiny_run_with_simulations_on_mpi_ranks(tmp_path):
+    _slurm_or_skip()
+    _tiny_config(tmp_path, max_steps=2)
+    job = _sbatch(tmp_path)
+    assert _wait_job(job, 600) == "COMPLETED", (tmp_path / f"slurm-hydroagent-grpo-{job}.out").read_text()[-3000:]
+    run = tmp_path / "run"
+    assert (run / "final").is_dir() and _metric_steps(run) == [1, 2]
+    log = (tmp_path / f"slurm-hydroagent-grpo-{job}.out").read_text()
+    assert "3 rank(s), pool mpi" in log and "mpi pool: 2 worker ranks" in log
+
+
+def _release_requeued(job: str, timeout: float = 120) -> None:
+    """Start a requeued job now: Slurm holds a requeued job about 2 minutes (BeginTime), which only slows tests."""
+    def pending_again() -> bool:
+        p = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30)
+        restarts = re.search(r"Restarts=(\d+)", p.stdout)
+        return "JobState=PENDING" in p.stdout and restarts is not None and int(restarts.group(1)) >= 1
+
+    wait_until(pending_again, timeout, f"job {job} to be requeued", interval=0.2, max_interval=0.2)
+    time.sleep(3)  # slurmd refuses a relaunch in the second its credential was revoked ("Job credential revoked")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+def test_the_time_limit_warning_checkpoints_on_rank_0_requeues_and_the_run_resumes(tmp_path):
+    """The USR1 that --signal=B:USR1@... sends: srun passes it to every rank, the simulation ranks ignore
+    it, the trainer saves; the job requeues itself and the next attempt continues the same curve."""
+    _slurm_or_skip()
+    _tiny_config(tmp_path, max_steps=6)
+    job = _sbatch(tmp_path)
+    run = tmp_path / "run"
+    out = tmp_path / f"slurm-hydroagent-grpo-{job}.out"
+    try:
+        wait_until(lambda: _metric_steps(run), 300, "the first GRPO step", interval=0.2, max_interval=0.5)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
+        _release_requeued(job)
+    except BaseException:
+        subprocess.run(["scancel", job], timeout=30)
+        raise
+    assert _wait_job(job, 600) == "COMPLETED", out.read_text()[-3000:]
+    log = out.read_text()
+    assert "checkpoint written" in log and f"requeueing job {job}" in log and "restart 1" in log
+    assert "User defined signal 1" not in log  # no rank died of the checkpoint signal
+    saved = int(re.search(r"saved checkpoint \S+/step-(\d+)", log).group(1))  # the USR1 checkpoint
+    assert 1 <= saved < 6 and f"resumed from {run}/checkpoints/step-" in log
+    assert _metric_steps(run) == [1, 2, 3, 4, 5, 6]  # one curve: resumed, not restarted, no step twice
+    assert (run / "final").is_dir()
