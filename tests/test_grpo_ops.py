@@ -1,22 +1,24 @@
-"""GRPO on a cluster: slurm/grpo.sbatch.
+"""GRPO on a cluster: slurm/grpo.sbatch and `hydroagent submit grpo`.
 
 The signal and requeue plumbing is checked first with a stand-in trainer written by the test (a real
 process that saves a checkpoint folder on SIGUSR1, saves and exits 143 on SIGTERM, and finishes when it
 finds a checkpoint, as the real trainer's --resume does; with --pool mpi its worker ranks only record
 what they see and wait), behind real bash, a stand-in srun that starts and signals the ranks as srun
-does, and real signals. Where a Slurm controller answers (../shared/scripts/start-local-slurm.sh),
-the real trainer runs a tiny CPU config through sbatch on MPI ranks (also through a requeue); those tests
-skip, saying why, without Slurm or without a working MPI.
+does, submitit and real signals. Where a Slurm controller answers (../shared/scripts/start-local-slurm.sh),
+the real trainer runs a tiny CPU config through sbatch on MPI ranks (also through a requeue) and through
+`hydroagent submit grpo`; those tests skip, saying why, without Slurm or without a working MPI.
 """
 
 from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -343,3 +345,91 @@ def test_the_time_limit_warning_checkpoints_on_rank_0_requeues_and_the_run_resum
     assert 1 <= saved < 6 and f"resumed from {run}/checkpoints/step-" in log
     assert _metric_steps(run) == [1, 2, 3, 4, 5, 6]  # one curve: resumed, not restarted, no step twice
     assert (run / "final").is_dir()
+
+
+# --------------------------------------------------------------------------- hydroagent submit grpo
+
+def test_the_grpo_job_command_line():
+    from hydroagent_hpc.train.submit import GRPOJob, grpo_argv
+
+    py = "/venv/bin/python"
+    assert grpo_argv("c.yaml", "R", python=py) == [py, "-m", "hydroagent_hpc.train.grpo", "c.yaml", "--out", "R",
+                                                   "--resume", "--pool", "threads"]
+    job = GRPOJob("c.yaml", "R")
+    assert job.argv[1:] == grpo_argv("c.yaml", "R")[1:] and job.ranks_match is None  # the trainer gets the signals
+    assert job.checkpoints == str(Path("R") / "checkpoints") and job.save_wait_s == 540.0 and job.name == "grpo"
+
+
+def test_submit_grpo_on_the_local_executor_requeues_on_preemption_and_resumes(tmp_path, monkeypatch):
+    """submitit's local backend: the job is interrupted (its preemption signal), GRPOJob.checkpoint has the
+    trainer save and stop, submitit requeues, and the second attempt resumes from the checkpoint."""
+    from submitit.local.local import LocalJobEnvironment
+
+    from hydroagent_hpc.hpc.jobs import child_pids
+    from hydroagent_hpc.hpc.slurm import SiteSettings
+    from hydroagent_hpc.train.submit import submit_grpo_job
+
+    module, pythonpath = _standin(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", pythonpath)
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("basins: [b]\n")
+    run = tmp_path / "run"
+    job, out = submit_grpo_job(cfg, run, SiteSettings(time_min=30), cluster="local", module=module, save_wait_s=20)
+    assert out["cluster"] == "local" and out["final"] == str(run / "final")
+    record = json.loads((run / "submit.json").read_text())
+    assert record["command"] == "submit grpo" and record["pool"] == "threads" and record["max_requeues"] == 3
+    try:
+        wait_until(lambda: "ready" in _log(run), 120, "the stand-in trainer to start under submitit")
+        (task, _), = child_pids(job._process.pid)
+        os.kill(task, LocalJobEnvironment._usr_sig())  # preemption as Slurm delivers it, to the job's task
+        result = job.result()
+    finally:
+        if not job.done():
+            job.cancel(check=False)
+    assert result["attempts"] == 2 and result["returncode"] == 0 and result["run_dir"] == str(run)
+    log = _log(run).splitlines()
+    assert log[:4] == [f"start config={cfg} resume=True pool=threads found=", "ready", "usr1", "term"]
+    assert log[-1] == "finished" and log[-2].endswith("found=step-term,step-usr1")
+
+
+def test_submit_grpo_arguments_and_errors_name_the_problem(tmp_path):
+    env = {**job_env(), "PYTHONPATH": str(ROOT)}
+    cli = [sys.executable, "-m", "hydroagent_hpc.cli"]
+    p = subprocess.run([*cli, "submit", "grpo", "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and "--out RUN_DIR, --run-dir RUN_DIR" in p.stdout and "slurm/grpo.sbatch" in p.stdout
+    for flag in ("--gpus", "--cluster", "--partition", "--account", "--time", "--cpus-per-task", "--max-requeues",
+                 "--save-wait", "--wait"):
+        assert flag in p.stdout, flag
+    p = subprocess.run([*cli, "submit", "grpo", "c.yaml"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120)
+    assert p.returncode == 2 and "--out" in p.stderr  # the run folder is required
+    p = subprocess.run([*cli, "submit", "grpo", "nope.yaml", "--out", "r"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and "nope.yaml: no such GRPO config file" in p.stderr
+    (tmp_path / "c.yaml").write_text("model: tiny\n")
+    p = subprocess.run([*cli, "submit", "grpo", "c.yaml", "--run-dir", "r", "--gpus", "2"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and "uses one GPU" in p.stderr
+    p = subprocess.run([*cli, "submit", "grpo", "c.yaml", "--out", "r", "--cluster", "local"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=120)
+    # the trainer's own strict loader refuses the config before anything is queued
+    assert p.returncode == 2 and "c.yaml" in p.stderr and "basins: missing" in p.stderr
+    assert not (tmp_path / "r").exists()  # nothing submitted, nothing written
+
+
+@pytest.mark.slurm
+def test_submit_grpo_trains_a_tiny_run_on_slurm(tmp_path):
+    if not slurm_available():
+        pytest.skip("no Slurm controller answers (sinfo failed): start one with "
+                    "../shared/scripts/start-local-slurm.sh (root, Debian)")
+    cfg = _tiny_config(tmp_path, max_steps=2)
+    cmd = [sys.executable, "-m", "hydroagent_hpc.cli", "submit", "grpo", str(cfg), "--out", str(tmp_path / "run"),
+           "--cluster", "slurm", "--time", "30", "--mem-gb", "4", "--wait"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=_slurm_env(), cwd=tmp_path, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["cluster"] == "slurm" and out["result"]["returncode"] == 0 and out["result"]["attempts"] == 1
+    run = tmp_path / "run"
+    assert (run / "final").is_dir() and _metric_steps(run) == [1, 2]
+    assert json.loads((run / "submit.json").read_text())["job_id"] == out["job_id"]

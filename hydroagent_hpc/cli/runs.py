@@ -1,4 +1,4 @@
-"""``hydroagent calibrate``, ``campaign run|merge|status``, ``submit campaign|sft``, ``demo`` and ``report``."""
+"""``hydroagent calibrate``, ``campaign run|merge|status``, ``submit campaign|sft|grpo``, ``demo`` and ``report``."""
 
 from __future__ import annotations
 
@@ -182,6 +182,19 @@ def cmd_submit_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_submit_grpo(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.hpc.slurm import SiteSettings
+    from hydroagent_hpc.train.submit import submit_grpo
+
+    site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
+                                 constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
+                                 mem_gb=args.mem_gb, modules=tuple(args.module) if args.module else None)
+    out = submit_grpo(args.config, args.run_dir, site, gpus=args.gpus, cluster=args.cluster, wait=args.wait,
+                      max_requeues=args.max_requeues, save_wait_s=args.save_wait)
+    print(json.dumps(out, default=str))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from hydroagent_hpc.cli.demo import run_demo
 
@@ -330,6 +343,29 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                          "(default 240)")
     sf.add_argument("--wait", action="store_true", help="wait for the run and print the trainer's result")
     sf.set_defaults(func=cmd_submit_sft)
+    sg = sm.add_parser("grpo", help="a GRPO run as one job (simulations in its threads); requeued on time limit, "
+                                    "resumes from its checkpoint",
+                       description="Submit `python -m hydroagent_hpc.train.grpo CONFIG --out RUN_DIR --resume --pool "
+                                   "threads` through submitit: one process that trains (on one GPU with --gpus 1, on "
+                                   "CPU with --gpus 0) and runs the simulations in its threads on --cpus-per-task "
+                                   "CPUs. For simulations on MPI ranks beside the trainer use `sbatch --ntasks=N "
+                                   "slurm/grpo.sbatch CONFIG RUN_DIR`. Before a time limit or preemption the trainer "
+                                   "checkpoints at the end of its step and the job requeues itself. Site settings "
+                                   "default to $SBATCH_PARTITION, $SBATCH_ACCOUNT, $SBATCH_QOS, $HYDROAGENT_MODULES.")
+    sg.add_argument("config", help="GRPO config YAML (see hydroagent_hpc/train/grpo_config.py)")
+    sg.add_argument("--out", "--run-dir", dest="run_dir", required=True,
+                    help="run folder: checkpoints/, metrics.csv, rollouts.h5, final/, logs/, submit.json")
+    sg.add_argument("--gpus", type=nonnegative_int, default=0,
+                    help="GPUs: 1 for the trainer, or 0 to train on CPU (tiny models; default 0)")
+    _add_site_options(sg, local="a local process", time="minutes per attempt (default 60)",
+                      cpus="CPUs for the trainer and its simulation threads (default 1)",
+                      module="environment module to load in the job (repeatable)")
+    sg.add_argument("--max-requeues", type=nonnegative_int, default=3, help="time-limit requeues (default 3)")
+    sg.add_argument("--save-wait", type=positive_float, default=540.0,
+                    help="seconds to wait for the checkpoint after SIGUSR1 (the trainer saves at the end of its "
+                         "step), then for the exit after SIGTERM (default 540)")
+    sg.add_argument("--wait", action="store_true", help="wait for the run and print the trainer's result")
+    sg.set_defaults(func=cmd_submit_grpo)
 
     d = sub.add_parser("demo", help="the embedded default end to end: synthetic basins, defaults, a demo campaign")
     d.add_argument("--out", default="results/demo", help="output folder (default results/demo)")

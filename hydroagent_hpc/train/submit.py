@@ -1,4 +1,4 @@
-"""``hydroagent submit sft CONFIG --run-dir RUN``: an SFT run as a submitit job that survives requeues.
+"""``hydroagent submit sft|grpo``: a training run as a submitit job that survives requeues.
 
 :class:`SFTJob` is a :class:`hydroagent_hpc.hpc.jobs.CheckpointedCommand` whose command is the
 trainer's entry point, ``python -m hydroagent_hpc.train.sft CONFIG --out RUN --resume``:
@@ -19,6 +19,16 @@ keeps the ranks of one save together. ``slurm/sft.sbatch`` is the same protocol 
 Before submitting, the config is read with the trainer's strict loader
 (:func:`hydroagent_hpc.train.config.load_sft_config`), so a typo fails here, not in the queue; the
 trainer itself (torch) is never imported by this module.
+
+:class:`GRPOJob` (``hydroagent submit grpo CONFIG --out RUN``) is the same protocol for the GRPO
+trainer, ``python -m hydroagent_hpc.train.grpo CONFIG --out RUN --resume --pool threads``: one
+process that trains (on its GPU, or on CPU with ``gpus == 0``) and runs the simulations in its own
+threads, so the job has one task and SIGUSR1/SIGTERM go to that process. The trainer acts on them
+at the end of its current step (a GRPO step is long: the default wait is 540 s and Slurm's warning
+comes 600 s before the limit). Simulations on MPI ranks beside the trainer (``--pool mpi``) are
+``sbatch --ntasks=N slurm/grpo.sbatch``'s path: submitit would start every rank as a job task of
+its own, and only the first task gets the checkpoint call. The config is read with
+:func:`hydroagent_hpc.train.grpo_config.load_grpo_config` before anything is queued.
 """
 
 from __future__ import annotations
@@ -37,14 +47,17 @@ from hydroagent_hpc.hpc.slurm import SiteSettings, make_executor
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TRAINER_MODULE", "SFTJob", "SubmitError", "launcher_argv", "submit_sft", "submit_sft_job"]
+__all__ = ["TRAINER_MODULE", "GRPO_MODULE", "SFTJob", "GRPOJob", "SubmitError", "launcher_argv", "grpo_argv",
+           "submit_sft", "submit_sft_job", "submit_grpo", "submit_grpo_job"]
 
 #: The trainer's entry point (``python -m``).
 TRAINER_MODULE = "hydroagent_hpc.train.sft"
+#: The GRPO trainer's entry point (``python -m``).
+GRPO_MODULE = "hydroagent_hpc.train.grpo"
 
 
 class SubmitError(HydroAgentError):
-    """An SFT submission that cannot start (missing config, bad sizes, no trainer installed)."""
+    """A training submission that cannot start (missing config, bad sizes, no trainer installed)."""
 
 
 def launcher_argv(config: str, run_dir: str, *, gpus: int, nodes: int = 1, node_rank: int = 0,
@@ -164,10 +177,108 @@ def submit_sft_job(config: str | Path, run_dir: str | Path, site: SiteSettings, 
     record = {"command": "submit sft", "config": str(cfg), "run_dir": str(run), "job_id": str(job.job_id),
               "cluster": ex.cluster, "gpus_per_node": gpus, "nodes": nodes, "max_requeues": max_requeues,
               "site": site.as_dict(), "submitted_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    _write_record(run, record)
+    log.info("submitted SFT job %s (%s); logs in %s", job.job_id, ex.cluster, logs)
+    out: dict[str, Any] = {"job_id": str(job.job_id), "cluster": ex.cluster, "run_dir": str(run),
+                           "logs": str(logs), "final": str(run / "final")}
+    return job, out
+
+
+def _write_record(run: Path, record: dict[str, Any]) -> None:
+    """``RUN/submit.json``, replaced atomically (a resubmission overwrites the previous record)."""
     tmp = run / ".submit.json.tmp"
     tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
     tmp.replace(run / "submit.json")
-    log.info("submitted SFT job %s (%s); logs in %s", job.job_id, ex.cluster, logs)
+
+
+# --------------------------------------------------------------------------- GRPO
+
+
+def grpo_argv(config: str, run_dir: str, *, module: str = GRPO_MODULE, python: str | None = None) -> list[str]:
+    """The GRPO job's command line: one process, the simulations in its threads (``--pool threads``)."""
+    return [python or sys.executable, "-m", module, str(config), "--out", str(run_dir), "--resume",
+            "--pool", "threads"]
+
+
+class GRPOJob(CheckpointedCommand):
+    """The GRPO trainer as a requeueable submitit job (see the module docstring)."""
+
+    def __init__(self, config: str | Path, run_dir: str | Path, *, save_wait_s: float = 540.0,
+                 module: str = GRPO_MODULE, env: dict[str, str] | None = None) -> None:
+        self.config, self.run_dir, self.module = str(config), str(run_dir), module
+        super().__init__(grpo_argv(self.config, self.run_dir, module=module), Path(self.run_dir) / "checkpoints",
+                         env=env, ranks_match=None, save_wait_s=save_wait_s, name="grpo")
+
+    def __call__(self) -> dict[str, Any]:
+        out = super().__call__()
+        out.update(run_dir=self.run_dir, final=str(Path(self.run_dir) / "final"))
+        return out
+
+
+def _validate_grpo(config: Path, module: str) -> None:
+    """Check that the GRPO trainer is installed and read the config with its strict loader (no torch)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise SubmitError(f"{config}: this installation has no {module} (the GRPO trainer)",
+                          "install the checkout that has it ('make venv'), or run from it")
+    if module == GRPO_MODULE:
+        from hydroagent_hpc.train.grpo_config import load_grpo_config
+
+        load_grpo_config(config)  # the trainer's file:line error for a bad config, before anything is queued
+
+
+def submit_grpo(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0,
+                cluster: str | None = None, wait: bool = False, max_requeues: int = 3, save_wait_s: float = 540.0,
+                module: str = GRPO_MODULE, validate: bool = True) -> dict[str, Any]:
+    """Submit one GRPO run; return its job id, cluster and folders (and the trainer's result when ``wait``).
+
+    The arguments are those of :func:`submit_grpo_job`, which also returns the submitit job.
+    """
+    job, out = submit_grpo_job(config, run_dir, site, gpus=gpus, cluster=cluster, max_requeues=max_requeues,
+                               save_wait_s=save_wait_s, module=module, validate=validate)
+    if wait:
+        out["result"] = job.result()
+    return out
+
+
+def submit_grpo_job(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0,
+                    cluster: str | None = None, max_requeues: int = 3, save_wait_s: float = 540.0,
+                    module: str = GRPO_MODULE, validate: bool = True) -> tuple[Any, dict[str, Any]]:
+    """Submit one GRPO run as one task; return ``(submitit job, summary)``.
+
+    ``gpus``: 0 (train on CPU: tiny models) or 1 (the trainer uses one GPU); the task's
+    ``site.cpus_per_task`` CPUs run the trainer and its simulation threads. ``max_requeues``
+    time-limit requeues; on Slurm the warning signal comes ``save_wait_s + 60`` seconds before the
+    limit. Logs go to ``RUN/logs/<job id>/``; ``RUN/submit.json`` records the submission.
+    """
+    cfg = Path(config).resolve()
+    if not cfg.is_file():
+        raise SubmitError(f"{config}: no such GRPO config file",
+                          "give the path of a GRPO YAML (basins, group_size, ...; see hydroagent_hpc/train/"
+                          "grpo_config.py)")
+    if gpus not in (0, 1):
+        raise SubmitError(f"--gpus {gpus}: the GRPO trainer uses one GPU (cuda:0)",
+                          "give --gpus 1, or --gpus 0 to train on CPU (tiny models)")
+    if max_requeues < 0:
+        raise SubmitError(f"--max-requeues {max_requeues}: must be 0 or more")
+    if save_wait_s <= 0:
+        raise SubmitError(f"--save-wait {save_wait_s}: must be positive")
+    if validate:
+        _validate_grpo(cfg, module)
+    run = Path(run_dir).resolve()
+    logs = run / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    ex = make_executor(logs, site.with_(gpus_per_node=gpus, ntasks=1), cluster, name=f"hydroagent-grpo-{cfg.stem}",
+                       max_num_timeout=max_requeues)
+    if ex.cluster == "slurm":
+        ex.update_parameters(slurm_signal_delay_s=int(save_wait_s) + 60)
+    job = ex.submit(GRPOJob(cfg, run, save_wait_s=save_wait_s, module=module))
+    record = {"command": "submit grpo", "config": str(cfg), "run_dir": str(run), "job_id": str(job.job_id),
+              "cluster": ex.cluster, "gpus_per_node": gpus, "pool": "threads", "max_requeues": max_requeues,
+              "site": site.as_dict(), "submitted_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    _write_record(run, record)
+    log.info("submitted GRPO job %s (%s); logs in %s", job.job_id, ex.cluster, logs)
     out: dict[str, Any] = {"job_id": str(job.job_id), "cluster": ex.cluster, "run_dir": str(run),
                            "logs": str(logs), "final": str(run / "final")}
     return job, out
