@@ -160,7 +160,7 @@ def test_the_grpo_script_launches_the_trainer_instead_of_refusing():
     text = SBATCH.read_text()
     assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True).returncode == 0
     assert "no hydroagent_hpc.grpo yet" not in text and "lands with the GRPO issue" not in text
-    assert "MODULE=${HYDROAGENT_GRPO_MODULE:-hydroagent_hpc.train.grpo}" in text
+    assert "MODULE=${HYDROAGENT_GRPO_MODULE:-hydroagent_hpc.train.grpo_launch}" in text
     for needed in ("srun --mpi=pmi2", "--pool mpi", "--pool threads", "--resume", "scontrol requeue",
                    "HYDROAGENT_MAX_REQUEUES", "trap on_usr1 USR1", "HYDROAGENT_GRPO_CPU"):
         assert needed in text, needed
@@ -353,7 +353,7 @@ def test_the_grpo_job_command_line():
     from hydroagent_hpc.train.submit import GRPOJob, grpo_argv
 
     py = "/venv/bin/python"
-    assert grpo_argv("c.yaml", "R", python=py) == [py, "-m", "hydroagent_hpc.train.grpo", "c.yaml", "--out", "R",
+    assert grpo_argv("c.yaml", "R", python=py) == [py, "-m", "hydroagent_hpc.train.grpo_launch", "c.yaml", "--out", "R",
                                                    "--resume", "--pool", "threads"]
     job = GRPOJob("c.yaml", "R")
     assert job.argv[1:] == grpo_argv("c.yaml", "R")[1:] and job.ranks_match is None  # the trainer gets the signals

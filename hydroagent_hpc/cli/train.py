@@ -44,21 +44,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_grpo(args: argparse.Namespace) -> int:
-    if args.pool == "mpi":  # split the ranks before torch is imported: the simulation ranks never load it
-        from hydroagent_hpc.hpc.mpi import mpi_pool
-        from hydroagent_hpc.train.grpo_config import load_grpo_config
+    from hydroagent_hpc.train.grpo_launch import run  # torch-free: MPI simulation ranks never load torch
 
-        config = load_grpo_config(args.config)
-        with mpi_pool(max_in_flight=config.max_simulations_in_flight, timeout_s=args.sim_timeout) as pool:
-            if pool is None:
-                return 0
-            from hydroagent_hpc.train.grpo import train_grpo
-
-            summary = train_grpo(config, args.out, resume=args.resume, pool=pool)
-    else:
-        from hydroagent_hpc.train.grpo import run_cli
-
-        summary = run_cli(args)
+    summary = run(args)
     if not summary.get("worker"):
         print(json.dumps({k: summary[k] for k in ("run_dir", "steps", "first_reward", "last_reward", "final",
                                                   "stopped")}))

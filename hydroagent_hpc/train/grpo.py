@@ -1,5 +1,7 @@
 """GRPO with the simulator as the verifier: ``hydroagent train grpo CONFIG --out RUN``.
 
+The command line (and the MPI rank split) is :mod:`hydroagent_hpc.train.grpo_launch`.
+
 One step, top to bottom (:func:`train_grpo`):
 
 1. **Prompts.** ``prompts_per_step`` training basins, taken in a per-epoch shuffle of
@@ -36,7 +38,6 @@ step and every ``validate_every`` steps, stored in the same file (agent ``grpo-v
 
 from __future__ import annotations
 
-import argparse
 import collections
 import csv
 import logging
@@ -61,7 +62,7 @@ from hydroagent_hpc.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError, load_grpo_config
+from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError
 from hydroagent_hpc.train.grpo_loss import grpo_loss, token_logprobs
 from hydroagent_hpc.train.rollout import (
     RemoteRunner,
@@ -76,7 +77,7 @@ from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sampl
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train_grpo", "rollout_seed", "plan_prompts", "METRICS_COLUMNS", "build_parser", "run_cli", "main"]
+__all__ = ["train_grpo", "rollout_seed", "plan_prompts", "METRICS_COLUMNS", "main"]
 
 METRICS_COLUMNS = ("step", "reward_mean", "reward_std", "turn_reward_mean", "terminal_mean", "best_nse_mean",
                    "simulations_mean", "turns_mean", "parse_failures_mean", "rollouts", "trainable",
@@ -539,52 +540,11 @@ def _save_final(final: Path, model: Any, tokenizer: Any) -> None:
 # Command line
 
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="hydroagent train grpo", description=(__doc__ or "").splitlines()[0])
-    p.add_argument("config", type=Path, help="GRPO config (strict YAML)")
-    p.add_argument("--out", type=Path, required=True, help="run folder (checkpoints, metrics, rollouts.h5, final/)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--pool", choices=("threads", "mpi"), default="threads",
-                   help="where simulations run: threads of this process (default), or the worker ranks of an MPI "
-                        "launch (srun --mpi=pmi2 / mpiexec; rank 0 trains, the others simulate)")
-    p.add_argument("--sim-timeout", type=float, default=600.0,
-                   help="seconds before a simulation on a worker rank is killed and recorded as failed (mpi)")
-    return p
-
-
-def run_cli(args: argparse.Namespace) -> dict[str, Any]:
-    """Run from parsed arguments. With ``--pool mpi`` every rank calls this: rank 0 trains and gets
-    the summary, the worker ranks serve simulations until it is done and get ``{"worker": True}``."""
-    config = load_grpo_config(args.config)
-    if getattr(args, "pool", "threads") != "mpi":
-        return train_grpo(config, args.out, resume=args.resume)
-    from hydroagent_hpc.hpc.mpi import mpi_pool
-
-    with mpi_pool(max_in_flight=config.max_simulations_in_flight, timeout_s=args.sim_timeout) as pool:
-        if pool is None:
-            return {"worker": True, "stopped": None}
-        return train_grpo(config, args.out, resume=args.resume, pool=pool)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hydroagent_hpc.train.grpo``: the result and errors go to the log (stderr).
+    """``python -m hydroagent_hpc.train.grpo``: :func:`hydroagent_hpc.train.grpo_launch.main`."""
+    from hydroagent_hpc.train.grpo_launch import main as launch
 
-    Exit status 0 when the run reached ``max_steps``, 143 when SIGTERM stopped it after its
-    checkpoint (Slurm requeues it and ``--resume`` continues), the error's own status on an error.
-    """
-    from hydroagent_hpc.errors import HydroAgentError, one_line
-
-    args = build_parser().parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        summary = run_cli(args)
-    except HydroAgentError as exc:
-        log.error("error: %s", one_line(exc))
-        return exc.exit_code
-    if not summary.get("worker"):
-        log.info("result: %s", summary)
-    return 0 if summary["stopped"] is None else 143
+    return launch(argv)
 
 
 if __name__ == "__main__":

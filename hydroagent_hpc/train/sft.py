@@ -601,6 +601,12 @@ def exit_status(summary: dict[str, Any]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hydroagent_hpc.train.sft``: the result line and errors go to the log (stderr)."""
     args = build_parser().parse_args(argv)
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        # Slurm's warning may come before the handler is installed (model loading) or after it is
+        # removed (final save); its default action would kill the process
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -21,7 +21,7 @@ Before submitting, the config is read with the trainer's strict loader
 trainer itself (torch) is never imported by this module.
 
 :class:`GRPOJob` (``hydroagent submit grpo CONFIG --out RUN``) is the same protocol for the GRPO
-trainer, ``python -m hydroagent_hpc.train.grpo CONFIG --out RUN --resume --pool threads``: one
+trainer, ``python -m hydroagent_hpc.train.grpo_launch CONFIG --out RUN --resume --pool threads``: one
 process that trains (on its GPU, or on CPU with ``gpus == 0``) and runs the simulations in its own
 threads, so the job has one task and SIGUSR1/SIGTERM go to that process. The trainer acts on them
 at the end of its current step (a GRPO step is long: the default wait is 540 s and Slurm's warning
@@ -53,7 +53,7 @@ __all__ = ["TRAINER_MODULE", "GRPO_MODULE", "SFTJob", "GRPOJob", "SubmitError", 
 #: The trainer's entry point (``python -m``).
 TRAINER_MODULE = "hydroagent_hpc.train.sft"
 #: The GRPO trainer's entry point (``python -m``).
-GRPO_MODULE = "hydroagent_hpc.train.grpo"
+GRPO_MODULE = "hydroagent_hpc.train.grpo_launch"
 
 
 class SubmitError(HydroAgentError):

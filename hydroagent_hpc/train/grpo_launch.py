@@ -1,0 +1,91 @@
+"""The GRPO entry point that splits MPI ranks before torch is loaded.
+
+``python -m hydroagent_hpc.train.grpo_launch CONFIG --out RUN [--resume] [--pool threads|mpi]``
+(what ``slurm/grpo.sbatch`` runs on every rank) and ``hydroagent train grpo`` share :func:`run`.
+With ``--pool mpi`` every rank enters the MPI pool first; only rank 0 then imports the trainer
+(:mod:`hydroagent_hpc.train.grpo`, torch and transformers), while the simulation ranks serve
+:func:`hydroagent_hpc.sim.task.simulate_task` without ever loading torch (about 300 MB and 2 s
+less per rank). This module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("hydroagent_hpc.train.grpo")
+
+__all__ = ["build_parser", "run", "main"]
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="hydroagent train grpo",
+                                          description="GRPO with the simulator as the verifier (docs/grpo.md).")
+    p.add_argument("config", type=Path, help="GRPO config (strict YAML; see hydroagent_hpc/train/grpo_config.py)")
+    p.add_argument("--out", type=Path, required=True, help="run folder (checkpoints, metrics, rollouts.h5, final/)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--pool", choices=("threads", "mpi"), default="threads",
+                   help="where simulations run: threads of this process (default), or the worker ranks of an MPI "
+                        "launch (srun --mpi=pmi2 / mpiexec; rank 0 trains, the others simulate)")
+    p.add_argument("--sim-timeout", type=float, default=600.0,
+                   help="seconds before a simulation on a worker rank is killed and recorded as failed (mpi)")
+    return p
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run from parsed arguments: rank 0 (or the only process) trains and gets the summary; MPI
+    simulation ranks serve until training is done and get ``{"worker": True, "stopped": None}``."""
+    from hydroagent_hpc.train.grpo_config import load_grpo_config
+
+    config = load_grpo_config(args.config)
+    if getattr(args, "pool", "threads") != "mpi":
+        from hydroagent_hpc.train.grpo import train_grpo
+
+        return train_grpo(config, args.out, resume=args.resume)
+    from hydroagent_hpc.hpc.mpi import mpi_pool
+
+    with mpi_pool(max_in_flight=config.max_simulations_in_flight, timeout_s=args.sim_timeout) as pool:
+        if pool is None:
+            return {"worker": True, "stopped": None}
+        from hydroagent_hpc.train.grpo import train_grpo
+
+        return train_grpo(config, args.out, resume=args.resume, pool=pool)
+
+
+def _ignore_early_usr1() -> None:
+    """Slurm's warning signal may come while the model loads, before the trainer's handler is
+    installed (or after it is removed, during the final save): its default action would kill the
+    process. Ignore it until then; the handler replaces this while steps run."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The result and errors go to the log (stderr). Exit status 0 when the run reached
+    ``max_steps``, 143 when SIGTERM stopped it after its checkpoint (Slurm requeues it and
+    ``--resume`` continues), the error's own status on an error."""
+    from hydroagent_hpc.errors import HydroAgentError, one_line
+
+    _ignore_early_usr1()
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        summary = run(args)
+    except HydroAgentError as exc:
+        log.error("error: %s", one_line(exc))
+        return exc.exit_code
+    if not summary.get("worker") and int(os.environ.get("RANK", "0")) == 0:
+        log.info("result: %s", summary)
+    return 0 if summary["stopped"] is None else 143
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
