@@ -29,7 +29,7 @@ def run(sft_dir: Path, out: Path, steps: int = 4, seeds: int = 2, k: int = 4, tu
     from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
 
     basins = sorted(str(p) for p in (sft_dir / "basins").iterdir() if p.name.startswith("syn_teach"))
-    heldout = str(sft_dir / "basins" / "syn_heldout")
+    heldout = sorted(str(p) for p in (sft_dir / "basins").iterdir() if p.name.startswith("syn_heldout"))
     model = sft_dir / "run" / "final"
     if not (model / "config.json").is_file() or not basins:
         raise SystemExit(f"{sft_dir}: no SFT run here "
@@ -38,7 +38,7 @@ def run(sft_dir: Path, out: Path, steps: int = 4, seeds: int = 2, k: int = 4, tu
     per_seed = []
     for seed in range(seeds):
         config = grpo_config_from_mapping({
-            "basins": basins, "validation_basins": [heldout], "model": str(model), "group_size": k,
+            "basins": basins, "validation_basins": heldout, "model": str(model), "group_size": k,
             "prompts_per_step": min(2, len(basins)), "max_steps": steps, "lr": lr, "max_new_tokens": 160,
             "validate_every": steps, "seed": seed, "env": env})
         run_dir = out / f"seed{seed}"
@@ -48,16 +48,17 @@ def run(sft_dir: Path, out: Path, steps: int = 4, seeds: int = 2, k: int = 4, tu
         from hydroagent_hpc.store import read_episodes
 
         eps = read_episodes(run_dir / "rollouts.h5")
-        val = eps[eps.agent == "grpo-val"].sort_values("episode_id")
-        before, after = val.iloc[0], val.iloc[-1]
+        val = eps[eps.agent == "grpo-val"]
+        before = val[val.episode_id.str.startswith("grpo-val-s00000-")]
+        after = val[val.episode_id.str.startswith(f"grpo-val-s{steps:05d}-")]
         per_seed.append({"seed": seed, "reward_first_step": float(rows[0]["reward_mean"]),
                          "reward_last_step": float(rows[-1]["reward_mean"]),
                          "valid_share_first": 1 - float(rows[0]["parse_failures_mean"]) / float(rows[0]["turns_mean"]),
                          "valid_share_last": 1 - float(rows[-1]["parse_failures_mean"]) / float(rows[-1]["turns_mean"]),
-                         "heldout_reward_before": float(before.total_reward),
-                         "heldout_reward_after": float(after.total_reward),
-                         "heldout_best_nse_before": _nse(before.best_nse),
-                         "heldout_best_nse_after": _nse(after.best_nse),
+                         "heldout_reward_before": float(before.total_reward.mean()),
+                         "heldout_reward_after": float(after.total_reward.mean()),
+                         "heldout_best_nse_before": _nse(before.best_nse.mean()),
+                         "heldout_best_nse_after": _nse(after.best_nse.mean()),
                          "wall_s": summary["wall_s"]})
     keys = [k for k in per_seed[0] if k not in ("seed",)]
     mean = {key: float(np.mean([r[key] for r in per_seed if r[key] is not None]))

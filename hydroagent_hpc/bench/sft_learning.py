@@ -26,7 +26,7 @@ __all__ = ["run", "main"]
 
 
 def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int = 12, teach: int = 2,
-        lr: float = 3e-3, width: int | None = None, layers: int | None = None) -> dict[str, Any]:
+        lr: float = 3e-3, width: int | None = None, layers: int | None = None, heldout: int = 1) -> dict[str, Any]:
     from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
     from hydroagent_hpc.sim.synth.basins import synthesize_basin
     from hydroagent_hpc.store import read_episodes, read_turns
@@ -38,7 +38,8 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     basins = {}
-    names = [(f"syn_teach{i + 1}", 7 + i) for i in range(teach)] + [("syn_heldout", 6)]
+    held = [("syn_heldout", 6)] + [(f"syn_heldout{i + 1}", 1000 + i) for i in range(1, heldout)]
+    names = [(f"syn_teach{i + 1}", 7 + i) for i in range(teach)] + held
     for name, seed in names:
         folder = out / "basins" / name
         if not (folder / "control.txt").exists():
@@ -46,7 +47,7 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
                              start="2021-07-01")
         basins[name] = str(folder)
     env = {"preset": "paper", "protocol": "turns", "max_simulations": sims, "patience": None, "stop_at_target": False}
-    teacher = campaign_from_mapping({"name": "teacher", "basins": [basins[n] for n, _ in names[:-1]],
+    teacher = campaign_from_mapping({"name": "teacher", "basins": [basins[n] for n, _ in names[:teach]],
                                      "agents": [{"name": "heuristic", "kind": "heuristic"}],
                                      "seeds": list(range(seeds)), "env": env})
     run_campaign(teacher, out / "teacher.h5", progress=False)
@@ -76,22 +77,26 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
     losses = [float(line.split(",")[1]) for line in (out / "run" / "metrics.csv").read_text().splitlines()[1:]]
     agent = {"kind": "hf_local", "greedy": True, "max_new_tokens": 256}
     evaluation = campaign_from_mapping({
-        "name": "eval", "basins": [basins["syn_heldout"]], "seeds": [0], "env": {**env, "max_turns": turns},
+        "name": "eval", "basins": [basins[n] for n, _ in held], "seeds": [0], "env": {**env, "max_turns": turns},
         "agents": [{"name": "base", "path": str(out / "base"), **agent},
                    {"name": "sft", "path": str(out / "run" / "final"), **agent}]})
     run_campaign(evaluation, out / "eval.h5", progress=False)
     episodes, turn_rows = read_episodes(out / "eval.h5"), read_turns(out / "eval.h5")
-    policies = {}
-    for _, ep in episodes.iterrows():
-        rows = turn_rows[turn_rows.episode_id == ep.episode_id]
-        messages = rows.drop_duplicates("message_index")
-        failed = set(rows[rows.kind == "parse_failure"].message_index)
-        policies[ep.agent] = {"messages": int(len(messages)),
-                              "valid_call_share": float(1 - len(failed) / max(1, len(messages))),
-                              "best_nse": None if ep.best_nse != ep.best_nse else float(ep.best_nse),
-                              "stop_reason": str(ep.stop_reason)}
+    policies: dict[str, dict[str, Any]] = {}
+    for agent_name, eps in episodes.groupby("agent"):
+        n_messages = n_failed = 0
+        for _, ep in eps.iterrows():
+            rows = turn_rows[turn_rows.episode_id == ep.episode_id]
+            n_messages += int(rows.message_index.nunique())
+            n_failed += int(rows[rows.kind == "parse_failure"].message_index.nunique())
+        nses = [float(v) for v in eps.best_nse if v == v]
+        policies[str(agent_name)] = {"episodes": int(len(eps)), "messages": n_messages,
+                                     "valid_call_share": float(1 - n_failed / max(1, n_messages)),
+                                     "best_nse": float(sum(nses) / len(nses)) if nses else None,
+                                     "scored_episodes": len(nses),
+                                     "stop_reason": ";".join(sorted(str(r) for r in eps.stop_reason))}
     result = {"teacher_episodes": report.kept, "sft_steps": steps, "model": model_line.split(": ", 1)[1],
-              "width": width, "layers": layers, "teach_basins": teach, "seeds": seeds,
+              "width": width, "layers": layers, "teach_basins": teach, "seeds": seeds, "heldout_basins": heldout,
               "loss_first": losses[0], "loss_last": losses[-1], "sft_s": round(sft_s, 1),
               "tokens_per_s": summary.get("tokens_per_s"), "policies": policies,
               "total_s": round(time.perf_counter() - t0, 1)}
@@ -109,15 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=12)
     ap.add_argument("--teach", type=int, default=2, help="number of teaching basins")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--heldout", type=int, default=1, help="number of held-out evaluation basins")
     ap.add_argument("--width", type=int, help="hidden size of a larger random model (default: train/tiny.py's 128)")
     ap.add_argument("--layers", type=int, help="layers of a larger random model (default: train/tiny.py's 4)")
     args = ap.parse_args(argv)
-    r = run(args.out, args.steps, args.seeds, args.sims, args.turns, args.teach, args.lr, args.width, args.layers)
+    r = run(args.out, args.steps, args.seeds, args.sims, args.turns, args.teach, args.lr, args.width, args.layers,
+            args.heldout)
     print(f"SFT {r['sft_steps']} steps in {r['sft_s']} s: loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
-    print(f"{'policy':<8} {'messages':>8} {'valid calls':>11} {'best NSE':>9}  stop")
+    print(f"{'policy':<8} {'messages':>8} {'valid calls':>11} {'mean best NSE':>13}  stop")
     for name, p in r["policies"].items():
         nse = "n/a" if p["best_nse"] is None else f"{p['best_nse']:.3f}"
-        print(f"{name:<8} {p['messages']:>8} {p['valid_call_share']:>11.0%} {nse:>9}  {p['stop_reason']}")
+        print(f"{name:<8} {p['messages']:>8} {p['valid_call_share']:>11.0%} {nse:>13}  {p['stop_reason']}")
     return 0
 
 
