@@ -39,7 +39,7 @@ def run(sft_dir: Path, out: Path, steps: int = 4, seeds: int = 2, k: int = 4, tu
     for seed in range(seeds):
         config = grpo_config_from_mapping({
             "basins": basins, "validation_basins": heldout, "model": str(model), "group_size": k,
-            "prompts_per_step": min(2, len(basins)), "max_steps": steps, "lr": lr, "max_new_tokens": 160,
+            "prompts_per_step": min(2, len(basins)), "max_steps": steps, "lr": lr, "max_new_tokens": 256,
             "validate_every": steps, "seed": seed, "env": env})
         run_dir = out / f"seed{seed}"
         summary = train_grpo(config, run_dir, resume=True)
