@@ -77,7 +77,7 @@ def _scripted_policy_class() -> Any:
     return ScriptedTurns
 
 
-def schedule_comparison(basin_dirs: list[Path], k: int = 8, turns: int = 12, max_new_tokens: int = 32,
+def schedule_comparison(basin_dirs: list[Path], k: int = 8, turns: int = 12, max_new_tokens: int = 128,
                         cap: int = 32) -> list[dict[str, Any]]:
     """Play one rollout batch asynchronously and in lock-step (same seeds); one row each."""
     from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
@@ -120,6 +120,10 @@ def schedule_comparison(basin_dirs: list[Path], k: int = 8, turns: int = 12, max
             stats = dict(server.stats)
         errors = [r.error for r in out if r.error]
         sims_done = sum(r.episode.counters.get("simulations", 0) for r in out if r.episode is not None)
+        failures = sum(t.kind == "parse_failure" for r in out if r.episode is not None for t in r.episode.turns)
+        if failures:  # the workload must be the plan's valid calls, or the comparison measures nothing
+            raise RuntimeError(f"{failures} parse failures in the scripted workload (max_new_tokens "
+                               f"{max_new_tokens} too small for a call?)")
         n_slots = min(cap, cores)
         rows.append({"schedule": schedule, "rollouts": len(out), "errors": len(errors), "simulations": sims_done,
                      "wall_s": wall, "simulation_s": slots.busy_s, "slot_busy": slots.busy_s / (wall * n_slots),
