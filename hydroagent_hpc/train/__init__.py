@@ -1,10 +1,22 @@
-"""Training: supervised fine-tuning and GRPO on the simulator's reward (arriving with issues 14-15).
+"""Training: supervised fine-tuning and GRPO on the simulator's reward, read top to bottom.
 
-What is here now: :mod:`hydroagent_hpc.train.tiny` builds a tiny random Qwen3 causal LM, a
-byte-level BPE tokenizer trained in milliseconds on synthetic calibration text, and a Qwen-style
-chat template with Hermes tool calls, so tests of the local policy and the trainers exercise the
-real Hugging Face code paths offline on a CPU in seconds.
+- SFT: :mod:`~hydroagent_hpc.train.sft_data` (campaign stores -> weighted, token-exact
+  trajectories), :mod:`~hydroagent_hpc.train.config` (the strict SFT config),
+  :mod:`~hydroagent_hpc.train.sft` (the trainer), :mod:`~hydroagent_hpc.train.checkpoint` (exact
+  resume, shared with GRPO).
+- GRPO (docs/grpo.md): :mod:`~hydroagent_hpc.train.sampler` (batched, seeded, prefix-cached
+  generation), :mod:`~hydroagent_hpc.train.rollout` (one thread per episode, the cap on
+  simulations in flight, shared runs), :mod:`~hydroagent_hpc.train.advantages`,
+  :mod:`~hydroagent_hpc.train.grpo_loss`, :mod:`~hydroagent_hpc.train.grpo_config`,
+  :mod:`~hydroagent_hpc.train.grpo` (the trainer) and :mod:`~hydroagent_hpc.train.grpo_launch`
+  (its command line and MPI rank split).
+- Cluster jobs: :mod:`~hydroagent_hpc.train.submit` (submitit); throughput:
+  :mod:`~hydroagent_hpc.train.throughput`.
+- :mod:`~hydroagent_hpc.train.tiny` builds a tiny random Qwen3 causal LM, a byte-level BPE
+  tokenizer trained in milliseconds on synthetic calibration text, and a Qwen-style chat template
+  with Hermes tool calls, so tests exercise the real Hugging Face code paths offline on a CPU.
 
 This package imports nothing at import time: ``torch``, ``tokenizers`` and ``transformers`` are
-loaded only when a submodule is imported. Nothing in ``sim/``, ``env/`` or ``agents/`` imports it.
+loaded only when a submodule that needs them is imported. Nothing in ``sim/``, ``env/`` or
+``agents/`` imports it.
 """
