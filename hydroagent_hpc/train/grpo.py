@@ -39,26 +39,22 @@ step and every ``validate_every`` steps, stored in the same file (agent ``grpo-v
 from __future__ import annotations
 
 import collections
-import csv
 import logging
 import math
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
-from hydroagent_hpc.provenance import provenance
 from hydroagent_hpc.train.advantages import group_advantages, token_advantages
 from hydroagent_hpc.train.checkpoint import (
     TrainerState,
     fault,
-    latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
@@ -73,6 +69,7 @@ from hydroagent_hpc.train.rollout import (
     SimulationSlots,
     run_rollouts,
 )
+from hydroagent_hpc.train.rundir import MetricsCSV, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sampling
 
 log = logging.getLogger(__name__)
@@ -141,33 +138,7 @@ def _load_policy(config: GRPOConfig, device: torch.device, dtype: torch.dtype) -
     return model.to(device=device, dtype=dtype), tokenizer
 
 
-def _prepare_run_dir(run_dir: Path, config: GRPOConfig, resume: bool) -> Path | None:
-    latest = latest_checkpoint(run_dir)
-    if latest is not None and not resume:
-        raise GRPOConfigError(f"--out {run_dir}: holds checkpoints of a run (latest {latest.name})",
-                              "pass --resume to continue it, or choose a new --out folder")
-    saved = run_dir / "config.yaml"
-    if latest is not None and saved.is_file():
-        old = (yaml.safe_load(saved.read_text()) or {}).get("config")
-        if old != config.to_dict():
-            changed = sorted(k for k in config.to_dict() if (old or {}).get(k) != config.to_dict()[k])
-            raise GRPOConfigError(f"--out {run_dir}: was started with another config (differs in "
-                                  f"{', '.join(changed)})", f"resume with the config in {saved}, or a new --out")
-    return latest
-
-
-def _write_config(run_dir: Path, config: GRPOConfig, extra: dict[str, Any]) -> None:
-    from hydroagent_hpc.train.sft import _version
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    record = {"config": config.to_dict(), **extra, "provenance": provenance(),
-              "versions": {n: _version(n) for n in ("torch", "transformers", "accelerate", "h5py")}}
-    tmp = run_dir / "config.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(record, sort_keys=False))
-    os.replace(tmp, run_dir / "config.yaml")
-
-
-class _Metrics:
+class _Metrics(MetricsCSV):
     """``metrics.csv`` and ``metrics.h5``: one row per step; on resume the rows after the checkpoint
     are dropped from both.
 
@@ -176,19 +147,9 @@ class _Metrics:
     """
 
     def __init__(self, path: Path, resumed_step: int | None) -> None:
-        self.path = path
+        super().__init__(path, METRICS_COLUMNS, resumed_step)
         self.h5 = path.with_suffix(".h5")
         self._init_h5(resumed_step)
-        rows: list[list[str]] = []
-        if resumed_step is not None and path.is_file():
-            with open(path, newline="") as fh:
-                rows = [r for r in list(csv.reader(fh))[1:] if r and int(r[0]) <= resumed_step]
-        tmp = path.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(METRICS_COLUMNS)
-            w.writerows(rows)
-        os.replace(tmp, path)
 
     def _init_h5(self, resumed_step: int | None) -> None:
         import h5py
@@ -208,12 +169,10 @@ class _Metrics:
                 g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(256,))
         os.replace(tmp, self.h5)
 
-    def write(self, row: dict[str, Any]) -> None:
+    def write(self, row: Mapping[str, Any]) -> None:
         import h5py
 
-        with open(self.path, "a", newline="") as fh:
-            csv.writer(fh).writerow([f"{row.get(c):.8g}" if isinstance(row.get(c), float) else row.get(c, "")
-                                     for c in METRICS_COLUMNS])
+        super().write(row)
         with h5py.File(self.h5, "a") as f:
             for name in METRICS_COLUMNS:
                 ds = f[f"metrics/{name}"]
@@ -334,7 +293,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     dtype = _compute_dtype(config, device)
     torch.manual_seed(config.seed)
     model, tokenizer = _load_policy(config, device, dtype)
-    resume_from = _prepare_run_dir(run_dir, config, resume)
+    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, GRPOConfigError)
     reference = None
     if config.kl_coef > 0:
         import copy
@@ -352,7 +311,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     if resume_from is not None:
         # the reference was copied above: it stays the initial policy, not the resumed one
         state = load_checkpoint(resume_from, model, optimizer, scheduler)
-    _write_config(run_dir, config, {"device": str(device), "compute_dtype": str(dtype),
+    write_run_config(run_dir, config.to_dict(), {"device": str(device), "compute_dtype": str(dtype),
                                     "resumed_from_step": state.step or None})
     metrics = _Metrics(run_dir / "metrics.csv", state.step if resume_from is not None else None)
     store = _Episodes(run_dir / "rollouts.h5")

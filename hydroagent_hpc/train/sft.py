@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import logging
 import math
 import os
@@ -72,19 +71,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import yaml
 
 from hydroagent_hpc.errors import HydroAgentError, one_line
-from hydroagent_hpc.provenance import provenance
 from hydroagent_hpc.train.checkpoint import (
     TrainerState,
     fault,
     full_model_state,
-    latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
 from hydroagent_hpc.train.config import SFTConfig, SFTConfigError, load_sft_config
+from hydroagent_hpc.train.rundir import MetricsCSV, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sft_data import SFTDataError, SFTDataset
 
 log = logging.getLogger(__name__)
@@ -225,41 +222,6 @@ def _check_data_fits(ds: SFTDataset, config: SFTConfig, model: Any) -> np.ndarra
     return lengths
 
 
-def _prepare_run_dir(run_dir: Path, config: SFTConfig, resume: bool) -> Path | None:
-    """The checkpoint to resume from (or None); refuses to overwrite a run that is not resumed."""
-    latest = latest_checkpoint(run_dir)
-    if latest is not None and not resume:
-        raise SFTConfigError(f"--out {run_dir}: holds checkpoints of a run (latest {latest.name})",
-                             "pass --resume to continue it, or choose a new --out folder")
-    saved = run_dir / "config.yaml"
-    if latest is not None and saved.is_file():
-        old = (yaml.safe_load(saved.read_text()) or {}).get("config")
-        if old != config.to_dict():
-            changed = sorted(k for k in config.to_dict() if (old or {}).get(k) != config.to_dict()[k])
-            raise SFTConfigError(f"--out {run_dir}: was started with another config (differs in "
-                                 f"{', '.join(changed)}); a resumed run must use the same one",
-                                 f"resume with the config in {saved}, or choose a new --out folder")
-    return latest
-
-
-def _write_config(run_dir: Path, config: SFTConfig, extra: dict[str, Any]) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    record = {"config": config.to_dict(), **extra, "provenance": provenance(),
-              "versions": {name: _version(name) for name in ("torch", "transformers", "accelerate", "h5py")}}
-    tmp = run_dir / "config.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(record, sort_keys=False))
-    os.replace(tmp, run_dir / "config.yaml")
-
-
-def _version(name: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "absent"
-
-
 # ---------------------------------------------------------------------------------------------
 # Signals, distribution helpers
 
@@ -340,29 +302,6 @@ def _optimizer(model: torch.nn.Module, config: SFTConfig) -> torch.optim.Optimiz
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-class _Metrics:
-    """``metrics.csv``: one row per optimizer step; on resume the rows after the checkpoint are dropped."""
-
-    def __init__(self, path: Path, resumed_step: int | None) -> None:
-        self.path = path
-        rows: list[list[str]] = []
-        if resumed_step is not None and path.is_file():
-            with open(path, newline="") as fh:
-                rows = [r for r in list(csv.reader(fh))[1:] if r and int(r[0]) <= resumed_step]
-        tmp = path.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(METRICS_COLUMNS)
-            w.writerows(rows)
-        os.replace(tmp, path)
-        self.first_loss = float(rows[0][1]) if rows else None
-
-    def write(self, row: dict[str, float]) -> None:
-        with open(self.path, "a", newline="") as fh:
-            csv.writer(fh).writerow([f"{row[c]:.8g}" if isinstance(row[c], float) else row[c]
-                                     for c in METRICS_COLUMNS])
-
-
 # ---------------------------------------------------------------------------------------------
 # The run
 
@@ -379,7 +318,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     dataset = _open_data(config)
     model, tokenizer = _load_model(config)
     lengths = _check_data_fits(dataset, config, model)
-    resume_from = _prepare_run_dir(run_dir, config, resume)
+    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, SFTConfigError)
 
     # 2. processes and the model on them
     from accelerate import Accelerator
@@ -418,7 +357,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
         optimizer, lambda s: lr_factor(s, config.warmup_steps, max_steps, config.min_lr_ratio))
 
     state = TrainerState(micro_per_step=micro_per_step)
-    metrics: _Metrics | None = None
+    metrics: MetricsCSV | None = None
     if resume_from is not None:
         state = load_checkpoint(resume_from, model, optimizer, scheduler)
         if state.micro_per_step != micro_per_step:
@@ -427,10 +366,10 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
                                  f"the data position would not match",
                                  "resume with the same number of processes, or start a new --out folder")
     if rank == 0:
-        _write_config(run_dir, config, {"world_size": world, "fsdp": use_fsdp, "compute_dtype": str(dtype),
+        write_run_config(run_dir, config.to_dict(), {"world_size": world, "fsdp": use_fsdp, "compute_dtype": str(dtype),
                                         "steps_per_epoch": steps_per_epoch, "max_steps": max_steps,
                                         "examples": len(dataset), "resumed_from_step": state.step or None})
-        metrics = _Metrics(run_dir / "metrics.csv", state.step if resume_from is not None else None)
+        metrics = MetricsCSV(run_dir / "metrics.csv", METRICS_COLUMNS, state.step if resume_from is not None else None)
     if distributed:
         dist.barrier()
     log.info("SFT: %d examples, %d steps/epoch, %d steps, %d process(es)%s, %s, micro-batch %d x accumulation %d",
@@ -527,7 +466,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     if distributed:
         dist.barrier()
     summary = {"run_dir": str(run_dir), "steps": state.step, "max_steps": max_steps, "epoch": state.epoch,
-               "first_loss": (metrics.first_loss if metrics is not None and metrics.first_loss is not None
+               "first_loss": (float(metrics.rows[0][1]) if metrics is not None and metrics.rows
                               else (losses[0] if losses else None)),
                "final_loss": losses[-1] if losses else None, "tokens": state.tokens,
                "tokens_per_s": float(np.mean(rates)) if rates else None, "peak_mem_mb": _peak_mem_mb(device),

@@ -116,17 +116,23 @@ class SFTJob(CheckpointedCommand):
         return out
 
 
-def _validate(config: Path, module: str) -> None:
-    """Check that the trainer is installed and read the config with its strict loader (no torch needed)."""
+def _validate(config: Path, module: str, trainer: str) -> None:
+    """Check that the ``trainer`` ("SFT" or "GRPO") ``module`` is installed and, for ours, read the
+    config with its strict loader (no torch needed), so a bad config fails with file:line before
+    anything is queued."""
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise SubmitError(f"{config}: this installation has no {module} (the SFT trainer)",
+        raise SubmitError(f"{config}: this installation has no {module} (the {trainer} trainer)",
                           "install the checkout that has it ('make venv'), or run from it")
     if module == TRAINER_MODULE:
         from hydroagent_hpc.train.config import load_sft_config
 
-        load_sft_config(config)  # the trainer's file:line error for a bad config, before anything is queued
+        load_sft_config(config)
+    elif module == GRPO_MODULE:
+        from hydroagent_hpc.train.grpo_config import load_grpo_config
+
+        load_grpo_config(config)
 
 
 def submit_sft(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0, nodes: int = 1,
@@ -163,7 +169,7 @@ def submit_sft_job(config: str | Path, run_dir: str | Path, site: SiteSettings, 
     if max_requeues < 0:
         raise SubmitError(f"--max-requeues {max_requeues}: must be 0 or more")
     if validate:
-        _validate(cfg, module)
+        _validate(cfg, module, "SFT")
     run = Path(run_dir).resolve()
     logs = run / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -215,19 +221,6 @@ class GRPOJob(CheckpointedCommand):
         return out
 
 
-def _validate_grpo(config: Path, module: str) -> None:
-    """Check that the GRPO trainer is installed and read the config with its strict loader (no torch)."""
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        raise SubmitError(f"{config}: this installation has no {module} (the GRPO trainer)",
-                          "install the checkout that has it ('make venv'), or run from it")
-    if module == GRPO_MODULE:
-        from hydroagent_hpc.train.grpo_config import load_grpo_config
-
-        load_grpo_config(config)  # the trainer's file:line error for a bad config, before anything is queued
-
-
 def submit_grpo(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0,
                 cluster: str | None = None, wait: bool = False, max_requeues: int = 3, save_wait_s: float = 540.0,
                 module: str = GRPO_MODULE, validate: bool = True) -> dict[str, Any]:
@@ -265,7 +258,7 @@ def submit_grpo_job(config: str | Path, run_dir: str | Path, site: SiteSettings,
     if save_wait_s <= 0:
         raise SubmitError(f"--save-wait {save_wait_s}: must be positive")
     if validate:
-        _validate_grpo(cfg, module)
+        _validate(cfg, module, "GRPO")
     run = Path(run_dir).resolve()
     logs = run / "logs"
     logs.mkdir(parents=True, exist_ok=True)
