@@ -6,7 +6,9 @@ it), runs ``[binary, "control.txt"]`` there as an argument list (never a shell s
 own process group with a timeout, and parses EF5's CSV. A non-zero exit, a timeout, a missing,
 partial or non-finite output each raise :class:`SimulationError` carrying the tail of EF5's
 output; because every run has its own folder, a failed run can never return an earlier run's
-output.
+output. The run folder's ``output`` is also its STATES folder, so concurrent runs never write
+each other's state grids; the task's initial state grids (stamped TIME_BEGIN, EF5's names) are
+copied into it first, so EF5 starts from them exactly as it would in the task's own STATES folder.
 
 The binary comes from ``binary=``, else ``$HYDROAGENT_EF5``.
 """
@@ -31,7 +33,7 @@ from hydroagent_hpc.params import PARAM_NAMES, check_values
 from hydroagent_hpc.sim.controlfile import ControlFile, parse_control, render_control
 from hydroagent_hpc.sim.errors import InputError, SimulationError
 from hydroagent_hpc.sim.forcing import step_times
-from hydroagent_hpc.sim.outputs import read_ts_csv, ts_filename
+from hydroagent_hpc.sim.outputs import STATE_GRIDS, read_ts_csv, ts_filename
 from hydroagent_hpc.types import GaugeSeries, SimulationResult
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,7 @@ class EF5Simulator:
         try:
             out = run_dir / "output"
             out.mkdir()
+            self._stage_initial_states(out)
             (run_dir / "control.txt").write_text(render_control(self.control, self.task.name, over, out))
             t0 = time.perf_counter()
             log_text = self._execute(run_dir)
@@ -121,6 +124,17 @@ class EF5Simulator:
         workers = workers or max(1, os.cpu_count() or 1)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(self.run, param_sets))
+
+    def _stage_initial_states(self, out: Path) -> None:
+        """Copy the task's initial state grids into the run's STATES folder (``out``), if it has any."""
+        tk = self.task
+        if tk.states is None:
+            return
+        stamp = f"{tk.time_begin:%Y%m%d_%H%M}"
+        for name in STATE_GRIDS.values():
+            src = tk.states / f"{name}_{stamp}.tif"
+            if src.is_file():
+                shutil.copyfile(src, out / src.name)
 
     def _execute(self, run_dir: Path) -> str:
         logf = run_dir / "ef5.log"

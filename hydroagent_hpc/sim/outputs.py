@@ -19,7 +19,7 @@ from hydroagent_hpc.sim.errors import SimulationError
 from hydroagent_hpc.sim.grids import Grid, write_tif
 from hydroagent_hpc.types import GaugeSeries, SimulationResult
 
-__all__ = ["HEADER", "write_ts_csv", "write_results_json", "write_states", "read_ts_csv", "ts_filename"]
+__all__ = ["STATE_GRIDS", "HEADER", "write_ts_csv", "write_results_json", "write_states", "read_ts_csv", "ts_filename"]
 
 HEADER = ("Time,Discharge(m^3 s^-1),Observed(m^3 s^-1),Precip(mm h^-1),PET(mm h^-1),SM(%),"
           "Fast Flow(mm*1000),Slow Flow(mm*1000)")
@@ -55,10 +55,15 @@ def write_results_json(path: str | Path, missing_qpe: int, runtime_s: float) -> 
     return p
 
 
+# EF5's state grids, ``<name>_YYYYMMDD_HHUU.tif``, by our key: CREST soil water (mm), KW channel and
+# overland flow, KW interflow reservoir. Read at TIME_BEGIN from STATES, written at TIME_STATE.
+STATE_GRIDS = {"w": "crest_SM", "pq": "kwr_pCQ", "po": "kwr_pOQ", "ir": "kwr_IR"}
+
+
 def write_states(folder: str | Path, stamp: str, dem: Grid, rows, cols, states: dict[str, np.ndarray]) -> list[Path]:
     """EF5's state grids over the full DEM extent, -9999 outside the basin, float32, deflate."""
     out = []
-    for key, name in (("w", "crest_SM"), ("pq", "kwr_pCQ"), ("po", "kwr_pOQ"), ("ir", "kwr_IR")):
+    for key, name in STATE_GRIDS.items():
         data = np.full(dem.data.shape, -9999.0)
         data[rows, cols] = states[key]
         p = Path(folder) / f"{name}_{stamp}.tif"
