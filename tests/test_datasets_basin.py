@@ -141,7 +141,8 @@ def test_forcing_cache_serves_a_second_load(basin, tmp_path, monkeypatch):
 
 def test_forcing_finer_than_the_step_is_refused(basin, tmp_path):
     text = (basin / "control.txt").read_text().replace("UNIT=mm/d\nFREQ=1d\nLOC=precip",
-                                                       "UNIT=mm/d\nFREQ=1h\nLOC=precip")
+                                                       "UNIT=mm/d\nFREQ=1h\nLOC=precip").replace(
+        "NAME=P.YYYYMMDD.asc", "NAME=P.YYYYMMDDHH.asc")
     (tmp_path / "c.txt").write_text(_relocated(basin, text))
     with pytest.raises(InputError, match="FREQ=1h, finer than TIMESTEP=1d"):
         EmbeddedSimulator(tmp_path / "c.txt", cache_dir=False)

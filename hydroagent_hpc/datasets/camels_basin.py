@@ -217,7 +217,8 @@ def _control_text(gid: str, cell: tuple[int, int], begin: datetime, warm: dateti
     return basin_control_text(
         header=[header,
                 "written by hydroagent_hpc.datasets.camels_basin; all paths relative: cd here && ef5 control.txt"],
-        gauge=gid, cell=cell, precip=Forcing("PRECIP", "ASC", "mm/d", "1d", Path("precip"), "P.YYYYMMDD.asc"),
+        gauge=gid, cell=cell, precip=Forcing("PRECIP", "ASC", "mm/d", "1d", Path("precip"), "P.YYYYMMDD.asc",
+                                                            kind="precip"),
         pet=Forcing("PET", "ASC", "mm/d", "1d", Path("pet"), "PET.YYYYMMDD.asc"), timestep="1d", begin=begin,
         warm=warm, end=end, grid_files=GRID_FILES, scalars=DEFAULTS)
 

@@ -97,6 +97,9 @@ class Forcing:
     loc: Path
     pattern: str
     line: int = 0
+    # "precip": EF5 fills the NAME's date fields only down to FREQ's unit (finer ones stay literal,
+    # and a missing one is an error); any other forcing fills every field it has (DatedName.cpp).
+    kind: str = "pet"
 
 
 @dataclass
@@ -202,6 +205,11 @@ def parse_time(text: str, where: str = "", key: str = "") -> datetime:
 def duration_seconds(count: int, unit: str) -> int:
     """Seconds of ``count`` units; a month is 30 days and a year 365 (EF5's unit rule)."""
     return count * _SECONDS[unit]
+
+
+# The date fields of a forcing NAME, coarsest first, and the finest field each FREQ unit fills.
+NAME_FIELDS = ("YYYY", "MM", "DD", "HH", "UU", "SS")
+NAME_FIELDS_BY_UNIT = {"y": 0, "m": 1, "d": 2, "h": 3, "u": 4, "s": 5}
 
 
 def parse_duration(text: str) -> tuple[int, str]:
@@ -407,7 +415,16 @@ def _build_forcing(sec: _Section) -> Forcing:
                                    fix="write e.g. UNIT=mm/h, mm/3h, mm/d or mm/100d (a count >= 1 of s, u, min, h, "
                                        "hr, d, m or y)") from None
     freq = _duration(kv["freq"][0], at("freq"), "freq")
-    return Forcing(sec.sname, ftype, unit, freq, sec.base / kv["loc"][0], kv["name"][0], sec.line)
+    kind = "precip" if sec.stype == "precipforcing" else "pet"
+    if kind == "precip":
+        need = NAME_FIELDS[:NAME_FIELDS_BY_UNIT[parse_duration(freq)[1]] + 1]
+        absent = [f for f in need if f not in kv["name"][0]]
+        if absent:
+            raise ControlFileError(f"FREQ={freq} needs the date field(s) {', '.join(absent)} in NAME="
+                                   f"{kv['name'][0]!r} (EF5: 'The file name was specified with improper resolution')",
+                                   *at("freq"), "freq", fix=f"put every date field down to FREQ's unit in NAME "
+                                                            f"({''.join(need)}), or give a coarser FREQ")
+    return Forcing(sec.sname, ftype, unit, freq, sec.base / kv["loc"][0], kv["name"][0], sec.line, kind)
 
 
 def _build_gauge(sec: _Section) -> Gauge:

@@ -27,7 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from hydroagent_hpc.sim.controlfile import Forcing, duration_seconds, parse_duration, parse_unit
+from hydroagent_hpc.sim.controlfile import (
+    NAME_FIELDS,
+    NAME_FIELDS_BY_UNIT,
+    Forcing,
+    duration_seconds,
+    parse_duration,
+    parse_unit,
+)
 from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.sim.grids import Grid, read_grid
 from hydroagent_hpc.sim.limits import current_limits
@@ -35,7 +42,7 @@ from hydroagent_hpc.sim.limits import current_limits
 log = logging.getLogger(__name__)
 
 __all__ = ["ForcingSeries", "step_times", "load_forcing", "unit_factor", "read_observations",
-           "add_duration", "forcing_file_names", "check_frequency", "count_steps"]
+           "add_duration", "forcing_file_names", "render_name", "check_frequency", "count_steps"]
 
 _UNIT_SECONDS = {"s": 1, "u": 60, "h": 3600, "d": 86400, "m": 30 * 86400, "y": 365 * 86400}
 
@@ -122,20 +129,32 @@ def unit_factor(unit: str) -> float:
 def forcing_file_names(f: Forcing, steps: list[datetime], begin: datetime) -> list[str]:
     """The file each step reads: the first forcing time >= the step's end time."""
     count, unit = parse_duration(f.freq)
+    finest = NAME_FIELDS_BY_UNIT[unit] if f.kind == "precip" else len(NAME_FIELDS) - 1
     names = []
     ft = begin
     for t in steps:
         while ft < t:
             ft = add_duration(ft, count, unit)
-        names.append(_render_name(f.pattern, ft))
+        names.append(render_name(f.pattern, ft, finest))
     return names
 
 
-def _render_name(pattern: str, t: datetime) -> str:
-    s = pattern.replace("YYYY", f"{t.year:04d}")
-    for token, value in (("MM", t.month), ("DD", t.day), ("HH", t.hour), ("UU", t.minute), ("SS", t.second)):
-        s = s.replace(token, f"{value:02d}")
-    return s
+def render_name(pattern: str, t: datetime, finest: int = len(NAME_FIELDS) - 1) -> str:
+    """The file name of time ``t``: EF5's ``DatedName`` rules.
+
+    Each field of :data:`NAME_FIELDS` down to index ``finest`` is replaced at its *first* place in
+    the pattern (found before anything is replaced); later repeats, and fields finer than
+    ``finest``, stay literal. Precipitation's ``finest`` is FREQ's unit (``rain.YYYYMMDDHH.tif``
+    with FREQ=1d reads ``rain.20200520HH.tif``); PET and temperature fill every field.
+    """
+    values = (f"{t.year:04d}", f"{t.month:02d}", f"{t.day:02d}", f"{t.hour:02d}", f"{t.minute:02d}",
+              f"{t.second:02d}")
+    chars = list(pattern)
+    for field_, value in zip(NAME_FIELDS[:finest + 1], values):
+        at = pattern.find(field_)
+        if at >= 0:
+            chars[at:at + len(field_)] = value
+    return "".join(chars)
 
 
 def _sample(grid: Grid, dem: Grid, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:

@@ -267,7 +267,8 @@ def _control_text(s: SynthSettings, gauge: str, cell: tuple[int, int]) -> str:
                 f"written by hydroagent_hpc.sim.synth.basins v{GENERATOR_VERSION}, seed {s.seed}; "
                 "the true multipliers are",
                 "in truth.json. Every path is relative: cd <this folder> && ef5 control.txt (output/ exists)."],
-        gauge=gauge, cell=cell, precip=Forcing("RAIN", "TIF", "mm/h", "1h", Path("precip"), "rain.YYYYMMDDHH.tif"),
+        gauge=gauge, cell=cell, precip=Forcing("RAIN", "TIF", "mm/h", "1h", Path("precip"), "rain.YYYYMMDDHH.tif",
+                                                       kind="precip"),
         pet=Forcing("PET", "TIF", "mm/d", "1d", Path("pet"), "PET.YYYYMMDD.tif"), timestep="1h", begin=s.begin,
         warm=s.start, end=s.end, grid_files=GRID_FILES, scalars=DEFAULTS)
 
@@ -300,7 +301,7 @@ def _write_inputs(folder: Path, s: SynthSettings, rngs: Sequence[np.random.Gener
     write_asc(folder / "basic" / "fam.asc", Grid(terrain.fam, *geo), fmt="%d")
     for key, fname in GRID_FILES.items():
         _tif(folder / "params" / fname, terrain, grids[key])
-    rain_f = Forcing("rain", "tif", "mm/h", "1h", folder / "precip", "rain.YYYYMMDDHH.tif")
+    rain_f = Forcing("rain", "tif", "mm/h", "1h", folder / "precip", "rain.YYYYMMDDHH.tif", kind="precip")
     for t, fname in enumerate(forcing_file_names(rain_f, steps, begin)):
         _tif(folder / "precip" / fname, terrain, rain[t], compress=True)
     # Daily PET: the file stamped D serves the steps in (D-1 00:00, D 00:00], as EF5 reads it.
