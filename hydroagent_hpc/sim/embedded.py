@@ -40,6 +40,7 @@ from hydroagent_hpc.sim.grids import Grid, read_grid, read_tif
 from hydroagent_hpc.sim.kernel import interflow_targets, run_batch_kernel, run_kernel
 from hydroagent_hpc.sim.limits import Limits, current_limits
 from hydroagent_hpc.sim.network import Network, build_network
+from hydroagent_hpc.sim.outputs import STATE_GRIDS
 from hydroagent_hpc.types import GaugeSeries, SimulationResult
 
 log = logging.getLogger(__name__)
@@ -246,9 +247,8 @@ class EmbeddedSimulator:
             return {}
         stamp = tk.time_begin.strftime("%Y%m%d_%H%M")
         found = {}
-        for key, fname in (("w", f"crest_SM_{stamp}.tif"), ("pq", f"kwr_pCQ_{stamp}.tif"),
-                           ("po", f"kwr_pOQ_{stamp}.tif"), ("ir", f"kwr_IR_{stamp}.tif")):
-            p = tk.states / fname
+        for key, name in STATE_GRIDS.items():
+            p = tk.states / f"{name}_{stamp}.tif"
             if p.exists():
                 g = read_tif(p)
                 v = self._sample_param_raw(g)
@@ -276,16 +276,22 @@ class EmbeddedSimulator:
         over = check_values(overrides or {}, "run parameters")
         owner = self.net.owner
         scal = {k: np.array([{**s, **over}[k] for s in self._scalars])[owner] for k in PARAM_NAMES}
+        # EF5 holds every parameter as float32 (scalar x grid multiplied in float32) and derives the
+        # initial soil water in float32 too; with IWU = 100 that W0 can exceed WM by an ulp, and
+        # EF5 only prints that ("greater than WM") without clipping, so the first dry step drains
+        # the ulp as interflow. Near-zero flows matter: the kinematic-wave start value has
+        # ((Q_in + Q_old)/2)^(beta-1), so 0 and 1e-12 route differently.
         eff = {}
         for k in PARAM_NAMES:
-            v = scal[k].astype(np.float64)
+            v = scal[k].astype(np.float32)
             g = self._grid_values.get(k)
             if g is not None:
-                v = np.where(np.isnan(g), v, v * np.nan_to_num(g, nan=1.0))
+                v = np.where(np.isnan(g), v, v * np.nan_to_num(g, nan=1.0).astype(np.float32))
             eff[k] = v
         if "im" not in self._grid_values:
-            eff["im"] = eff["im"] / 100.0
-        w0 = eff["iwu"] * eff["wm"] / 100.0
+            eff["im"] = (eff["im"] / np.float64(100.0)).astype(np.float32)
+        w0 = ((eff["iwu"] * eff["wm"]) / np.float64(100.0)).astype(np.float32).astype(np.float64)
+        eff = {k: v.astype(np.float64) for k, v in eff.items()}
         wm = np.where(eff["wm"] < 0.0, 100.0, eff["wm"])
         if np.any(wm == 0.0):
             raise SimulationError("WM is 0 at some cells: CREST divides by WM", fix="give WM a positive multiplier")

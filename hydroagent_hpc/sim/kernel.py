@@ -39,48 +39,64 @@ __all__ = ["interflow_targets", "water_balance", "run_kernel", "run_batch_kernel
 _JIT: dict[str, Any] = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
 
+_F32 = np.float32
+
+
 @nb.njit(**_JIT)
 def _kw_solve(q_in, q_old, q_old_pow, lateral, alpha, beta, dt, dx):
-    """One implicit kinematic-wave solve with EF5's start value, tolerance and iteration cap.
+    """One implicit kinematic-wave solve, in EF5's own mixed precision (``KWRoute::RouteInt``).
 
-    ``q_old_pow`` is ``q_old**beta`` carried from the previous step's solve. Returns the new
-    flow and its ``**beta`` (reused next step: the same number, not recomputed). With
-    ``alpha == 0`` storage vanishes and the solve is the exact pass-through
-    ``Q_in + dx*lateral``, which the full scheme also returns (bit for bit) at its first check.
+    ``q_in`` (the sum of upstream inflows) is a double in EF5; the previous flow ``q_old``, the
+    lateral inflow, ``alpha``, ``beta``, ``dt`` and ``dx`` are float32 there, and so is every
+    intermediate EF5 stores in a ``float`` (the start value, the right-hand side, the residual,
+    its derivative, each Newton update), while ``pow`` runs in double. We round at exactly those
+    places. It matters: near zero flow the start value has ``((Q_in + Q_old)/2)^(beta-1)`` and a
+    Newton step can clip to 0 and restart from the fallback derivative 1, so a float64 solve can
+    land on another root of the stopping test and differ from EF5 by far more than rounding.
+
+    ``q_old_pow`` is ``q_old**beta`` (double) carried from the previous step's solve: EF5
+    recomputes the same number from the same float32 state. Returns the new flow (a float32
+    value) and its ``**beta``.
     """
-    d = dt / dx
-    a = d * q_in
-    if alpha == 0.0:
-        est = (a + dt * lateral) / d
+    ab = _F32(alpha * beta)
+    d = _F32(dt / dx)
+    a = _F32(d * q_in)
+    c = _F32(dt * lateral)
+    if alpha == 0.0:  # no storage: the start value already meets the test (B = E = 0)
+        est = _F32(_F32(a + c) / d)
         if est < 0.0:
-            est = 0.0
+            est = _F32(0.0)
         return est, 0.0  # the power is never used while alpha is 0
-    back = 0.0
+    back = _F32(0.0)
     if q_in + q_old > 0.0:
-        back = ((q_in + q_old) / 2.0) ** (beta - 1.0)
+        bd = ((q_in + q_old) / 2.0) ** (np.float64(beta) - 1.0)
+        back = _F32(bd) if math.isfinite(bd) else _F32(0.0)
         if not math.isfinite(back):
-            back = 0.0
-    e = alpha * beta * back
-    est = (a + alpha * beta * q_old * back + dt * lateral) / (d + e)
-    rhs = a + alpha * q_old_pow + dt * lateral
-    est_pow = est ** beta
+            back = _F32(0.0)
+    b = _F32(_F32(ab * q_old) * back)
+    e = _F32(ab * back)
+    est = _F32(_F32(_F32(a + b) + c) / _F32(d + e))
+    rhs = _F32(a + np.float64(alpha) * q_old_pow + c)
+    beta64 = np.float64(beta)
+    est_pow = np.float64(est) ** beta64
     for _ in range(10):
-        res = d * est + alpha * est_pow - rhs
+        res = _F32(_F32(d * est) + np.float64(alpha) * est_pow - rhs)
         if not math.isfinite(res):
-            res = 0.0
+            res = _F32(0.0)
         if abs(res) < 0.01:
             break
         # est**(beta-1) from the power already at hand (one pow less per iteration)
-        d1 = d + alpha * beta * (est_pow / est if est > 0.0 else 0.0 ** (beta - 1.0))
+        d1r = d + np.float64(ab) * (est_pow / est if est > 0.0 else 0.0 ** (beta64 - 1.0))
+        d1 = _F32(d1r) if math.isfinite(d1r) else _F32(1.0)
         if not math.isfinite(d1):
-            d1 = 1.0
-        est = est - res / d1
+            d1 = _F32(1.0)
+        est = _F32(est - _F32(res / d1))
         if est < 0.0:
-            est = 0.0
-        est_pow = est ** beta
+            est = _F32(0.0)
+        est_pow = np.float64(est) ** beta64
     if est < 0.0:
-        est = 0.0
-        est_pow = 0.0 ** beta
+        est = _F32(0.0)
+        est_pow = 0.0 ** beta64
     return est, est_pow
 
 
@@ -98,19 +114,21 @@ def interflow_targets(down, dx, slope, under, channel, step_seconds):
     t1 = np.full(n, -1, np.int64)
     s0 = np.zeros(n)
     s1 = np.zeros(n)
-    cross = np.empty(n)
+    cross = np.empty(n, dtype=np.float32)
+    step = _F32(step_seconds)
     for i in range(n):
-        speed = under[i] * math.sqrt(slope[i])
-        cross[i] = dx[i] / speed if speed > 0.0 else math.inf
+        # EF5: float speed = UNDER * sqrt(slope) (sqrt in double); float time = dx / speed
+        speed = _F32(np.float64(_F32(under[i])) * math.sqrt(np.float64(_F32(slope[i]))))
+        cross[i] = _F32(_F32(dx[i]) / speed) if speed > 0.0 else _F32(math.inf)
     for i in range(n):
-        prev_s = 0.0
-        cur_s = 0.0
+        prev_s = _F32(0.0)
+        cur_s = _F32(0.0)
         cur = i
         prev = -1
-        while cur_s < step_seconds and cur >= 0 and not channel[cur]:
+        while cur_s < step and cur >= 0 and not channel[cur]:
             prev_s = cur_s
             prev = cur
-            cur_s += cross[cur]
+            cur_s = _F32(cur_s + cross[cur])
             cur = down[cur]
         t0[i] = cur
         t1[i] = prev
@@ -119,7 +137,7 @@ def interflow_targets(down, dx, slope, under, channel, step_seconds):
                 if math.isinf(cur_s):
                     s0[i] = 0.0
                 else:
-                    s0[i] = (step_seconds - prev_s) / (cur_s - prev_s)
+                    s0[i] = _F32(_F32(step - prev_s) / _F32(cur_s - prev_s))
                 s1[i] = 1.0 - s0[i]
         else:
             s0[i] = 1.0
@@ -218,16 +236,18 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
     nt, n = precip.shape
     ng = gauge_nodes.size
     step_s = dt_hours * 3600.0
+    dt32 = _F32(step_s)  # EF5: stepHours * 3600.0f
     w = w0.copy()
-    ir = ir0.copy()
-    pq = pq0.copy()
-    po = po0.copy()
+    # The routing states are float32 in EF5 (KWGridNode::states); the inflow sums are doubles.
+    ir = ir0.astype(np.float32)
+    pq = pq0.astype(np.float32)
+    po = po0.astype(np.float32)
     # q**beta of the previous flows, carried between steps (beta 0.6 for overland flow)
     pq_pow = np.empty(n)
     po_pow = np.empty(n)
     for i in range(n):
-        pq_pow[i] = pq[i] ** (beta[i] if channel[i] else 0.6)
-        po_pow[i] = po[i] ** 0.6
+        pq_pow[i] = np.float64(pq[i]) ** (np.float64(_F32(beta[i])) if channel[i] else np.float64(_F32(0.6)))
+        po_pow[i] = np.float64(po[i]) ** np.float64(_F32(0.6))
     fast = np.zeros(n)
     slow = np.zeros(n)
     sm = np.zeros(n)
@@ -240,9 +260,10 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
     ff_out = np.zeros((nt, ng))
     sf_out = np.zeros((nt, ng))
     st_w = w.copy()
-    st_ir = ir.copy()
-    st_pq = pq.copy()
-    st_po = po.copy()
+    st_ir = ir.astype(np.float64)
+    st_pq = pq.astype(np.float64)
+    st_po = po.astype(np.float64)
+    beta_over = _F32(0.6)
     for t in range(nt):
         # --- water balance, every cell independent ---
         water_balance(precip, pet, t, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm)
@@ -259,20 +280,22 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
             sm_out[t, g] = acc_sm
             ff_out[t, g] = acc_ff
             sf_out[t, g] = acc_sf
-        # --- routing, upstream to downstream ---
+        # --- routing, upstream to downstream, rounded where EF5 stores a float ---
         for i in range(n - 1, -1, -1):
             dn = down[i]
+            dxi = _F32(dx[i])
+            fast_m = _F32(np.float64(_F32(fast[i])) / 1000.0)  # mm to m
             if not channel[i]:
-                q, pq_pow[i] = _kw_solve(in_over[i], pq[i], pq_pow[i], fast[i] / 1000.0, alpha0[i], 0.6, step_s, dx[i])
+                q, pq_pow[i] = _kw_solve(in_over[i], pq[i], pq_pow[i], fast_m, _F32(alpha0[i]), beta_over, dt32, dxi)
                 pq[i] = q
                 if dn >= 0:
                     in_over[dn] += q
                 inc_fast[i] = q
-                ir[i] += slow[i]
-                leak = ir[i] * leaki[i]
-                ir[i] -= leak
+                ir[i] = _F32(ir[i] + _F32(slow[i]))
+                leak = np.float64(_F32(ir[i] * _F32(leaki[i])))
+                ir[i] = _F32(np.float64(ir[i]) - leak)
                 if ir[i] < 0.0:
-                    ir[i] = 0.0
+                    ir[i] = _F32(0.0)
                 k = t0[i]
                 if k >= 0:
                     in_inter[k] += leak * s0[i] * area[i] / area[k]
@@ -280,10 +303,12 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
                 if k >= 0:
                     in_inter[k] += leak * s1[i] * area[i] / area[k]
             else:
-                lateral = (fast[i] + slow[i] + in_inter[i]) / 1000.0
-                q, po_pow[i] = _kw_solve(in_over[i], po[i], po_pow[i], lateral, alpha0[i], 0.6, step_s, dx[i])
+                slow_m = _F32(np.float64(_F32(np.float64(_F32(slow[i])) + in_inter[i])) / 1000.0)
+                lateral = _F32(fast_m + slow_m)
+                q, po_pow[i] = _kw_solve(in_over[i], po[i], po_pow[i], lateral, _F32(alpha0[i]), beta_over, dt32,
+                                         dxi)
                 po[i] = q
-                qc, pq_pow[i] = _kw_solve(in_chan[i], pq[i], pq_pow[i], q, alpha[i], beta[i], step_s, dx[i])
+                qc, pq_pow[i] = _kw_solve(in_chan[i], pq[i], pq_pow[i], q, _F32(alpha[i]), _F32(beta[i]), dt32, dxi)
                 pq[i] = qc
                 if dn >= 0:
                     in_chan[dn] += qc
@@ -296,7 +321,7 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
             else:
                 q_out[t, g] = inc_fast[k] * dx[k] + in_inter[k] * area[k] / 3.6
         for i in range(n):
-            ir[i] += in_inter[i]
+            ir[i] = _F32(np.float64(ir[i]) + in_inter[i])
             in_inter[i] = 0.0
             in_over[i] = 0.0
             in_chan[i] = 0.0
