@@ -1,9 +1,10 @@
 """The EF5 binary backend, driven through real subprocesses.
 
-No EF5 binary can be built here, so the "binary" is a real executable script: the good one runs
-our own engine through `hydroagent simulate` (a program that reads an EF5 control file and
-writes EF5's files, exactly EF5's command-line contract); the bad ones fail the ways EF5 fails.
-With HYDROAGENT_EF5 pointing at a real EF5, the `ef5`-marked test runs the golden cases on it.
+Most tests drive a real executable script with EF5's command line, so that they can make it fail
+the ways EF5 fails: the good one runs our own engine through `hydroagent simulate` (reads an EF5
+control file, writes EF5's files); the bad ones crash, hang or write partial output. With
+HYDROAGENT_EF5 naming the real EF5 (`.ci/run` builds one), the `ef5`-marked test runs the golden
+cases on it; `test_ef5_differential.py` compares the two engines on generated cases.
 """
 
 from __future__ import annotations
