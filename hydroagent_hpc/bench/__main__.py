@@ -51,6 +51,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['max_dSM']:.4f} | {r['max_dFast']:.5f} | {r['max_dSlow']:.5f} |\n")
         out("\n")
 
+    if os.environ.get("HYDROAGENT_EF5"):
+        from hydroagent_hpc.bench import differential
+
+        out("## Differential sweep against the real EF5 (`python -m hydroagent_hpc.bench.differential`, "
+            "seeds 1000-1099)\n\n")
+        out(differential.summary(differential.sweep(range(1000, 1100))) + "\n\n")
+        sys.stdout.flush()
+
     out("## Simulator (embedded engine)\n\n")
     out("| case | cells | steps | load cold s | load warm s | run s | Mcell-steps/s | batch8 s | batch8/run "
         "| process s | EF5 run s | EF5 run / run | process / EF5 process | forcing MB |\n")

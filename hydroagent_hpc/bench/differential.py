@@ -25,8 +25,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
+from tqdm import tqdm
 
 from hydroagent_hpc.sim.controlfile import parse_control
 from hydroagent_hpc.sim.ef5 import EF5Simulator
@@ -35,7 +37,7 @@ from hydroagent_hpc.sim.grids import read_tif
 from hydroagent_hpc.sim.outputs import STATE_GRIDS
 from hydroagent_hpc.sim.synth.cases import CaseSpec, draw_case, write_case
 
-__all__ = ["REL", "Comparison", "compare_control", "compare_case", "main"]
+__all__ = ["REL", "Comparison", "compare_control", "compare_case", "sweep", "summary", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +136,8 @@ def compare_case(spec: CaseSpec, root: Path, binary: str | Path | None = None) -
     return compare_control(control, spec.label, work, binary)
 
 
-def _summary(rows: list[Comparison]) -> str:
+def summary(rows: list[Comparison]) -> str:
+    """Markdown: how many cases agree, and the largest difference of each column over all cases."""
     keys = sorted({k.split(":", 1)[1] if not k.startswith("state:") else k for r in rows for k in r.max_abs})
     out = [f"{len(rows)} cases, {sum(r.ok for r in rows)} within print precision, "
            f"{sum(not r.ok for r in rows)} not.", "", "| column | largest |dx| over all cases | case |",
@@ -147,6 +150,21 @@ def _summary(rows: list[Comparison]) -> str:
                     best = (v, r.label)
         out.append(f"| {col} | {best[0]:.4g} | {best[1]} |")
     return "\n".join(out)
+
+
+def sweep(seeds: range, keep: Path | None = None, sink: TextIO | None = None) -> list[Comparison]:
+    """Compare the engines on the case of every seed (folders under ``keep``, else a temporary folder)."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ef5-diff-") as tmp:
+        root = keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        for seed in tqdm(seeds, desc="differential cases", unit="case", disable=None, leave=False):
+            spec = draw_case(seed)
+            r = compare_case(spec, root)
+            rows.append(r)
+            if sink:
+                sink.write(json.dumps({"spec": spec.as_dict(), **r.as_dict()}) + "\n")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,25 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         print("HYDROAGENT_EF5 is not set: build EF5 with ../shared/scripts/build-ef5.sh and export its path",
               file=sys.stderr)
         return 2
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="ef5-diff-") as tmp:
-        root = args.keep or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
-        sink = args.json.open("w") if args.json else None
-        try:
-            for seed in range(args.first, args.first + args.cases):
-                spec = draw_case(seed)
-                r = compare_case(spec, root)
-                rows.append(r)
-                if sink:
-                    sink.write(json.dumps({"spec": spec.as_dict(), **r.as_dict()}) + "\n")
-                if not r.ok:
-                    print(f"- {r.label}: " + "; ".join(r.failures[:4]))
-        finally:
-            if sink:
-                sink.close()
+    sink = args.json.open("w") if args.json else None
+    try:
+        rows = sweep(range(args.first, args.first + args.cases), args.keep, sink)
+    finally:
+        if sink:
+            sink.close()
+    for r in rows:
+        if not r.ok:
+            print(f"- {r.label}: " + "; ".join(r.failures[:4]))
     print()
-    print(_summary(rows))
+    print(summary(rows))
     return 0 if all(r.ok for r in rows) else 1
 
 
