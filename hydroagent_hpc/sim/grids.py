@@ -8,7 +8,7 @@ EF5 facts this module follows (see ``docs/ef5-crest-spec.md`` section 5):
 * GeoTIFF: one band, float32, striped; georeferencing from ModelPixelScale + ModelTiepoint;
   nodata from the ``GDAL_NODATA`` tag.
 * Row 0 is the northern edge. A point (lon, lat) falls in column ``int((lon - left) / cellsize)``
-  and row ``int((top - lat) / cellsize)``, computed in float32 and clamped to the grid.
+  and row ``int((top - lat) / cellsize)``, with EF5's float/double roundings, clamped to the grid.
 * Two grids are "co-registered" for EF5 when nrows and ncols agree, whatever their extents.
 """
 
@@ -74,24 +74,30 @@ class Grid:
         return self.data.shape == other.data.shape
 
     def locate(self, lon, lat):
-        """Column, row and an in-extent flag of points, as EF5's ``GetGridLoc`` computes them.
+        """Column, row and an in-extent flag of points, as EF5's ``GetGridLoc`` (``Grid.h``) computes them.
 
-        The arithmetic is done in float32 like EF5, so points on a cell boundary fall in the
-        same cell as they do there.
+        EF5 keeps the extent and cell size in double and the point in float: ``float xDiff = lon -
+        left`` (a double difference rounded to float), ``float xLoc = xDiff / cellSize`` (double
+        division rounded to float), then truncation; the in-extent test compares in double. The
+        same roundings here put points on a cell boundary in the same cell as EF5 does.
         """
         lon32 = np.asarray(lon, dtype=np.float32)
         lat32 = np.asarray(lat, dtype=np.float32)
-        cs = np.float32(self.cellsize)
-        col = ((lon32 - np.float32(self.xll)) / cs).astype(np.int64)
-        row = ((np.float32(self.top) - lat32) / cs).astype(np.int64)
-        inside = (lon32 >= self.xll) & (lon32 <= self.right) & (lat32 >= self.yll) & (lat32 <= self.top)
+        cs = float(self.cellsize)
+        x_diff = (lon32.astype(np.float64) - self.xll).astype(np.float32)
+        y_diff = (self.top - lat32.astype(np.float64)).astype(np.float32)
+        col = (x_diff.astype(np.float64) / cs).astype(np.float32).astype(np.int64)
+        row = (y_diff.astype(np.float64) / cs).astype(np.float32).astype(np.int64)
+        lon64, lat64 = lon32.astype(np.float64), lat32.astype(np.float64)
+        inside = (lon64 >= self.xll) & (lon64 <= self.right) & (lat64 >= self.yll) & (lat64 <= self.top)
         return np.clip(col, 0, self.ncols - 1), np.clip(row, 0, self.nrows - 1), inside
 
     def cell_corners(self, cols: np.ndarray, rows: np.ndarray):
-        """Upper-left corners (EF5's ``GetRefLoc``) of the given cells, in float32."""
-        cs = np.float32(self.cellsize)
-        x = np.asarray(cols).astype(np.float32) * cs + np.float32(self.xll)
-        y = np.float32(self.top) - np.asarray(rows).astype(np.float32) * cs
+        """Upper-left corners (EF5's ``GetRefLoc``) of the given cells: ``(float)x * cellSize + left`` in
+        double, stored as float32."""
+        cs = float(self.cellsize)
+        x = (np.asarray(cols).astype(np.float32).astype(np.float64) * cs + self.xll).astype(np.float32)
+        y = (self.top - np.asarray(rows).astype(np.float32).astype(np.float64) * cs).astype(np.float32)
         return x, y
 
 
