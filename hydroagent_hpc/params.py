@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 __all__ = ["ParamSpec", "PARAMS", "PARAM_NAMES", "CREST_NAMES", "KW_NAMES", "DEFAULTS", "TUNABLE",
-           "check_values"]
+           "SNOW_PARAMS", "SNOW_NAMES", "SNOW_DEFAULTS", "check_values"]
 
 
 @dataclass(frozen=True)
 class ParamSpec:
     name: str
-    model: str  # "crest" or "kw"
+    model: str  # "crest", "kw" or "snow17"
     lower: float
     upper: float
     default: float
@@ -56,14 +56,36 @@ KW_NAMES = tuple(p.name for p in _TABLE if p.model == "kw")
 DEFAULTS: Mapping[str, float] = MappingProxyType({p.name: p.default for p in _TABLE})
 TUNABLE = tuple(p.name for p in _TABLE if not p.fixed)
 
+# Snow-17 (EF5 ``[Snow17ParamSet]``, EF5's order): only for a basin whose task has SNOW=SNOW17; never
+# part of the 13 above. Values (times a grid where the set names one), with the ranges and
+# defaults Anderson (2006) gives for a 6-hour step (melt factors in mm/degC/6h).
+_SNOW_TABLE = (
+    ParamSpec("uadj", "snow17", 0.01, 0.2, 0.04, "wind function for rain-on-snow melt", "mm/mb/6h"),
+    ParamSpec("mbase", "snow17", -1.0, 1.0, 0.0, "base temperature of non-rain melt", "degC"),
+    ParamSpec("mfmax", "snow17", 0.5, 2.0, 1.0, "melt factor on 21 June", "mm/degC/6h"),
+    ParamSpec("mfmin", "snow17", 0.05, 0.6, 0.3, "melt factor on 21 December", "mm/degC/6h"),
+    ParamSpec("tipm", "snow17", 0.01, 1.0, 0.1, "antecedent temperature index weight", "-"),
+    ParamSpec("nmf", "snow17", 0.05, 0.5, 0.15, "maximum negative melt factor", "mm/degC/6h"),
+    ParamSpec("plwhc", "snow17", 0.02, 0.3, 0.04, "liquid water holding capacity", "fraction of ice"),
+    ParamSpec("scf", "snow17", 0.7, 1.6, 1.0, "snowfall correction factor", "-"),
+)
+SNOW_PARAMS: Mapping[str, ParamSpec] = MappingProxyType({p.name: p for p in _SNOW_TABLE})
+SNOW_NAMES = tuple(p.name for p in _SNOW_TABLE)
+SNOW_DEFAULTS: Mapping[str, float] = MappingProxyType({p.name: p.default for p in _SNOW_TABLE})
 
-def check_values(values: Mapping[str, float], source: str = "parameters") -> dict[str, float]:
-    """Validate names and finiteness (not bounds: the simulator accepts any value EF5 accepts)."""
+
+def check_values(values: Mapping[str, float], source: str = "parameters", snow: bool = False) -> dict[str, float]:
+    """Validate names and finiteness (not bounds: the simulator accepts any value EF5 accepts).
+
+    ``snow=True`` (a task with Snow-17) also accepts the :data:`SNOW_NAMES`.
+    """
     out = {}
     for name, value in values.items():
         key = str(name).lower()
-        if key not in PARAMS:
-            raise ValueError(f"{source}: unknown parameter {name!r}; valid names: {', '.join(PARAM_NAMES)}")
+        if key not in PARAMS and not (snow and key in SNOW_PARAMS):
+            valid = PARAM_NAMES + (SNOW_NAMES if snow else ())
+            hint = "" if snow or key not in SNOW_PARAMS else " (a Snow-17 parameter: the task has no SNOW=SNOW17)"
+            raise ValueError(f"{source}: unknown parameter {name!r}{hint}; valid names: {', '.join(valid)}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{source}: {key} must be a number, got {type(value).__name__}")
         v = float(value)

@@ -14,9 +14,13 @@ run from their own folder, so both agree there).
 Every number is checked where it is read (a plain decimal number, finite, in range):
 
 * parameter scalars: ``|value| <= 1e6`` (``TH``, a count of cells: ``<= 1e12``); a negative
-  ``KE``, ``UNDER``, ``TH`` or ``ISU`` is refused; a negative value of another parameter is one
+  ``KE``, ``UNDER``, ``TH`` or ``ISU`` is refused; a negative value of another CREST/KW parameter is one
   EF5 silently replaces (``WM`` by 100, ``B`` and ``FC`` by 1, ...), so it is accepted with a
-  warning that says what EF5 uses instead;
+  warning that says what EF5 uses instead; Snow-17 values (``[Snow17ParamSet]``) must be ``>= 0``
+  except ``MBASE`` (a temperature), and ``TIPM <= 1``;
+* snow: ``SNOW=SNOW17`` needs ``SNOW_PARAM_SET`` (a ``[Snow17ParamSet]``, after ``SNOW``) and ``TEMP`` (a
+  ``[TempForcing]`` with ``UNIT=C``, TYPE ASC or TIF, optional ``DEM=`` for the lapse rate); either
+  without ``SNOW`` is an error (EF5 would ignore them);
 * gauges: ``CELLX``/``CELLY`` whole numbers ``>= 0``; ``LAT`` in [-90, 90]; ``LON`` in
   [-180, 360]; ``BASINAREA`` in (0, 1e8] km2;
 * durations (``TIMESTEP``, ``FREQ``) and the time part of ``UNIT``: a count of at least 1, at
@@ -43,21 +47,26 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ControlFile", "Basic", "Forcing", "Gauge", "ParamSet", "Task", "parse_control", "parse_time",
-    "parse_duration", "parse_unit", "duration_seconds", "CREST_PARAMS", "KW_PARAMS", "MAX_DURATION_S",
+    "parse_duration", "parse_unit", "duration_seconds", "CREST_PARAMS", "KW_PARAMS", "SNOW17_PARAMS",
+    "MAX_DURATION_S",
 ]
 
 CREST_PARAMS = ("wm", "b", "im", "ke", "fc", "iwu")
 KW_PARAMS = ("under", "leaki", "th", "isu", "alpha", "beta", "alpha0")
+SNOW17_PARAMS = ("uadj", "mbase", "mfmax", "mfmin", "tipm", "nmf", "plwhc", "scf")  # EF5's Models.tbl order
+_KIND_PARAMS = {"crest": CREST_PARAMS, "kw": KW_PARAMS, "snow17": SNOW17_PARAMS}
 
 _SECTIONS = {
     "basic": {"dem", "ddm", "fam", "proj", "esriddm", "selffam"},
     "precipforcing": {"type", "unit", "freq", "loc", "name"},
     "petforcing": {"type", "unit", "freq", "loc", "name"},
+    "tempforcing": {"type", "unit", "freq", "loc", "name", "dem"},
     "gauge": {"lat", "lon", "cellx", "celly", "obs", "basinarea", "outputts", "wantda", "wantco",
               "continueupstream", "obsfamily"},
     "basin": {"gauge"},
     "crestparamset": {"gauge", *CREST_PARAMS, *(f"{p}_grid" for p in CREST_PARAMS)},
     "kwparamset": {"gauge", *KW_PARAMS, *(f"{p}_grid" for p in KW_PARAMS)},
+    "snow17paramset": {"gauge", *SNOW17_PARAMS, *(f"{p}_grid" for p in SNOW17_PARAMS)},
     "task": {"style", "model", "routing", "basin", "precip", "pet", "output", "param_set",
              "routing_param_set", "timestep", "time_begin", "time_end", "time_warmend", "states",
              "time_state", "output_grids", "defaultparamsgauge", "preload_file", "cali_param",
@@ -65,17 +74,18 @@ _SECTIONS = {
     "execute": {"task"},
 }
 # Sections EF5 knows that the embedded engine does not run; --backend ef5 still can.
-_EF5_ONLY = {"tempforcing", "crestcaliparams", "kwcaliparams", "lrparamset", "lrcaliparams",
-             "sacparamset", "hymodparamset", "hpparamset", "snow17paramset", "ensembletask",
-             "inundationparamset", "damparamset"}
+_EF5_ONLY = {"crestcaliparams", "kwcaliparams", "lrparamset", "lrcaliparams", "snow17caliparams",
+             "sacparamset", "hymodparamset", "hpparamset", "ensembletask", "inundationparamset", "damparamset"}
 _REQUIRED = {
     "basic": ("dem", "ddm", "fam", "proj", "esriddm", "selffam"),
     "precipforcing": ("type", "unit", "freq", "loc", "name"),
     "petforcing": ("type", "unit", "freq", "loc", "name"),
+    "tempforcing": ("type", "unit", "freq", "loc", "name"),
     "task": ("style", "model", "basin", "precip", "pet", "output", "param_set", "timestep",
              "time_begin", "time_end"),
 }
-_FORCING_TYPES = {"precipforcing": {"asc", "tif", "bif", "mrms", "trmmrt"}, "petforcing": {"asc", "tif", "bif"}}
+_FORCING_TYPES = {"precipforcing": {"asc", "tif", "bif", "mrms", "trmmrt"}, "petforcing": {"asc", "tif", "bif"},
+                  "tempforcing": {"asc", "tif"}}
 
 
 @dataclass
@@ -98,8 +108,9 @@ class Forcing:
     pattern: str
     line: int = 0
     # "precip": EF5 fills the NAME's date fields only down to FREQ's unit (finer ones stay literal,
-    # and a missing one is an error); any other forcing fills every field it has (DatedName.cpp).
+    # and a missing one is an error); PET and temperature fill every field they have (DatedName.cpp).
     kind: str = "pet"
+    dem: Path | None = None  # [TempForcing] DEM=: the temperature grid's elevations (lapse rate)
 
 
 @dataclass
@@ -118,7 +129,7 @@ class Gauge:
 
 @dataclass
 class ParamSet:
-    """Scalars per gauge plus optional grids; ``kind`` is 'crest' or 'kw'."""
+    """Scalars per gauge plus optional grids; ``kind`` is 'crest', 'kw' or 'snow17'."""
 
     name: str
     kind: str
@@ -145,6 +156,9 @@ class Task:
     time_warmend: datetime | None = None
     states: Path | None = None
     time_state: datetime | None = None
+    snow: str | None = None  # SNOW=SNOW17
+    snow_param_set: str | None = None
+    temp: str | None = None  # TEMP=: a [TempForcing] section
     line: int = 0
     lines: dict[str, int] = field(default_factory=dict)  # key -> line of the control file
 
@@ -160,6 +174,7 @@ class ControlFile:
     param_sets: dict[str, ParamSet]
     tasks: dict[str, Task]
     execute: list[str]
+    temp: dict[str, Forcing] = field(default_factory=dict)  # [TempForcing] sections
 
     def task(self, name: str | None = None) -> Task:
         """The named task, or the first one the Execute section runs."""
@@ -183,7 +198,11 @@ _EF5_REPLACES_NEGATIVE = {"wm": "EF5 uses WM=100", "b": "EF5 uses B=1", "fc": "E
                           "alpha": "EF5 uses ALPHA=1", "beta": "EF5 uses BETA=0.6", "alpha0": "EF5 uses ALPHA0=1",
                           "im": "EF5 clips the impervious fraction to 0", "leaki": "EF5 clips LEAKI to 0",
                           "iwu": "EF5 clips the initial soil water to 0"}
-_MUST_BE_NONNEGATIVE = {"ke": "a negative KE turns evaporation into a water source",
+_MUST_BE_NONNEGATIVE = {"uadj": "UADJ is a wind function (mm/mb per 6 h)", "mfmax": "MFMAX is a melt factor",
+                        "mfmin": "MFMIN is a melt factor", "tipm": "TIPM is a weight in [0, 1]",
+                        "nmf": "NMF is a negative-melt factor given as a positive number",
+                        "plwhc": "PLWHC is a fraction of the ice", "scf": "SCF multiplies snowfall",
+                        "ke": "a negative KE turns evaporation into a water source",
                         "under": "a negative UNDER gives interflow a negative speed",
                         "th": "TH is a count of upstream cells", "isu": "ISU is an initial water depth rate"}
 
@@ -407,7 +426,11 @@ def _build_forcing(sec: _Section) -> Forcing:
         raise ControlFileError(f"TYPE={kv['type'][0]} forcing is not supported by the embedded engine", *at("type"),
                                "type", fix="convert the forcing to ASC or TIF grids, or use --backend ef5")
     unit = kv["unit"][0]
-    if not (sec.stype == "petforcing" and unit.strip().lower() == "c"):  # C: temperature for Hamon PET (EF5 only)
+    if sec.stype == "tempforcing":
+        if unit.strip().lower() != "c":
+            raise ControlFileError(f"UNIT={unit!r} is not a temperature unit", *at("unit"), "unit",
+                                   fix="write UNIT=C (EF5 reads temperature in degrees Celsius only)")
+    elif not (sec.stype == "petforcing" and unit.strip().lower() == "c"):  # C: temperature for Hamon PET (EF5 only)
         try:
             parse_unit(unit)
         except ValueError as exc:
@@ -415,7 +438,7 @@ def _build_forcing(sec: _Section) -> Forcing:
                                    fix="write e.g. UNIT=mm/h, mm/3h, mm/d or mm/100d (a count >= 1 of s, u, min, h, "
                                        "hr, d, m or y)") from None
     freq = _duration(kv["freq"][0], at("freq"), "freq")
-    kind = "precip" if sec.stype == "precipforcing" else "pet"
+    kind = {"precipforcing": "precip", "tempforcing": "temp"}.get(sec.stype, "pet")
     if kind == "precip":
         need = NAME_FIELDS[:NAME_FIELDS_BY_UNIT[parse_duration(freq)[1]] + 1]
         absent = [f for f in need if f not in kv["name"][0]]
@@ -424,7 +447,8 @@ def _build_forcing(sec: _Section) -> Forcing:
                                    f"{kv['name'][0]!r} (EF5: 'The file name was specified with improper resolution')",
                                    *at("freq"), "freq", fix=f"put every date field down to FREQ's unit in NAME "
                                                             f"({''.join(need)}), or give a coarser FREQ")
-    return Forcing(sec.sname, ftype, unit, freq, sec.base / kv["loc"][0], kv["name"][0], sec.line, kind)
+    dem = sec.base / kv["dem"][0] if "dem" in kv else None
+    return Forcing(sec.sname, ftype, unit, freq, sec.base / kv["loc"][0], kv["name"][0], sec.line, kind=kind, dem=dem)
 
 
 def _build_gauge(sec: _Section) -> Gauge:
@@ -458,7 +482,10 @@ def _param_value(key: str, value: str, where: Where) -> float:
     """A parameter scalar: finite, ``|v| <= 1e6`` (TH ``<= 1e12``); negatives refused or warned (module doc)."""
     upper = _TH_MAX if key == "th" else _PARAM_MAX
     v = _float(value, where, key, lower=-upper, upper=upper)
-    if v < 0:
+    if key == "tipm" and v > 1.0:
+        raise ControlFileError(f"TIPM={value} is above 1: 1-TIPM is raised to a fractional power (NaN in EF5)",
+                               where[0], where[1], key, fix="give TIPM a value in [0, 1] (typically 0.05-0.2)")
+    if v < 0 and key != "mbase":  # MBASE is a temperature (degC): any sign
         if key in _MUST_BE_NONNEGATIVE:
             raise ControlFileError(f"{key.upper()}={value} is negative: {_MUST_BE_NONNEGATIVE[key]}", where[0],
                                    where[1], key, fix=f"give {key.upper()} a value >= 0")
@@ -468,8 +495,8 @@ def _param_value(key: str, value: str, where: Where) -> float:
 
 
 def _build_param_set(sec: _Section) -> ParamSet:
-    kind = "crest" if sec.stype == "crestparamset" else "kw"
-    names = CREST_PARAMS if kind == "crest" else KW_PARAMS
+    kind = sec.stype[:-len("paramset")]
+    names = _KIND_PARAMS[kind]
     ps = ParamSet(sec.sname, kind, line=sec.line)
     current: str | None = None
     seen: dict[str, int] = {}
@@ -509,7 +536,7 @@ def _build_task(sec: _Section) -> Task:
     kv = sec.single()
     sp, order = sec.path, [k for k, _, _ in sec.entries]
     at = lambda k: (sp, kv[k][1])  # noqa: E731
-    for first, second in (("model", "param_set"), ("routing", "routing_param_set")):
+    for first, second in (("model", "param_set"), ("routing", "routing_param_set"), ("snow", "snow_param_set")):
         if second in kv and (first not in kv or kv[first][1] > kv[second][1] or
                              (kv[first][1] == kv[second][1] and order.index(first) > order.index(second))):
             raise ControlFileError(f"{second.upper()} comes before {first.upper()} in [Task {sec.sname}]", sp,
@@ -529,11 +556,23 @@ def _build_task(sec: _Section) -> Task:
                                    f"{begin:%Y%m%d%H%M}..{end:%Y%m%d%H%M}", *at(k), k,
                                    fix=f"give {k.upper()} between TIME_BEGIN and TIME_END")
     low = lambda k: kv[k][0].lower() if k in kv else None  # noqa: E731
+    snow = low("snow")
+    if snow is not None and snow != "snow17":
+        raise ControlFileError(f"SNOW={kv['snow'][0]!r} is not a snow model EF5 knows", *at("snow"), "snow",
+                               fix="write SNOW=SNOW17 (EF5's only snow model), or remove SNOW")
+    for key in ("snow_param_set", "temp"):
+        if snow is not None and key not in kv:
+            raise ControlFileError(f"[Task {sec.sname}] has SNOW={kv['snow'][0]} but no {key.upper()}", sp, sec.line,
+                                   key, fix=f"add {key.upper()}=NAME (EF5 refuses a snow task without it)")
+        if snow is None and key in kv:
+            raise ControlFileError(f"{key.upper()}= is given without SNOW=SNOW17", *at(key), key,
+                                   fix="add SNOW=SNOW17 above it, or remove it (EF5 ignores it without SNOW)")
     return Task(sec.sname, kv["style"][0].lower(), kv["model"][0].lower(), kv["basin"][0].lower(),
                 kv["precip"][0].lower(), kv["pet"][0].lower(), sec.base / kv["output"][0],
                 kv["param_set"][0].lower(), timestep, begin, end, line=sec.line, routing=low("routing"),
                 routing_param_set=low("routing_param_set"), time_warmend=times.get("time_warmend"),
                 time_state=times.get("time_state"), states=sec.base / kv["states"][0] if "states" in kv else None,
+                snow=snow, snow_param_set=low("snow_param_set"), temp=low("temp"),
                 lines={k: ln for k, (_, ln) in kv.items()})
 
 
@@ -545,8 +584,10 @@ def _build_execute(sec: _Section) -> list[str]:
 # Section type -> (builder, the table of the model it fills); names within a table are unique.
 _BUILDERS: dict[str, tuple[Callable[[_Section], object], str]] = {
     "basic": (_build_basic, "basic"), "precipforcing": (_build_forcing, "precip"),
-    "petforcing": (_build_forcing, "pet"), "gauge": (_build_gauge, "gauges"), "basin": (_build_basin, "basins"),
+    "petforcing": (_build_forcing, "pet"), "tempforcing": (_build_forcing, "temp"),
+    "gauge": (_build_gauge, "gauges"), "basin": (_build_basin, "basins"),
     "crestparamset": (_build_param_set, "param_sets"), "kwparamset": (_build_param_set, "param_sets"),
+    "snow17paramset": (_build_param_set, "param_sets"),
     "task": (_build_task, "tasks"), "execute": (_build_execute, "execute"),
 }
 
@@ -561,7 +602,8 @@ def parse_control(path: str | Path) -> ControlFile:
     except (IsADirectoryError, PermissionError) as exc:
         raise ControlFileError(f"control file cannot be read: {path} ({exc.strerror})", fix="check the path") from None
     sp = str(path)
-    tables: dict[str, dict] = {"precip": {}, "pet": {}, "gauges": {}, "basins": {}, "param_sets": {}, "tasks": {}}
+    tables: dict[str, dict] = {"precip": {}, "pet": {}, "temp": {}, "gauges": {}, "basins": {}, "param_sets": {},
+                               "tasks": {}}
     defined: dict[tuple[str, str], int] = {}
     basic: Basic | None = None
     execute: list[str] = []
@@ -585,7 +627,7 @@ def parse_control(path: str | Path) -> ControlFile:
     if basic is None:
         raise ControlFileError("no [Basic] section", sp, fix="add [Basic] with DEM, DDM, FAM, PROJ, ESRIDDM, SELFFAM")
     cf = ControlFile(path, basic, tables["precip"], tables["pet"], tables["gauges"], tables["basins"],
-                     tables["param_sets"], tables["tasks"], execute)
+                     tables["param_sets"], tables["tasks"], execute, tables["temp"])
     _check_references(cf)
     return cf
 
@@ -613,10 +655,19 @@ def _check_references(cf: ControlFile) -> None:
             ("param_set", t.param_set, cf.param_sets)]
         if t.routing_param_set:
             checks.append(("routing_param_set", t.routing_param_set, cf.param_sets))
+        if t.snow_param_set:
+            checks.append(("snow_param_set", t.snow_param_set, cf.param_sets))
+        if t.temp:
+            checks.append(("temp", t.temp, cf.temp))
         for key, val, table in checks:
             if val not in table:
-                raise ControlFileError(f"task {t.name!r}: {key.upper()}={val!r} names no such section", sp, t.line, key,
+                raise ControlFileError(f"task {t.name!r}: {key.upper()}={val!r} names no such section", sp,
+                                       t.lines.get(key, t.line), key,
                                        fix=f"use one of: {', '.join(table) or '(none defined)'}")
+        if t.snow_param_set and cf.param_sets[t.snow_param_set].kind != "snow17":
+            raise ControlFileError(f"task {t.name!r}: SNOW_PARAM_SET={t.snow_param_set!r} is not a [Snow17ParamSet]",
+                                   sp, t.lines.get("snow_param_set", t.line), "snow_param_set",
+                                   fix="name a [Snow17ParamSet] section")
 
 
 def _num(v: float) -> str:
@@ -643,15 +694,20 @@ def render_control(cf: ControlFile, task: str | None = None, overrides: dict[str
     """
     tk = cf.task(task)
     over = {k.lower(): _num(v) for k, v in (overrides or {}).items()}
+    known = CREST_PARAMS + KW_PARAMS + (SNOW17_PARAMS if tk.snow else ())
     for k in over:
-        if k not in CREST_PARAMS + KW_PARAMS:
-            raise ValueError(f"unknown parameter {k!r}; valid: {', '.join(CREST_PARAMS + KW_PARAMS)}")
+        if k not in known:
+            raise ValueError(f"unknown parameter {k!r}; valid: {', '.join(known)}")
     b = cf.basic
     lines = ["[Basic]", f"DEM={_p(b.dem)}", f"DDM={_p(b.ddm)}", f"FAM={_p(b.fam)}", f"PROJ={b.proj}",
              f"ESRIDDM={'true' if b.esriddm else 'false'}", f"SELFFAM={'true' if b.selffam else 'false'}", ""]
     for sect, f in (("PrecipForcing", cf.precip[tk.precip]), ("PETForcing", cf.pet[tk.pet])):
         lines += [f"[{sect} {f.name}]", f"TYPE={f.type.upper()}", f"UNIT={f.unit}", f"FREQ={f.freq}",
                   f"LOC={_p(f.loc)}", f"NAME={f.pattern}", ""]
+    if tk.temp:
+        f = cf.temp[tk.temp]
+        lines += [f"[TempForcing {f.name}]", f"TYPE={f.type.upper()}", f"UNIT={f.unit}", f"FREQ={f.freq}",
+                  f"LOC={_p(f.loc)}", f"NAME={f.pattern}", *([f"DEM={_p(f.dem)}"] if f.dem else []), ""]
     gauges = cf.basins[tk.basin]
     for gname in gauges:
         g = cf.gauges[gname]
@@ -666,11 +722,12 @@ def render_control(cf: ControlFile, task: str | None = None, overrides: dict[str
             lines.append(f"OBS={_p(g.obs)}")
         lines += [f"OUTPUTTS={'TRUE' if g.outputts else 'FALSE'}", ""]
     lines += [f"[Basin {tk.basin}]", *(f"GAUGE={g}" for g in gauges), ""]
-    for ps_name, header in ((tk.param_set, "CrestParamSet"), (tk.routing_param_set, "KWParamSet")):
+    for ps_name, header in ((tk.param_set, "CrestParamSet"), (tk.routing_param_set, "KWParamSet"),
+                            (tk.snow_param_set, "Snow17ParamSet")):
         if not ps_name:
             continue
         ps = cf.param_sets[ps_name]
-        names = CREST_PARAMS if ps.kind == "crest" else KW_PARAMS
+        names = _KIND_PARAMS[ps.kind]
         lines.append(f"[{header} {ps.name}]")
         lines += [f"{p}_grid={_p(path)}" for p, path in ps.grids.items()]
         for gname, vals in ps.values.items():
@@ -685,6 +742,8 @@ def render_control(cf: ControlFile, task: str | None = None, overrides: dict[str
               f"PARAM_SET={tk.param_set}"]
     if tk.routing_param_set:
         lines.append(f"ROUTING_PARAM_SET={tk.routing_param_set}")
+    if tk.snow:
+        lines += [f"SNOW={tk.snow.upper()}", f"SNOW_PARAM_SET={tk.snow_param_set}", f"TEMP={tk.temp}"]
     lines += [f"TIMESTEP={tk.timestep}", f"TIME_BEGIN={tk.time_begin:%Y%m%d%H%M}", f"TIME_END={tk.time_end:%Y%m%d%H%M}"]
     if tk.time_warmend:
         lines.append(f"TIME_WARMEND={tk.time_warmend:%Y%m%d%H%M}")
