@@ -24,6 +24,8 @@ class GaugeSeries:
     soil_moisture: np.ndarray  # % of WM
     fast_flow: np.ndarray  # overland excess, mm/s (area mean)
     slow_flow: np.ndarray  # interflow excess, mm/s (area mean)
+    temperature: np.ndarray | None = None  # degC, area mean (only with Snow-17)
+    swe: np.ndarray | None = None  # snow water equivalent, mm, area mean (only with Snow-17)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, seed
 from hydroagent_hpc.datasets.download import OFFICIAL_BASE_URL as OFFICIAL_CAMELS_URL
 from hydroagent_hpc.errors import UsageError
-from hydroagent_hpc.params import PARAM_NAMES, PARAMS
+from hydroagent_hpc.params import PARAM_NAMES, PARAMS, SNOW_NAMES, SNOW_PARAMS
 from hydroagent_hpc.sim.errors import HydroAgentError
 
 log = logging.getLogger("hydroagent")
@@ -27,9 +27,10 @@ def _parse_set(items: list[str] | None) -> dict[str, float]:
         name = name.strip().lower()
         if not sep or not name:
             raise HydroAgentError(f"--set {item!r}: expected NAME=VALUE", fix="e.g. --set wm=2.5")
-        if name not in PARAMS:
+        if name not in PARAMS and name not in SNOW_PARAMS:
             raise HydroAgentError(f"--set {item!r}: unknown parameter {name!r}",
-                                  fix=f"use one of: {', '.join(PARAM_NAMES)}")
+                                  fix=f"use one of: {', '.join(PARAM_NAMES)} (with SNOW=SNOW17 also: "
+                                      f"{', '.join(SNOW_NAMES)})")
         try:
             v = float(value)
         except ValueError:
@@ -48,11 +49,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     overrides = _parse_set(args.set)
     t0 = time.perf_counter()
     if args.backend == "ef5":
+        if args.snow_physics != "ef5":
+            raise HydroAgentError(f"--snow-physics {args.snow_physics} needs --backend embedded",
+                                  fix="EF5 computes Snow-17 its own way; drop --snow-physics or use the "
+                                      "embedded engine")
         ef5 = EF5Simulator(args.control, task=args.task, binary=args.ef5, timeout_s=args.timeout)
         out_dir = Path(args.output) if args.output else ef5.task.output
         result = ef5.run(overrides, copy_outputs_to=out_dir)
     else:
-        sim = EmbeddedSimulator(args.control, task=args.task, cache_dir=False if args.no_cache else None)
+        sim = EmbeddedSimulator(args.control, task=args.task, cache_dir=False if args.no_cache else None,
+                                snow_physics=args.snow_physics)
         out_dir = Path(args.output) if args.output else sim.task.output
         result = sim.run(overrides, keep_states=sim.task.states is not None)
         write_run(sim, result, out_dir, time.perf_counter() - t0, states_dir=Path(args.output) if args.output else None)
@@ -153,13 +159,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--backend", choices=("embedded", "ef5"), default="embedded",
                    help="embedded: our in-process engine (default); ef5: the EF5 binary in $HYDROAGENT_EF5")
     s.add_argument("--set", action="append", metavar="NAME=VALUE",
-                   help=f"override a multiplier of the task's parameter sets (names: {', '.join(PARAM_NAMES)})")
+                   help=f"override a multiplier of the task's parameter sets (names: {', '.join(PARAM_NAMES)}; "
+                        f"with SNOW=SNOW17 also {', '.join(SNOW_NAMES)})")
     s.add_argument("--output", help="output folder (default: the task's OUTPUT); created if missing")
     s.add_argument("--task", help="task to run (default: the first in [Execute])")
     s.add_argument("--ef5", help="EF5 binary for --backend ef5 (default: $HYDROAGENT_EF5)")
     s.add_argument("--timeout", type=positive_float, default=600.0,
                    help="seconds before an EF5 run is killed (default 600)")
     s.add_argument("--no-cache", action="store_true", help="do not read or write the forcing cache")
+    s.add_argument("--snow-physics", choices=("ef5", "textbook"), default="ef5",
+                   help="with SNOW=SNOW17: ef5 = EF5's arithmetic, quirks included (default); textbook = Anderson's "
+                        "seasonal melt factor and a mass-conserving ripe snowpack (ef5/README.md)")
     s.add_argument("--metrics", action="store_true",
                    help="add NSE, KGE and peak errors against OBS to the summary line")
     s.set_defaults(func=cmd_simulate)

@@ -7,7 +7,7 @@ own process group with a timeout, and parses EF5's CSV. A non-zero exit, a timeo
 partial or non-finite output each raise :class:`SimulationError` carrying the tail of EF5's
 output; because every run has its own folder, a failed run can never return an earlier run's
 output. The run folder's ``output`` is also its STATES folder, so concurrent runs never write
-each other's state grids; the task's initial state grids (stamped TIME_BEGIN, EF5's names) are
+each other's state grids; the task's initial state grids (every grid stamped TIME_BEGIN) are
 copied into it first, so EF5 starts from them exactly as it would in the task's own STATES folder.
 
 The binary comes from ``binary=``, else ``$HYDROAGENT_EF5``.
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from hydroagent_hpc.params import PARAM_NAMES, check_values
+from hydroagent_hpc.params import PARAM_NAMES, SNOW_NAMES, check_values
 from hydroagent_hpc.sim.controlfile import ControlFile, parse_control, render_control
 from hydroagent_hpc.sim.errors import InputError, SimulationError
 from hydroagent_hpc.sim.forcing import step_times
-from hydroagent_hpc.sim.outputs import STATE_GRIDS, read_ts_csv, ts_filename
+from hydroagent_hpc.sim.outputs import read_ts_csv, ts_filename
 from hydroagent_hpc.types import GaugeSeries, SimulationResult
 
 log = logging.getLogger(__name__)
@@ -85,15 +85,18 @@ class EF5Simulator:
     def base_params(self) -> dict[str, float]:
         cf, tk = self.control, self.task
         out: dict[str, float] = {}
-        for ps in (cf.param_sets[tk.param_set], cf.param_sets[tk.routing_param_set or tk.param_set]):
+        names = [tk.param_set, tk.routing_param_set or tk.param_set]
+        if tk.snow_param_set:
+            names.append(tk.snow_param_set)
+        for ps in (cf.param_sets[n] for n in names):
             vals = ps.values.get(self.primary) or next(iter(ps.values.values()), {})
             out.update(vals)
-        return {k: out[k] for k in PARAM_NAMES if k in out}
+        return {k: out[k] for k in (*PARAM_NAMES, *SNOW_NAMES) if k in out}
 
     def run(self, params: Mapping[str, float] | None = None,
             copy_outputs_to: str | Path | None = None) -> SimulationResult:
         """Run EF5 once; ``copy_outputs_to`` also copies EF5's own output files there (after checks)."""
-        over = check_values(params or {}, "run parameters")
+        over = check_values(params or {}, "run parameters", snow=bool(self.task.snow))
         run_dir = Path(tempfile.mkdtemp(prefix=f"ef5-run-{os.getpid()}-", dir=self.workdir))
         self.last_run_dir = run_dir
         try:
@@ -131,8 +134,7 @@ class EF5Simulator:
         if tk.states is None:
             return
         stamp = f"{tk.time_begin:%Y%m%d_%H%M}"
-        for name in STATE_GRIDS.values():
-            src = tk.states / f"{name}_{stamp}.tif"
+        for src in tk.states.glob(f"*_{stamp}.tif"):  # CREST, KW and (with snow) Snow-17 state grids
             if src.is_file():
                 shutil.copyfile(src, out / src.name)
 
@@ -166,7 +168,8 @@ class EF5Simulator:
                                       f"(partial output); EF5 output tail:\n{log_text}", fix="treat the run as failed")
             times = data["times"]
             series[g] = GaugeSeries(data["discharge"], data["observed"], data["precip"], data["pet"], data["sm"],
-                                    data["fast_flow"] / 1000.0, data["slow_flow"] / 1000.0)
+                                    data["fast_flow"] / 1000.0, data["slow_flow"] / 1000.0,
+                                    data.get("temperature"), data.get("swe"))
         assert times is not None  # __init__ refuses a task without an output gauge
         missing = 0
         rj = out / "results.json"

@@ -11,6 +11,12 @@ grids (which EF5 ignores for the initial state), a FAM that undercounts the basi
 past its node array), WM = 0, non-finite discharge (EF5 prints a shifted row), and a forcing
 FREQ finer than TIMESTEP (EF5 would skip files). Any fixed step works, hourly or daily
 (``TIMESTEP=1d`` with daily forcing in ``mm/d``).
+
+With ``SNOW=SNOW17`` the task's ``[TempForcing]`` is read once and Snow-17
+(:mod:`hydroagent_hpc.sim.snow`) runs in front of CREST on each run: its outflow replaces the
+precipitation (and EF5's Precip column), and each gauge gets the mean temperature and SWE.
+``snow_physics="ef5"`` (default) keeps EF5's arithmetic, ``"textbook"`` corrects what EF5 gets
+wrong against Anderson's Snow-17 (``ef5/README.md``).
 """
 
 from __future__ import annotations
@@ -24,18 +30,27 @@ from pathlib import Path
 
 import numpy as np
 
-from hydroagent_hpc.params import PARAM_NAMES, check_values
+from hydroagent_hpc.params import PARAM_NAMES, SNOW_NAMES, check_values
 from hydroagent_hpc.sim import cache as fcache
+from hydroagent_hpc.sim import snow as snow17
 from hydroagent_hpc.sim.controlfile import (
     CREST_PARAMS,
     KW_PARAMS,
+    SNOW17_PARAMS,
     ControlFile,
     duration_seconds,
     parse_control,
     parse_duration,
 )
 from hydroagent_hpc.sim.errors import InputError, SimulationError
-from hydroagent_hpc.sim.forcing import check_frequency, count_steps, load_forcing, read_observations, step_times
+from hydroagent_hpc.sim.forcing import (
+    check_frequency,
+    count_steps,
+    load_forcing,
+    load_temperature,
+    read_observations,
+    step_times,
+)
 from hydroagent_hpc.sim.grids import Grid, read_grid, read_tif
 from hydroagent_hpc.sim.kernel import interflow_targets, run_batch_kernel, run_kernel
 from hydroagent_hpc.sim.limits import Limits, current_limits
@@ -71,14 +86,20 @@ class EmbeddedSimulator:
     """One basin and task, loaded once; ``run(params)`` many times.
 
     ``params`` (in :meth:`run`) are multiplier overrides by name: each replaces that scalar for
-    every gauge of the task's parameter sets; unnamed ones keep the control file's values.
+    every gauge of the task's parameter sets; unnamed ones keep the control file's values. With
+    Snow-17 the names of :data:`~hydroagent_hpc.params.SNOW_NAMES` are accepted too.
+    ``snow_physics`` is ``"ef5"`` (EF5's arithmetic, default) or ``"textbook"`` (module docstring).
     """
 
     backend = "embedded"
 
     def __init__(self, control: str | Path | ControlFile, task: str | None = None,
-                 cache_dir: str | Path | None | bool = None) -> None:
+                 cache_dir: str | Path | None | bool = None, snow_physics: str = snow17.EF5) -> None:
         t_load = time.perf_counter()
+        if snow_physics not in snow17.PHYSICS:
+            raise InputError(f"snow_physics={snow_physics!r} is unknown",
+                             fix=f"use one of: {', '.join(snow17.PHYSICS)}")
+        self.snow_physics = snow_physics
         self.control = control if isinstance(control, ControlFile) else parse_control(control)
         cf = self.control
         self.task = cf.task(task)
@@ -96,6 +117,8 @@ class EmbeddedSimulator:
         if self.crest_set.kind != "crest" or self.kw_set.kind != "kw":
             raise InputError(f"task {tk.name!r}: PARAM_SET must name a [CrestParamSet] and ROUTING_PARAM_SET a "
                              f"[KWParamSet]", fix="swap or correct the two names")
+        self.snow_set = cf.param_sets[tk.snow_param_set] if tk.snow and tk.snow_param_set else None
+        self.has_snow = self.snow_set is not None
         for ps, name in ((self.crest_set, "iwu"), (self.kw_set, "isu")):
             if name in ps.grids:
                 raise InputError(f"[{ps.kind}paramset {ps.name}] has {name}_grid: EF5 ignores it for the initial state",
@@ -125,6 +148,19 @@ class EmbeddedSimulator:
         self.pet, self.missing_pet = self._forcing(cf.pet[tk.pet], rows, cols, cache_dir)
         self.precip_mean = self.precip @ self.weights.T  # [T, G]
         self.pet_mean = self.pet @ self.weights.T
+        self.temp: np.ndarray | None = None
+        self.missing_temp = 0
+        if self.has_snow:
+            assert tk.temp is not None  # the parser requires TEMP with SNOW
+            tf = cf.temp[tk.temp]
+            check_frequency(tf, tk.timestep)
+            tseries = load_temperature(tf, self.steps, tk.time_begin, self.dem, rows, cols)
+            self.temp, self.missing_temp = tseries.values, len(tseries.missing)
+            self._members = snow17.gauge_members(self.net.upstream_gauges)
+            self._area32 = self.net.area.astype(np.float32)
+            self.temp_mean = snow17.gauge_average(self.temp, self.net.owner, self._area32, self._members)
+            self.jday = np.array([t.timetuple().tm_yday - 1 for t in self.steps], dtype=np.int64)  # C tm_yday
+            self.p_atm = snow17.atmospheric_pressure(self.dem.data[rows, cols])
         self.observed = {}
         for gname in self.net.gauge_names:
             g = cf.gauges[gname]
@@ -142,6 +178,7 @@ class EmbeddedSimulator:
             self.observed[gname] = series
         self.primary = next((g for g in self.net.gauge_names if cf.gauges[g].obs is not None), self.net.gauge_names[0])
         self._grid_values = {**self._param_grids(self.crest_set), **self._param_grids(self.kw_set)}
+        self._snow_grids = self._param_grids(self.snow_set) if self.snow_set is not None else {}
         self._scalars = self._gauge_scalars()
         self._states = self._load_states()
         self.load_time_s = time.perf_counter() - t_load
@@ -228,11 +265,11 @@ class EmbeddedSimulator:
         for gi, gname in enumerate(net.gauge_names):
             vals: dict[str, float] = {}
             down_node = net.down[net.gauge_nodes[gi]]
-            for ps in (self.crest_set, self.kw_set):
+            for ps in (self.crest_set, self.kw_set, *([self.snow_set] if self.snow_set is not None else [])):
                 if gname in ps.values:
                     vals.update(ps.values[gname])
                 elif down_node >= 0:
-                    names = CREST_PARAMS if ps.kind == "crest" else KW_PARAMS
+                    names = {"crest": CREST_PARAMS, "kw": KW_PARAMS, "snow17": SNOW17_PARAMS}[ps.kind]
                     vals.update({k: out[net.owner[down_node]][k] for k in names})
                 else:
                     raise InputError(f"{cf.path}:{ps.line}: independent gauge {gname!r} has no entry in "
@@ -247,8 +284,11 @@ class EmbeddedSimulator:
             return {}
         stamp = tk.time_begin.strftime("%Y%m%d_%H%M")
         found = {}
-        for key, name in STATE_GRIDS.items():
-            p = tk.states / f"{name}_{stamp}.tif"
+        files = [(key, f"{name}_{stamp}.tif") for key, name in STATE_GRIDS.items()]
+        if self.has_snow:
+            files += [(f"snow_{k}", f"snow17_{k}_{stamp}.tif") for k in snow17.STATE_NAMES]
+        for key, fname in files:
+            p = tk.states / fname
             if p.exists():
                 g = read_tif(p)
                 v = self._sample_param_raw(g)
@@ -271,9 +311,66 @@ class EmbeddedSimulator:
         gi = self.net.gauge_names.index(self.primary)
         return {k: self._scalars[gi][k] for k in PARAM_NAMES}
 
+    @property
+    def base_snow_params(self) -> dict[str, float]:
+        """The Snow-17 scalars at the primary gauge (empty without snow)."""
+        if not self.has_snow:
+            return {}
+        gi = self.net.gauge_names.index(self.primary)
+        return {k: self._scalars[gi][k] for k in SNOW_NAMES}
+
+    def snow_params(self, overrides: Mapping[str, float] | None = None) -> np.ndarray:
+        """Per-node Snow-17 parameters [8, N] (float32, :data:`SNOW17_PARAMS` order), as EF5 distributes them.
+
+        Scalar of the cell's gauge (overrides replace it everywhere) times the ``*_grid`` value (an exact 0 in
+        the grid becomes 0.01; cells outside the grid keep the scalar): ``Snow17Model::InitializeParameters``.
+        """
+        over = check_values(overrides or {}, "run parameters", snow=True)
+        owner = self.net.owner
+        out = np.empty((len(SNOW17_PARAMS), self.net.n), dtype=np.float32)
+        for j, k in enumerate(SNOW17_PARAMS):
+            v = np.array([{**s, **over}[k] for s in self._scalars], dtype=np.float32)[owner]
+            g = self._snow_grids.get(k)
+            if g is not None:
+                v = np.where(np.isnan(g), v, v * np.nan_to_num(g, nan=1.0).astype(np.float32)).astype(np.float32)
+            out[j] = v
+        tipm, mfmax = out[SNOW17_PARAMS.index("tipm")], out[SNOW17_PARAMS.index("mfmax")]
+        if np.any((tipm < 0.0) | (tipm > 1.0)):
+            raise SimulationError("TIPM is outside [0, 1] at some cells: Snow-17 raises 1-TIPM to a fractional power "
+                                  "(NaN in EF5)", fix="give TIPM (and its grid) values in [0, 1]")
+        if np.any(mfmax <= 0.0):
+            raise SimulationError("MFMAX is <= 0 at some cells: Snow-17 divides by MFMAX",
+                                  fix="give MFMAX (and its grid) a positive value")
+        if np.any(out < 0.0, axis=1)[[j for j, k in enumerate(SNOW17_PARAMS) if k != "mbase"]].any():
+            raise SimulationError("a Snow-17 parameter other than MBASE is negative at some cells",
+                                  fix="give UADJ, MFMAX, MFMIN, TIPM, NMF, PLWHC and SCF values >= 0")
+        return out
+
+    def _snow_states0(self) -> np.ndarray:
+        """Initial Snow-17 states [4, N] (ati, wq, wi, deficit): 0, or the STATES grids where they have data."""
+        st = np.zeros((len(snow17.STATE_NAMES), self.net.n), dtype=np.float32)
+        for j, k in enumerate(snow17.STATE_NAMES):
+            v = self._states.get(f"snow_{k}")
+            if v is not None:
+                st[j] = np.where(np.isnan(v) | (v == -9999.0), st[j], v).astype(np.float32)
+        return st
+
+    def run_snow(self, params: Mapping[str, float] | None = None, state_step: int = -1):
+        """Snow-17 alone: (outflow [T, N] mm/h that CREST receives, gauge-mean SWE [T, G] mm, states [4, N])."""
+        assert self.temp is not None, "run_snow needs a task with SNOW=SNOW17"
+        states = self._snow_states0()
+        return snow17.snow17_run(self.precip, self.temp, self.jday, np.float32(self.dt_hours), self.snow_params(params),
+                                 self.p_atm, states, self.net.owner, self._area32, self._members,
+                                 self.snow_physics == snow17.TEXTBOOK, state_step)
+
+    def _snow_mean(self, values: np.ndarray) -> np.ndarray:
+        """Gauge means of a per-node field [T, N] as EF5 sums them (float32): the Precip column with snow."""
+        return snow17.gauge_average(values.astype(np.float32), self.net.owner, self._area32, self._members)
+
     def node_params(self, overrides: Mapping[str, float] | None = None) -> NodeParams:
-        """Per-node effective parameters for a set of multiplier overrides."""
-        over = check_values(overrides or {}, "run parameters")
+        """Per-node effective parameters for a set of multiplier overrides (Snow-17 names are ignored here)."""
+        over = {k: v for k, v in check_values(overrides or {}, "run parameters", snow=self.has_snow).items()
+                if k in PARAM_NAMES}
         owner = self.net.owner
         scal = {k: np.array([{**s, **over}[k] for s in self._scalars])[owner] for k in PARAM_NAMES}
         # EF5 holds every parameter as float32 (scalar x grid multiplied in float32) and derives the
@@ -330,17 +427,33 @@ class EmbeddedSimulator:
         tg = interflow_targets(self.net.down, self.net.dx, self.net.slope, npar.under, npar.channel, step_s)
         pq0, po0 = self._flow_states()
         state_step = self._state_step() if keep_states else -1
+        precip, snow = self.precip, None
+        if self.has_snow:
+            precip, swe, snow_states = self.run_snow(params, state_step)
+            snow = (self._snow_mean(precip), swe)
         q, sm, ff, sf, *states = run_kernel(
-            self.precip, self.pet, self.dt_hours, npar.wm, npar.b, npar.im, npar.ke, npar.fc, npar.w0, npar.leaki,
+            precip, self.pet, self.dt_hours, npar.wm, npar.b, npar.im, npar.ke, npar.fc, npar.w0, npar.leaki,
             npar.alpha, npar.beta, npar.alpha0, npar.channel, npar.ir0, pq0, po0, self.net.down, self.net.dx,
             self.net.area, *tg, self.net.gauge_nodes, self.weights, state_step)
-        info = {"states": dict(zip(("w", "ir", "pq", "po"), states)), "state_step": state_step} if keep_states else {}
-        return self._result(q, sm, ff, sf, params, time.perf_counter() - t0, info)
+        info: dict[str, object] = {}
+        if keep_states:
+            st = dict(zip(("w", "ir", "pq", "po"), states))
+            if self.has_snow:
+                st.update({f"snow_{k}": snow_states[j] for j, k in enumerate(snow17.STATE_NAMES)})
+            info = {"states": st, "state_step": state_step}
+        return self._result(q, sm, ff, sf, params, time.perf_counter() - t0, info, snow)
 
     def run_batch(self, param_sets: Sequence[Mapping[str, float] | None]) -> list[SimulationResult]:
         """Simulate many parameter sets in one compiled call (threads over the sets)."""
         if not param_sets:
             return []
+        precip, snow = self.precip, None
+        if self.has_snow:
+            snow_sets = {self.snow_params(p).tobytes() for p in param_sets}
+            if len(snow_sets) > 1:  # each member has its own melt: one run each
+                return [self.run(p) for p in param_sets]
+            precip, swe, _ = self.run_snow(param_sets[0])
+            snow = (self._snow_mean(precip), swe)
         t0 = time.perf_counter()
         nps = [self.node_params(p) for p in param_sets]
         step_s = self.dt_hours * 3600.0
@@ -348,29 +461,32 @@ class EmbeddedSimulator:
         stack = lambda name: np.ascontiguousarray(np.stack([getattr(p, name) for p in nps]))  # noqa: E731
         pq0, po0 = self._flow_states()
         q, sm, ff, sf = run_batch_kernel(
-            self.precip, self.pet, self.dt_hours, stack("wm"), stack("b"), stack("im"), stack("ke"), stack("fc"),
+            precip, self.pet, self.dt_hours, stack("wm"), stack("b"), stack("im"), stack("ke"), stack("fc"),
             stack("w0"), stack("leaki"), stack("alpha"), stack("beta"), stack("alpha0"), stack("channel"),
             stack("ir0"), pq0, po0, self.net.down, self.net.dx, self.net.area,
             np.stack([t[0] for t in tgs]), np.stack([t[1] for t in tgs]), np.stack([t[2] for t in tgs]),
             np.stack([t[3] for t in tgs]), self.net.gauge_nodes, self.weights)
         wall = (time.perf_counter() - t0) / len(param_sets)
-        return [self._result(q[k], sm[k], ff[k], sf[k], p, wall, {"batch_size": len(param_sets)})
+        return [self._result(q[k], sm[k], ff[k], sf[k], p, wall, {"batch_size": len(param_sets)}, snow)
                 for k, p in enumerate(param_sets)]
 
-    def _result(self, q, sm, ff, sf, params, wall, info) -> SimulationResult:
+    def _result(self, q, sm, ff, sf, params, wall, info, snow=None) -> SimulationResult:
+        """``snow``: (gauge-mean Snow-17 outflow [T, G], which EF5 prints as Precip, and SWE [T, G]) or None."""
         if not np.all(np.isfinite(q)):
             bad = int(np.argmax(~np.isfinite(q).all(axis=1)))
             gauge = self.net.gauge_names[int(np.argmax(~np.isfinite(q[bad])))]
-            used = {**self.base_params, **check_values(params or {})}
+            used = {**self.base_params, **self.base_snow_params, **check_values(params or {}, snow=self.has_snow)}
             raise SimulationError(f"{self.control.path}: non-finite discharge at gauge {gauge!r}, step "
                                   f"{self.steps[bad]:%Y-%m-%d %H:%M}, with parameters {used} (overrides: "
                                   f"{dict(params or {})})",
                                   fix="check the parameter values (EF5 would print a shifted row here)")
         gauges = {}
+        precip_mean = self.precip_mean if snow is None else snow[0]
         for gi, gname in enumerate(self.net.gauge_names):
-            gauges[gname] = GaugeSeries(q[:, gi], self.observed[gname], self.precip_mean[:, gi], self.pet_mean[:, gi],
-                                        sm[:, gi], ff[:, gi], sf[:, gi])
-        used = {**self.base_params, **check_values(params or {})}
+            extra = {} if snow is None else {"temperature": self.temp_mean[:, gi], "swe": snow[1][:, gi]}
+            gauges[gname] = GaugeSeries(q[:, gi], self.observed[gname], precip_mean[:, gi], self.pet_mean[:, gi],
+                                        sm[:, gi], ff[:, gi], sf[:, gi], **extra)
+        used = {**self.base_params, **self.base_snow_params, **check_values(params or {}, snow=self.has_snow)}
         return SimulationResult(self.times, self.primary, gauges, self.warmup, used, wall,
                                 self.missing_precip, self.missing_pet, self.backend, info)
 
@@ -386,7 +502,8 @@ class EmbeddedSimulator:
         """Sizes and timings for logs and benchmarks."""
         return {"nodes": self.net.n, "steps": len(self.steps), "gauges": list(self.net.gauge_names),
                 "dt_hours": self.dt_hours, "load_time_s": self.load_time_s,
-                "missing_precip": self.missing_precip, "primary": self.primary,
+                "missing_precip": self.missing_precip, "primary": self.primary, "snow": self.has_snow,
+                "snow_physics": self.snow_physics if self.has_snow else None, "missing_temp": self.missing_temp,
                 "begin": f"{self.task.time_begin:%Y-%m-%d %H:%M}", "end": f"{self.task.time_end:%Y-%m-%d %H:%M}"}
 
 

@@ -41,7 +41,7 @@ from hydroagent_hpc.sim.limits import current_limits
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ForcingSeries", "step_times", "load_forcing", "unit_factor", "read_observations",
+__all__ = ["ForcingSeries", "step_times", "load_forcing", "load_temperature", "unit_factor", "read_observations",
            "add_duration", "forcing_file_names", "render_name", "check_frequency", "count_steps"]
 
 _UNIT_SECONDS = {"s": 1, "u": 60, "h": 3600, "d": 86400, "m": 30 * 86400, "y": 365 * 86400}
@@ -191,6 +191,85 @@ def load_forcing(f: Forcing, steps: list[datetime], begin: datetime, dem: Grid, 
                          f"(first: {missing[0]})", fix="check LOC and NAME of that forcing section")
     if missing:
         log.warning("%d %s forcing file(s) missing, read as zero (first: %s)", len(missing), f.name, missing[0])
+    return ForcingSeries(out, missing, sorted(set(names)))
+
+
+def _sample_temperature(grid: Grid, dem: Grid, rows: np.ndarray, cols: np.ndarray, path: Path,
+                        grid_dem: Grid | None) -> np.ndarray:
+    """One temperature grid at the basin cells, as EF5's ``TempReader::Read`` (float32, degC).
+
+    Same shape as the DEM: the cell's value. Otherwise the value at the DEM cell's upper-left corner,
+    moved to the cell's elevation with the lapse rate when ``grid_dem`` (``[TempForcing] DEM=``) has
+    the temperature grid's shape. Nodata and cells outside the grid read 0 degC. A non-finite value
+    that is not the nodata value is an error (EF5 would carry NaN into the snowpack).
+    """
+    from hydroagent_hpc.sim.snow import lapse_temperature
+
+    data = grid.data.astype(np.float32)
+    nodata = np.float32(grid.nodata)
+    if grid.same_shape(dem):
+        v = data[rows, cols]
+        ok = v != nodata
+    else:
+        x, y = dem.cell_corners(cols, rows)
+        c, r, inside = grid.locate(x, y)
+        v = data[r, c]
+        ok = inside & (v != nodata)
+        if grid_dem is not None and grid_dem.same_shape(grid):
+            v = lapse_temperature(v, grid_dem.data.astype(np.float32)[r, c], dem.data.astype(np.float32)[rows, cols])
+    v = np.where(ok, v, np.float32(0.0)).astype(np.float32)
+    if not np.all(np.isfinite(v)):
+        raise InputError(f"{path}: {int(np.sum(~np.isfinite(v)))} basin cell(s) hold a non-finite temperature",
+                         fix="fill the grid or mark the cells with its nodata value (read as 0 degC, as EF5 does)")
+    return v
+
+
+def load_temperature(f: Forcing, steps: list[datetime], begin: datetime, dem: Grid, rows: np.ndarray,
+                     cols: np.ndarray) -> ForcingSeries:
+    """Air temperature (degC, float32) at every step and basin cell, as EF5 reads ``[TempForcing]``.
+
+    The same file timing as the other forcing (the first forcing time ``>=`` the step's end); a missing
+    file is 0 degC (``TempReader.cpp:53-59``; ``Simulator.cpp:862`` logs "Assuming zeros"), counted and
+    logged; no file at all is an error. With ``DEM=`` (a GeoTIFF; EF5 loads it with its TIF reader only)
+    a grid coarser than the DEM is lapsed at -6.5 degC/km to each cell's elevation (``TempReader.cpp:87-96``).
+    """
+    grid_dem = None
+    if f.dem is not None:
+        if f.dem.suffix.lower() == ".asc":
+            raise InputError(f"[TempForcing {f.name}] DEM={f.dem}: EF5 reads this DEM only as GeoTIFF and silently "
+                             "drops the lapse rate for an .asc file", fix="convert it to a float32 GeoTIFF")
+        if not f.dem.exists():
+            raise InputError(f"[TempForcing {f.name}] DEM={f.dem} does not exist (EF5 would warn and drop the "
+                             "lapse rate)", fix="check DEM= or remove it")
+        from hydroagent_hpc.sim.grids import read_tif
+
+        grid_dem = read_tif(f.dem)
+    names = forcing_file_names(f, steps, begin)
+    cache: dict[str, np.ndarray] = {}
+    missing: list[str] = []
+    out = np.zeros((len(steps), rows.size), dtype=np.float32)
+    zeros = np.zeros(rows.size, dtype=np.float32)
+    warned = False
+    for t, name in enumerate(names):
+        if name not in cache:
+            path = f.loc / name
+            if path.exists():
+                grid = read_grid(path)
+                if grid_dem is not None and not grid.same_shape(dem) and not grid_dem.same_shape(grid) and not warned:
+                    log.warning("[TempForcing %s] DEM=%s is not the shape of %s: no lapse rate (as in EF5)", f.name,
+                                f.dem, path)
+                    warned = True
+                cache[name] = _sample_temperature(grid, dem, rows, cols, path, grid_dem)
+            else:
+                cache[name] = zeros
+                missing.append(str(path))
+        out[t] = cache[name]
+    if missing and len(missing) == len(cache):
+        raise InputError(f"temperature forcing [{f.name}]: none of the {len(cache)} files the run needs exists "
+                         f"(first: {missing[0]})", fix="check LOC and NAME of that [TempForcing] section")
+    if missing:
+        log.warning("%d %s temperature file(s) missing, read as 0 degC as EF5 does (first: %s)", len(missing), f.name,
+                    missing[0])
     return ForcingSeries(out, missing, sorted(set(names)))
 
 

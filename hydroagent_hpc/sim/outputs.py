@@ -4,7 +4,9 @@ and state grids; and a reader for EF5's CSV (for the EF5 backend and for compari
 Format facts (``ef5-reference/README.md``): ``Time`` is ``YYYY-MM-DD HH:MM`` at the end of the
 step; Discharge, Observed, Precip, PET and SM are printed ``%.2f``; Fast and Slow Flow are the
 basin-mean excess rates in mm/s times 1000, ``%.4f``; a missing observation is ``nan``; rows
-start at the first step, or at TIME_WARMEND inclusive. Unlike EF5 we create the output folder,
+start at the first step, or at TIME_WARMEND inclusive. With Snow-17 EF5 appends
+``Temperature (C),SWE(mm)`` (both ``%.2f``; ``Simulator.cpp:383,984``) and its Precip column is the
+snowpack's outflow (rain and melt). Unlike EF5 we create the output folder,
 and write every file through a temporary name so a killed run leaves no half file.
 """
 
@@ -19,10 +21,12 @@ from hydroagent_hpc.sim.errors import SimulationError
 from hydroagent_hpc.sim.grids import Grid, write_tif
 from hydroagent_hpc.types import GaugeSeries, SimulationResult
 
-__all__ = ["STATE_GRIDS", "HEADER", "write_ts_csv", "write_results_json", "write_states", "read_ts_csv", "ts_filename"]
+__all__ = ["STATE_GRIDS", "HEADER", "SNOW_HEADER", "write_ts_csv", "write_results_json", "write_states", "read_ts_csv",
+           "ts_filename"]
 
 HEADER = ("Time,Discharge(m^3 s^-1),Observed(m^3 s^-1),Precip(mm h^-1),PET(mm h^-1),SM(%),"
           "Fast Flow(mm*1000),Slow Flow(mm*1000)")
+SNOW_HEADER = ",Temperature (C),SWE(mm)"  # appended by EF5 when the task has SNOW
 
 
 def ts_filename(gauge: str, model: str = "crest") -> str:
@@ -37,13 +41,18 @@ def write_ts_csv(path: str | Path, result: SimulationResult, gauge: str) -> Path
     """Write one gauge's rows (warm-up excluded) in EF5's exact format."""
     g: GaugeSeries = result.gauges[gauge]
     keep = ~result.warmup
-    lines = [HEADER]
+    snow = g.temperature is not None and g.swe is not None
+    lines = [HEADER + (SNOW_HEADER if snow else "")]
     times = result.times[keep].astype("datetime64[m]").astype(str)
     cols = [g.discharge[keep], g.observed[keep], g.precip[keep], g.pet[keep], g.soil_moisture[keep],
             g.fast_flow[keep] * 1000.0, g.slow_flow[keep] * 1000.0]
     for i, t in enumerate(times):
         q, o, p, e, s, ff, sf = (c[i] for c in cols)
-        lines.append(f"{t.replace('T', ' ')},{_f2(q)},{_f2(o)},{_f2(p)},{_f2(e)},{_f2(s)},{ff:.4f},{sf:.4f}")
+        row = f"{t.replace('T', ' ')},{_f2(q)},{_f2(o)},{_f2(p)},{_f2(e)},{_f2(s)},{ff:.4f},{sf:.4f}"
+        if snow:
+            assert g.temperature is not None and g.swe is not None
+            row += f",{_f2(g.temperature[keep][i])},{_f2(g.swe[keep][i])}"
+        lines.append(row)
     p = Path(path)
     _atomic_write(p, "\n".join(lines) + "\n")
     return p
@@ -63,7 +72,9 @@ STATE_GRIDS = {"w": "crest_SM", "pq": "kwr_pCQ", "po": "kwr_pOQ", "ir": "kwr_IR"
 def write_states(folder: str | Path, stamp: str, dem: Grid, rows, cols, states: dict[str, np.ndarray]) -> list[Path]:
     """EF5's state grids over the full DEM extent, -9999 outside the basin, float32, deflate."""
     out = []
-    for key, name in STATE_GRIDS.items():
+    names = list(STATE_GRIDS.items())
+    names += [(k, f"snow17_{k[5:]}") for k in states if k.startswith("snow_")]  # EF5's Snow17Model::SaveStates
+    for key, name in names:
         data = np.full(dem.data.shape, -9999.0)
         data[rows, cols] = states[key]
         p = Path(folder) / f"{name}_{stamp}.tif"
@@ -74,6 +85,10 @@ def write_states(folder: str | Path, stamp: str, dem: Grid, rows, cols, states: 
 
 def read_ts_csv(path: str | Path) -> dict[str, np.ndarray]:
     """Read an EF5 ``ts.*.csv``: times (datetime64[m]) and the numeric columns.
+
+    Column names are the header's words before ``(``, lower case, ``_`` for spaces: ``discharge``,
+    ``observed``, ``precip``, ``pet``, ``sm``, ``fast_flow``, ``slow_flow``, and with snow
+    ``temperature`` and ``swe``.
 
     Raises :class:`SimulationError` for a missing, empty, ragged or non-finite-discharge file,
     which is how EF5's shifted-row bug and killed runs show up.
