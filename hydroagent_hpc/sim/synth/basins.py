@@ -33,7 +33,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -261,7 +261,8 @@ def _num(v: float) -> str:
     return repr(float(v))
 
 
-def _control_text(s: SynthSettings, gauge: str, cell: tuple[int, int]) -> str:
+def _control_text(s: SynthSettings, gauge: str, cell: tuple[int, int], temp: Forcing | None = None,
+                  snow: Mapping[str, float] | None = None, snow_grids: Mapping[str, str] | None = None) -> str:
     return basin_control_text(
         header=[f"{s.name}: {s.description or 'synthetic basin'}",
                 f"written by hydroagent_hpc.sim.synth.basins v{GENERATOR_VERSION}, seed {s.seed}; "
@@ -270,7 +271,7 @@ def _control_text(s: SynthSettings, gauge: str, cell: tuple[int, int]) -> str:
         gauge=gauge, cell=cell, precip=Forcing("RAIN", "TIF", "mm/h", "1h", Path("precip"), "rain.YYYYMMDDHH.tif",
                                                        kind="precip"),
         pet=Forcing("PET", "TIF", "mm/d", "1d", Path("pet"), "PET.YYYYMMDD.tif"), timestep="1h", begin=s.begin,
-        warm=s.start, end=s.end, grid_files=GRID_FILES, scalars=DEFAULTS)
+        warm=s.start, end=s.end, grid_files=GRID_FILES, scalars=DEFAULTS, temp=temp, snow=snow, snow_grids=snow_grids)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
