@@ -65,6 +65,8 @@ LAYERS: dict[str, frozenset[str]] = {
     # submit.py hands training jobs to hpc/ (Slurm, submitit)
     "campaign": CORE | {"store", "hpc"} | ENV | AGENTS | SIM,
     "report": CORE | {"store", "metrics"} | SIM,
+    # the whole recipe: chains campaigns, trainers and the report (everything but cli/ and bench/)
+    "pipeline": CORE | {"metrics", "store", "hpc", "datasets", "campaign", "train", "report"} | SIM | ENV | AGENTS,
 }
 EVERYTHING = frozenset(LAYERS) | {"cli", "bench"}
 LAYERS["cli"] = EVERYTHING

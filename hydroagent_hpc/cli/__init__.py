@@ -4,7 +4,8 @@ Subcommands, wired here and defined in :mod:`hydroagent_hpc.cli.basins` (``simul
 for ``ef5 control.txt``; ``basin synth|from-camels``; ``data usgs|verify``) and
 :mod:`hydroagent_hpc.cli.runs` (``calibrate``; ``campaign run|merge|status``; ``submit campaign|sft``;
 ``demo``; ``report``) and :mod:`hydroagent_hpc.cli.store` (``store verify|salvage``) and
-:mod:`hydroagent_hpc.cli.train` (``train sft-data``). Errors in the input print one clear message
+:mod:`hydroagent_hpc.cli.train` (``train sft-data``) and
+:mod:`hydroagent_hpc.cli.pipeline` (``pipeline run|status|submit``). Errors in the input print one clear message
 (file:line, key, fix) and exit with status 2 (an incomplete merge exits 1); no traceback unless ``--debug``.
 """
 
@@ -15,7 +16,7 @@ import logging
 import sys
 
 from hydroagent_hpc import __version__
-from hydroagent_hpc.cli import basins, runs, store, train
+from hydroagent_hpc.cli import basins, pipeline, runs, store, train
 from hydroagent_hpc.errors import HydroAgentError, one_line
 
 __all__ = ["build_parser", "main"]
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_parsers(sub)
     store.add_parsers(sub)
     train.add_parsers(sub)
+    pipeline.add_parsers(sub)
     return p
 
 

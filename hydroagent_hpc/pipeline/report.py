@@ -1,0 +1,159 @@
+"""The pipeline's report: ``RUN/report/report.md`` and ``report.html`` (+ ``figures/``, ``tables/``).
+
+First table: the paper's Table 1 layout (Li et al. 2026, Table 1: per held-out basin, each method's
+best NSE, simulations used, turns and parse failures) for the trained policies (base, SFT, GRPO)
+and the references, read from the evaluation campaign's store; then the NSE-against-simulations
+figure of every policy, the training curves (SFT loss, GRPO reward and its parts per step), and the
+wall time of each stage from the run's records. The evaluation campaign's full report (hydrographs,
+comparison, parameter recovery, published numbers) is written beside it in ``report/campaign/``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hydroagent_hpc.pipeline.spec import POLICIES, STAGES, PipelineSpec
+from hydroagent_hpc.pipeline.state import read_record
+from hydroagent_hpc.report import figures as fig
+from hydroagent_hpc.report import tables as tab
+from hydroagent_hpc.report.document import Block, Figure, Heading, Paragraph, Table, to_html, to_markdown
+from hydroagent_hpc.report.results import load_results
+from hydroagent_hpc.report.sections import num
+from hydroagent_hpc.report.training import read_metrics, training_figure
+
+log = logging.getLogger(__name__)
+
+__all__ = ["table1", "write_pipeline_report", "format_table1"]
+
+_LABELS = {"base": "Base", "sft": "SFT-only", "grpo": "SFT+GRPO"}
+
+
+def table1(summary: pd.DataFrame, basin_order: list[str], agent_order: list[str]) -> pd.DataFrame:
+    """Table 1's rows from :func:`hydroagent_hpc.report.tables.summary_table`: ``basin, method, agent,
+    seeds, best_nse, best_nse_std, sims, turns, parse_failures`` (means over seeds)."""
+    rank_b = {b: i for i, b in enumerate(basin_order)}
+    rank_a = {a: i for i, a in enumerate(agent_order)}
+    s = summary.copy()
+    s["_b"] = s["basin_id"].map(lambda b: rank_b.get(b, len(rank_b)))
+    s["_a"] = s["agent"].map(lambda a: rank_a.get(a, len(rank_a)))
+    s = s.sort_values(["_b", "basin_id", "_a", "agent"], kind="stable")
+    return pd.DataFrame({"basin": s["basin_id"].to_numpy(), "method": [_LABELS.get(a, a) for a in s["agent"]],
+                         "agent": s["agent"].to_numpy(), "seeds": s["seeds"].to_numpy(),
+                         "best_nse": s["best_nse_mean"].to_numpy(float),
+                         "best_nse_std": s["best_nse_std"].to_numpy(float),
+                         "sims": s["sims_mean"].to_numpy(float), "turns": s["turns_mean"].to_numpy(float),
+                         "parse_failures": s["parse_failures_mean"].to_numpy(float)}).reset_index(drop=True)
+
+
+def _cell(v: float, spec: str) -> str:
+    return "n/a" if not np.isfinite(v) else format(v, spec)
+
+
+def _rows(t1: pd.DataFrame) -> tuple[tuple[str, ...], ...]:
+    rows = []
+    last = None
+    for r in t1.to_dict("records"):
+        nse = _cell(r["best_nse"], ".2f")
+        if r["seeds"] > 1 and np.isfinite(r["best_nse_std"]):
+            nse += f" ± {r['best_nse_std']:.2f}"
+        rows.append((r["basin"] if r["basin"] != last else "", r["method"], nse, _cell(r["sims"], ".1f"),
+                     _cell(r["turns"], ".1f"), _cell(r["parse_failures"], ".1f")))
+        last = r["basin"]
+    return tuple(rows)
+
+
+TABLE1_COLUMNS = ("Basin", "Method", "Best NSE", "Sims", "Turns", "Parse fail")
+
+
+def format_table1(t1: pd.DataFrame) -> str:
+    """Table 1 as Markdown (what the README and the closing note quote)."""
+    return to_markdown([Table(TABLE1_COLUMNS, _rows(t1), ("l", "l", "r", "r", "r", "r"))]).strip()
+
+
+def _stage_rows(run_dir: Path) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for stage in STAGES:
+        rec = read_record(run_dir, stage) or {}
+        wall = rec.get("wall_s")
+        rows.append((stage, str(rec.get("status", "not started")), "" if wall is None else f"{wall:.1f}",
+                     str(rec.get("attempts", "")), str(rec.get("why", ""))))
+    return rows
+
+
+def write_pipeline_report(spec: PipelineSpec, run_dir: Path) -> dict[str, Any]:
+    """Write ``RUN/report/`` (see the module docstring); returns what it wrote and Table 1's rows."""
+    from hydroagent_hpc.report import write_report
+
+    out = run_dir / "report"
+    store = run_dir / "evaluation" / "campaign.h5"
+    res = load_results(store)
+    summary = tab.summary_table(res)
+    heldout = [b.name for b in spec.group("heldout")]
+    refs = [str(a.get("name", a.get("kind"))) for a in spec.evaluation.agents]
+    agents = [p for p in POLICIES if p in spec.policies] + refs
+    t1 = table1(summary, heldout, agents)
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    t1.to_csv(out / "tables" / "table1.csv", index=False, lineterminator="\n")
+    env = res.episodes
+    budget = spec.evaluation.env
+    blocks: list[Block] = [
+        Heading(f"Pipeline {spec.name}: the whole recipe", 1, "top"),
+        Paragraph(f"Base policy `{spec.model}`; SFT on the teacher campaign's episodes, GRPO from the "
+                  f"{spec.grpo['init'].upper() if spec.grpo['init'] == 'sft' else 'base'} policy; evaluated on "
+                  f"{len(heldout)} held-out basins ({', '.join(heldout)}) with seeds "
+                  f"{', '.join(str(s) for s in spec.evaluation.seeds)}, every policy under the same environment "
+                  f"(`{dict(budget) or 'preset defaults'}`). {len(env)} episodes in `evaluation/campaign.h5`."),
+        Heading("Table 1: best NSE per policy and basin", 2, "table1"),
+        Table(TABLE1_COLUMNS, _rows(t1), ("l", "l", "r", "r", "r", "r"),
+              caption="The paper's Table 1 layout (Li et al. 2026): best NSE (mean ± std over seeds), simulations "
+                      "used, tool-call turns and parse failures (rejected malformed calls), mean per episode. "
+                      "Data: `tables/table1.csv`."),
+    ]
+    curve = tab.curve_table(tab.running_best(res))
+    curve.to_csv(out / "tables" / "running_best.csv", index=False, lineterminator="\n")
+    blocks.append(Heading("Best NSE against simulations", 2, "nse-vs-sims"))
+    if curve.empty or not curve["median"].notna().any():
+        blocks.append(Paragraph("No simulation of the evaluation has a finite NSE; nothing to draw."))
+    else:
+        targets = {}
+        if "target_nse" in res.basins.columns:
+            targets = {str(b): float(t) for b, t in zip(res.basins["basin_id"], res.basins["target_nse"])
+                       if pd.notna(t)}
+        fig.running_best_figure(curve, targets, fig.agent_colors(res.agents), out / "figures" / "nse_vs_sims.png")
+        blocks.append(Figure("figures/nse_vs_sims.png", "Running-best NSE against simulations, every policy "
+                                                        "(median over seeds; band = range over seeds)"))
+    sft = read_metrics(run_dir / "sft" / "run" / "metrics.csv")
+    grpo = read_metrics(run_dir / "grpo" / "run" / "metrics.csv")
+    training_figure(sft, grpo, out / "figures" / "training.png")
+    notes = []
+    if sft is not None:
+        notes.append(f"SFT: {len(sft)} logged steps, loss {num(sft['loss'].iloc[0])} → {num(sft['loss'].iloc[-1])}.")
+    if grpo is not None:
+        notes.append(f"GRPO: {len(grpo)} steps, mean reward {num(grpo['reward_mean'].iloc[0])} → "
+                     f"{num(grpo['reward_mean'].iloc[-1])}, parse failures per rollout "
+                     f"{num(grpo['parse_failures_mean'].iloc[0], '.2f')} → "
+                     f"{num(grpo['parse_failures_mean'].iloc[-1], '.2f')}.")
+    blocks += [Heading("Training curves", 2, "training"),
+               Paragraph(" ".join(notes) + " Data: `sft/run/metrics.csv`, `grpo/run/metrics.csv`."),
+               Figure("figures/training.png", "SFT loss per step; GRPO reward per step with its per-turn and "
+                                              "terminal parts; best NSE and parse failures of the GRPO rollouts")]
+    blocks += [Heading("Stages", 2, "stages"),
+               Table(("stage", "status", "wall s (last attempt)", "attempts", "why it ran"),
+                     tuple(_stage_rows(run_dir)),
+                     ("l", "l", "r", "r", "l"), caption="From `RUN/<stage>/stage.json` (the report's own row is "
+                                                        "still running while it is written).")]
+    compare = tuple(spec.report.get("compare") or ())
+    pair = compare if len(compare) == 2 else (("base", "grpo") if {"base", "grpo"} <= set(res.agents) else None)
+    campaign = write_report(store, out / "campaign", compare=pair)
+    blocks.append(Paragraph("The evaluation campaign's full report (hydrographs, agent comparison, parameter "
+                            "recovery, published numbers): `campaign/report.md`, `campaign/report.html`."))
+    (out / "report.md").write_text(to_markdown(blocks), encoding="utf-8")
+    (out / "report.html").write_text(to_html(blocks, f"Pipeline {spec.name}", out), encoding="utf-8")
+    log.info("pipeline report: %s", out / "report.md")
+    return {"markdown": str(out / "report.md"), "html": str(out / "report.html"),
+            "campaign_report": str(campaign.markdown), "table1": t1.to_dict("records")}

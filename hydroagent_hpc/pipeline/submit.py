@@ -1,0 +1,369 @@
+"""``hydroagent pipeline submit``: the stages as Slurm jobs chained with ``afterok``, through submitit.
+
+The jobs of one submission, each waiting for the one before it (``--dependency=afterok:ID``; for an
+array, every task of it)::
+
+    basins -> base -> teacher: begin -> shards (array of N) -> merge -> sft-data -> sft -> grpo
+           -> evaluation: begin -> shards (array of N) -> merge -> report
+
+Every job runs the same stage code as ``pipeline run`` (:mod:`~hydroagent_hpc.pipeline.stages`):
+it begins the stage (skip / resume / fresh by the input checksums), does its part and records it.
+Campaign shard jobs are :class:`hydroagent_hpc.campaign.submit.ShardJob` (requeued on preemption,
+resuming from their shard files); SFT and GRPO are one job each that runs the trainer command under
+:class:`hydroagent_hpc.hpc.jobs.CheckpointedCommand` (checkpoint on SIGUSR1, requeue, ``--resume``),
+on the site's GPU partition with its GPUs, or on CPU when the site file says ``gpus: 0``.
+
+Stages already done with unchanged inputs get no job. A failed job leaves the jobs after it
+pending with an unsatisfiable dependency; ``pipeline submit`` with the same arguments cancels those
+(they belong to this run folder and never started), and submits again from the first stage that is
+not done, so finished work is never redone.
+
+Without Slurm (``--cluster local``) the same jobs run one after the other as local processes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydroagent_hpc.campaign.submit import ShardJob
+from hydroagent_hpc.errors import ConfigError
+from hydroagent_hpc.hpc.jobs import CheckpointedCommand
+from hydroagent_hpc.hpc.slurm import SiteSettings, array_id, make_executor
+from hydroagent_hpc.pipeline import stages as st
+from hydroagent_hpc.pipeline.runner import RUN_SPEC, adopt_spec, load_run_spec
+from hydroagent_hpc.pipeline.spec import STAGES
+from hydroagent_hpc.pipeline.state import read_record, utc_now, write_json_atomic
+from hydroagent_hpc.yamlio import brief, load_strict
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Site", "SiteError", "load_site", "StageJob", "StageShardJob", "TrainStageJob", "submit_pipeline",
+           "SUBMIT_RECORD"]
+
+SUBMIT_RECORD = "submit.json"
+
+
+class SiteError(ConfigError):
+    """A site file that cannot be used (names FILE:LINE and the fix)."""
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where the jobs run: ``partition`` for CPU stages, ``gpu_partition`` and ``gpus`` for SFT and GRPO
+    (``gpus: 0`` trains on CPU), ``time_min`` per stage (``default`` for the rest)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    gpu_partition: str | None = None
+    gpus: int = 0
+    cpus_per_task: int = 1
+    train_cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    time_min: dict[str, int] = field(default_factory=lambda: {"default": 60})
+    array_parallelism: int = 64
+    modules: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    source: str = "<defaults>"
+
+    def settings(self, stage: str) -> SiteSettings:
+        train = stage in st.TRAINER_STAGES
+        base = SiteSettings.from_env(partition=(self.gpu_partition or self.partition) if train else self.partition,
+                                     account=self.account, qos=self.qos, mem_gb=self.mem_gb,
+                                     modules=self.modules or None, setup=self.setup or None)
+        return base.with_(time_min=int(self.time_min.get(stage, self.time_min.get("default", 60))),
+                          cpus_per_task=(self.train_cpus_per_task or self.cpus_per_task) if train
+                          else self.cpus_per_task,
+                          gpus_per_node=self.gpus if train else 0, array_parallelism=self.array_parallelism, ntasks=1)
+
+    def as_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+_SITE_KEYS = {"partition", "account", "qos", "gpu_partition", "gpus", "cpus_per_task", "train_cpus_per_task", "mem_gb",
+              "time_min", "array_parallelism", "modules", "setup"}
+
+
+def load_site(path: str | Path | None) -> Site:
+    """Read a site file strictly (None: the defaults, with $SBATCH_PARTITION etc. from the environment)."""
+    if path is None:
+        return Site()
+    doc = load_strict(path, error=SiteError, what="site file")
+    data = doc.data or {}
+    if not isinstance(data, dict):
+        raise SiteError(f"{doc.source}: expected a mapping of site settings, got {brief(data)}")
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        at = doc.where([key])
+        if key not in _SITE_KEYS:
+            raise SiteError(f"{at}: {key}: unknown key", f"use one of {', '.join(sorted(_SITE_KEYS))}")
+        if key in ("partition", "account", "qos", "gpu_partition"):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise SiteError(f"{at}: {key}: expected a name or null, got {brief(value)}")
+        elif key in ("gpus", "cpus_per_task", "train_cpus_per_task", "array_parallelism"):
+            least = 0 if key == "gpus" else 1
+            if value is None and key == "train_cpus_per_task":
+                pass
+            elif isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise SiteError(f"{at}: {key}: expected a whole number >= {least}, got {brief(value)}")
+            if key == "gpus" and value > 1:
+                raise SiteError(f"{at}: gpus: {value}; the pipeline's SFT and GRPO jobs use one GPU each",
+                                "give 1 (or 0 to train on CPU); multi-GPU SFT: `hydroagent submit sft --gpus N`")
+        elif key == "mem_gb":
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise SiteError(f"{at}: mem_gb: expected a positive number or null, got {brief(value)}")
+        elif key == "time_min":
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = {"default": value}
+            if not isinstance(value, dict) or any(k not in (*STAGES, "default") or isinstance(v, bool) or
+                                                  not isinstance(v, int) or v < 1 for k, v in value.items()):
+                raise SiteError(f"{at}: time_min: minutes, or a mapping of stage (or default) to minutes, got "
+                                f"{brief(value)}", f"stages: {', '.join(STAGES)}")
+            value = {"default": 60, **value}
+        elif key in ("modules", "setup"):
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise SiteError(f"{at}: {key}: expected a list of text, got {brief(value)}")
+            value = tuple(value)
+        values[key] = value
+    return Site(**values, source=doc.source)
+
+
+# --------------------------------------------------------------------------- the jobs
+
+
+def _job_id() -> str | None:
+    return os.environ.get("SLURM_ARRAY_JOB_ID") and f"{os.environ['SLURM_ARRAY_JOB_ID']}_" \
+        f"{os.environ.get('SLURM_ARRAY_TASK_ID')}" or os.environ.get("SLURM_JOB_ID")
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+class StageJob:
+    """A picklable submitit callable: one stage (``part`` "all"), or a campaign stage's "begin" or "merge"."""
+
+    def __init__(self, run_dir: str, stage: str, part: str = "all") -> None:
+        if part not in ("all", "begin", "merge"):
+            raise ValueError(f"part={part!r}: all, begin or merge")
+        self.run_dir, self.stage, self.part = str(run_dir), stage, part
+
+    def __call__(self) -> dict[str, Any]:
+        _logging()
+        run = Path(self.run_dir)
+        spec = load_run_spec(run)
+        if self.part == "merge":
+            rec = read_record(run, self.stage) or {}
+            if rec.get("status") == "done":
+                return {"stage": self.stage, "action": "skip"}
+            from hydroagent_hpc.campaign import load_campaign
+            from hydroagent_hpc.campaign.shards import merge_run
+
+            try:
+                merged = merge_run(load_campaign(st.campaign_file(run, self.stage)), st.stage_dir(run, self.stage))
+                summary = {"merge": {k: merged[k] for k in ("episodes", "expected", "new")}}
+                st.finish(spec, run, self.stage, summary)
+            except BaseException as exc:
+                st.fail(run, self.stage, exc)
+                raise
+            return {"stage": self.stage, "action": "merge", **summary}
+        plan = st.begin(spec, run, self.stage, job=_job_id())
+        if plan.action == "skip" or self.part == "begin":
+            return {"stage": self.stage, "action": plan.action, "why": plan.why}
+        try:
+            summary = st.work(spec, run, self.stage, workers=max(1, int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))))
+            st.finish(spec, run, self.stage, summary)
+        except BaseException as exc:
+            st.fail(run, self.stage, exc)
+            raise
+        return {"stage": self.stage, "action": plan.action, "why": plan.why}
+
+
+class StageShardJob(ShardJob):
+    """A campaign stage's shard (``job(index)``); nothing to do when the begin job found the stage done."""
+
+    def __init__(self, run_dir: str, stage: str, count: int) -> None:
+        super().__init__(str(st.campaign_file(Path(run_dir), stage)), str(st.stage_dir(Path(run_dir), stage)), count)
+        self.pipeline_run, self.stage = str(run_dir), stage
+
+    def __call__(self, index: int) -> dict[str, Any] | None:
+        rec = read_record(Path(self.pipeline_run), self.stage) or {}
+        if rec.get("status") == "done":
+            return {"stage": self.stage, "action": "skip"}
+        return super().__call__(index)
+
+
+class TrainStageJob:
+    """SFT or GRPO as one requeueable job: begin, the trainer under CheckpointedCommand, finish."""
+
+    def __init__(self, run_dir: str, stage: str, gpus: int = 0, save_wait_s: float | None = None) -> None:
+        self.run_dir, self.stage, self.gpus = str(run_dir), stage, int(gpus)
+        self.save_wait_s = save_wait_s or (240.0 if stage == "sft" else 540.0)
+        self.command: CheckpointedCommand | None = None
+
+    def _command(self) -> CheckpointedCommand:
+        from hydroagent_hpc.train.submit import GRPOJob, SFTJob
+
+        run = Path(self.run_dir)
+        config, out = st.trainer_config(run, self.stage), st.stage_dir(run, self.stage) / "run"
+        if self.stage == "sft":
+            return SFTJob(config, out, gpus=self.gpus, save_wait_s=self.save_wait_s)
+        return GRPOJob(config, out, save_wait_s=self.save_wait_s)
+
+    def __call__(self) -> dict[str, Any]:
+        _logging()
+        run = Path(self.run_dir)
+        spec = load_run_spec(run)
+        plan = st.begin(spec, run, self.stage, job=_job_id())
+        if plan.action == "skip":
+            return {"stage": self.stage, "action": "skip", "why": plan.why}
+        if self.command is None:
+            self.command = self._command()
+        try:
+            self.command()
+            summary = st._trainer_summary(run, self.stage)
+            st.finish(spec, run, self.stage, summary)
+        except BaseException as exc:
+            st.fail(run, self.stage, exc)
+            raise
+        return {"stage": self.stage, "action": plan.action, "why": plan.why, **summary}
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Before a time limit or preemption: the trainer saves and stops; the job is requeued and resumes."""
+        from submitit.helpers import DelayedSubmission
+
+        if self.command is not None:
+            self.command.stop_for_requeue()
+        log.warning("stage %s: requeueing; the next attempt resumes from its newest checkpoint", self.stage)
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+# --------------------------------------------------------------------------- submitting
+
+
+def _active(job_ids: list[str]) -> list[str]:
+    """The ids among ``job_ids`` that Slurm still has pending or running."""
+    if not job_ids:
+        return []
+    try:
+        p = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(sorted({j.split("_")[0] for j in job_ids}))],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
+
+
+def _pending_on_dependency(job_ids: list[str]) -> tuple[list[str], list[str]]:
+    """Split active jobs into (waiting on a dependency that can no longer be met or pending, running)."""
+    waiting: list[str] = []
+    running: list[str] = []
+    for jid in job_ids:
+        p = subprocess.run(["squeue", "-h", "-o", "%T %r", "-j", jid.split("_")[0]], capture_output=True, text=True,
+                           timeout=60)
+        states = p.stdout.split()
+        (running if states and states[0] in ("RUNNING", "COMPLETING", "CONFIGURING") else waiting).append(jid)
+    return waiting, running
+
+
+def submit_pipeline(path: str | Path, run_dir: str | Path, site: Site, *, cluster: str | None = None,
+                    wait: bool = False) -> dict[str, Any]:
+    """Submit every stage that is not done; return the job ids per stage (and the outcome when ``wait``)."""
+    run = Path(run_dir).resolve()
+    record_path = run / SUBMIT_RECORD
+    previous = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    old_ids = [j for ids in (previous.get("jobs") or {}).values() for j in ids]
+    spec = adopt_spec(path, run)
+    logs = run / "logs"
+    first_ex = make_executor(logs, site.settings("basins"), cluster, name=f"pipeline-{spec.name}")
+    slurm = first_ex.cluster == "slurm"
+    cancelled: list[str] = []
+    if slurm:
+        active = _active(old_ids)
+        waiting, running = _pending_on_dependency(active)
+        if running:
+            raise st.StageError(f"{run}: jobs {', '.join(running)} of the previous submission are still running",
+                                "wait for them (`hydroagent pipeline status RUN`, squeue) or scancel them, then submit "
+                                "again")
+        if waiting:
+            subprocess.run(["scancel", *sorted({j.split("_")[0] for j in waiting})], timeout=60, check=False)
+            cancelled = waiting
+            log.info("cancelled %d pending jobs of the previous submission: %s", len(waiting), ", ".join(waiting))
+    jobs: dict[str, list[str]] = {}
+    handles: list[tuple[str, Any]] = []
+    last: str | None = None  # the job (or array) the next one waits for
+    skipped: list[str] = []
+
+    def executor(stage: str, name: str) -> Any:
+        return make_executor(logs, site.settings(stage), cluster, name=f"pipeline-{spec.name}-{name}",
+                             dependency=f"afterok:{last}" if (slurm and last) else None,
+                             max_num_timeout=3)
+
+    def settle(job: Any) -> None:
+        if not slurm:  # local processes have no dependencies: run the chain one job at a time
+            job.result() if not isinstance(job, list) else [j.result() for j in job]
+
+    for stage in STAGES:
+        if last is None:  # everything before is done: this stage can be decided now
+            try:
+                if st.decide(spec, run, stage).action == "skip":
+                    skipped.append(stage)
+                    continue
+            except st.StageError:
+                pass
+        if stage in st.CAMPAIGN_STAGES:
+            section = spec.teacher if stage == "teacher" else spec.evaluation
+            begin = executor(stage, f"{stage}-begin").submit(StageJob(str(run), stage, "begin"))
+            settle(begin)
+            last = str(begin.job_id)
+            shards = executor(stage, f"{stage}-shards").map_array(StageShardJob(str(run), stage, section.array),
+                                                                   range(section.array))
+            settle(shards)
+            last = array_id(shards[0])
+            merge = executor(stage, f"{stage}-merge").submit(StageJob(str(run), stage, "merge"))
+            settle(merge)
+            last = str(merge.job_id)
+            jobs[stage] = [str(begin.job_id), *(str(j.job_id) for j in shards), str(merge.job_id)]
+            handles.append((stage, merge))
+        elif stage in st.TRAINER_STAGES:
+            ex = executor(stage, stage)
+            if slurm:
+                ex.update_parameters(slurm_signal_delay_s=int(240 if stage == "sft" else 540) + 60)
+            job = ex.submit(TrainStageJob(str(run), stage, gpus=site.gpus))
+            settle(job)
+            last = str(job.job_id)
+            jobs[stage] = [last]
+            handles.append((stage, job))
+        else:
+            job = executor(stage, stage).submit(StageJob(str(run), stage))
+            settle(job)
+            last = str(job.job_id)
+            jobs[stage] = [last]
+            handles.append((stage, job))
+    record = {"pipeline": str(Path(path).resolve()), "run_dir": str(run), "cluster": first_ex.cluster,
+              "submitted_utc": utc_now(), "jobs": jobs, "skipped": skipped, "cancelled": cancelled,
+              "site": site.as_dict(), "previous": previous.get("submitted_utc")}
+    write_json_atomic(record_path, record)
+    log.info("submitted %d stages (%s); skipped %s", len(jobs), ", ".join(jobs) or "none", ", ".join(skipped) or "none")
+    out: dict[str, Any] = {"run_dir": str(run), "cluster": first_ex.cluster, "jobs": jobs, "skipped": skipped,
+                           "cancelled": cancelled, "spec": str(run / RUN_SPEC)}
+    if wait and handles:
+        t0 = time.perf_counter()
+        failed = []
+        for stage, job in handles:
+            try:
+                job.result()
+            except Exception as exc:  # the first failure leaves the rest pending forever: stop waiting
+                failed.append(f"{stage}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                break
+        out["failed"] = failed
+        out["waited_s"] = round(time.perf_counter() - t0, 1)
+    return out
