@@ -9,11 +9,13 @@ TORCH_SPEC ?= torch==2.13.0
 # Numba compiles the simulator kernels once and caches them here.
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 DEMO_DIR ?= results/demo
+TRAIN_DEMO_DIR ?= results/train-demo
 
-.PHONY: help venv demo test lint bench clean
+.PHONY: help venv demo train-demo test lint bench clean
 
 help:
 	@echo "make demo   build the four synthetic demo basins and simulate each (no network, no GPU)"
+	@echo "make train-demo  the whole recipe (basins, teacher, SFT, GRPO, evaluation, report) with the tiny model on CPU"
 	@echo "make test   run the test suite"
 	@echo "make lint   ruff (lint + import order) and mypy (strict for core, env, store, train)"
 	@echo "make bench  run the simulator, metrics, report and HPC benchmarks"
@@ -30,6 +32,9 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/hydroagent demo --out $(DEMO_DIR)
 
+train-demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/hydroagent pipeline run data/pipelines/demo.yaml --run-dir $(TRAIN_DEMO_DIR) --workers 2
+
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
 
@@ -41,4 +46,4 @@ bench: $(STAMP)
 	$(PY) -m hydroagent_hpc.bench
 
 clean:
-	rm -rf $(VENV) .cache results/demo
+	rm -rf $(VENV) .cache results/demo results/train-demo

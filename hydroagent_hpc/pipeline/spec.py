@@ -150,7 +150,7 @@ def _int(where: Where, value: Any, path: Path_, least: int) -> int:
 
 def _basins(where: Where, data: Any, base_dir: Path) -> tuple[BasinEntry, ...]:
     from hydroagent_hpc.datasets.gauges import paper_gauge
-    from hydroagent_hpc.sim.synth.basins import SynthSettings
+    from hydroagent_hpc.sim.synth.basins import DEMO_BASINS, SynthSettings
 
     groups = _mapping(where, data, ("basins",), ("train", "heldout"), ("train", "heldout"))
     out: list[BasinEntry] = []
@@ -176,11 +176,16 @@ def _basins(where: Where, data: Any, base_dir: Path) -> tuple[BasinEntry, ...]:
                     g = paper_gauge(gid)
                 except HydroAgentError as exc:
                     raise _fail(where, (*at, "gauge"), exc.message, exc.fix) from None
+                # the window is the paper's (60 days; 62 for 02338660); a held-out gauge's twin is the
+                # `make demo` basin (DEMO_BASINS: its terrain, climate and cell size)
+                demo = next((d for d in DEMO_BASINS if d.gauge_id == g.gauge_id), None)
                 settings = {"area_km2": g.area_km2, "seed": int(g.gauge_id),
-                            "window_days": entry.get("window_days", 60),
+                            "window_days": entry.get("window_days", g.days),
                             "warmup_days": entry.get("warmup_days", 30), "start": f"{g.window_start:%Y-%m-%d}",
-                            "lat": g.lat, "lon": g.lon, "terrain": "hills", "climate": "humid",
-                            "cellsize_deg": entry.get("cellsize_deg"), "paper_gauge_id": g.gauge_id}
+                            "lat": g.lat, "lon": g.lon, "terrain": demo.terrain if demo else "hills",
+                            "climate": demo.climate if demo else "humid",
+                            "cellsize_deg": entry.get("cellsize_deg", demo.cellsize_deg if demo else None),
+                            "paper_gauge_id": g.gauge_id}
                 _check_synth(where, at, f"syn_{g.gauge_id}", settings, SynthSettings)
                 out.append(BasinEntry(f"syn_{g.gauge_id}", group, "gauge", settings))
             else:
