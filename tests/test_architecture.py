@@ -20,6 +20,7 @@ The layers, bottom to top:
 - **agents/** (and agents/optimizers, agents/llm): env, metrics, core.
 - **train/**: agents, env, sim, store, metrics, hpc (submitting training jobs), core.
 - **campaign/**: agents, env, store, hpc, sim, core. **report/**: store, metrics, sim, core.
+- **pipeline/**: the whole recipe; everything but cli and bench.
 - **cli/** and **bench/**: everything.
 
 torch and the Hugging Face libraries (:data:`HEAVY`) are imported only in ``train/`` and

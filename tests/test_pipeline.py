@@ -21,34 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.pipeline import DEMO, ROOT, smaller_demo, write
 from hydroagent_hpc.pipeline.runner import pipeline_status, run_pipeline
 from hydroagent_hpc.pipeline.spec import STAGES, PipelineError, load_pipeline
 from hydroagent_hpc.pipeline.state import read_record
-
-ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "data" / "pipelines" / "demo.yaml"
-
-
-def smaller_demo() -> dict:
-    """demo.yaml with every budget cut to seconds (the structure and the keys are the shipped file's)."""
-    d = yaml.safe_load(DEMO.read_text())
-    for b in d["basins"]["train"] + d["basins"]["heldout"]:
-        b.update(window_days=5, warmup_days=1)
-    d["basins"]["train"] = d["basins"]["train"][:2]
-    d["basins"]["heldout"] = d["basins"]["heldout"][:1]
-    d["teacher"].update(seeds=[0, 1, 2])
-    d["teacher"]["env"]["max_simulations"] = 2
-    d["sft"].update(max_steps=4, save_every=1, log_every=1, warmup_steps=0)
-    d["grpo"].update(max_steps=1, group_size=2, prompts_per_step=1, max_new_tokens=48, env={"max_turns": 2})
-    d["evaluation"].update(seeds=[0], references=[{"name": "heuristic", "kind": "heuristic"}])
-    d["evaluation"]["policy"]["max_new_tokens"] = 48
-    d["evaluation"]["env"]["max_turns"] = 3
-    return d
-
-
-def write(path: Path, data: dict) -> Path:
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
@@ -145,7 +121,7 @@ def test_errors_name_the_file_line_and_key(tmp_path, change, where, says):
 def test_a_gauge_id_must_be_quoted(tmp_path):
     path = tmp_path / "p.yaml"
     text = DEMO.read_text().replace('- {name: syn_heldout2, area_km2: 80, seed: 1001, window_days: 10, warmup_days: 3, '
-                                    'start: "2021-07-01"}', "- {gauge: 01403060}")  # YAML 1.1 reads it as an octal number
+                                    'start: "2021-07-01"}', "- {gauge: 01403060}")  # YAML 1.1: an octal number
     path.write_text(text)
     with pytest.raises(PipelineError, match="quote the id"):
         load_pipeline(path)
@@ -171,7 +147,7 @@ def test_a_finished_run_skips_every_stage(demo_run, tmp_path):
     spec, run = _copy(demo_run, tmp_path)
     before = {s: read_record(run, s)["finished_utc"] for s in STAGES}
     result = run_pipeline(spec, run)
-    assert _actions(result) == {s: "skip" for s in STAGES}
+    assert _actions(result) == dict.fromkeys(STAGES, "skip")
     assert {s: read_record(run, s)["finished_utc"] for s in STAGES} == before
     status = pipeline_status(run)
     assert [(r["status"], r["next"]) for r in status["stages"]] == [("done", "skip")] * len(STAGES)
@@ -182,7 +158,7 @@ def test_a_changed_section_reruns_that_stage_and_every_stage_that_reads_it(demo_
     data = yaml.safe_load(spec.read_text())
     data["report"]["compare"] = ["heuristic", "grpo"]
     changed = write(tmp_path / "report-changed.yaml", data)
-    assert _actions(run_pipeline(changed, run)) == {**{s: "skip" for s in STAGES[:-1]}, "report": "fresh"}
+    assert _actions(run_pipeline(changed, run)) == {**dict.fromkeys(STAGES[:-1], "skip"), "report": "fresh"}
     assert "section" in read_record(run, "report")["why"]
 
     data["teacher"]["seeds"] = [0, 1]  # upstream: the teacher, then everything that reads what it wrote

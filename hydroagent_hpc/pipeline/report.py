@@ -11,6 +11,7 @@ comparison, parameter recovery, published numbers) is written beside it in ``rep
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +153,11 @@ def write_pipeline_report(spec: PipelineSpec, run_dir: Path) -> dict[str, Any]:
     campaign = write_report(store, out / "campaign", compare=pair)
     blocks.append(Paragraph("The evaluation campaign's full report (hydrographs, agent comparison, parameter "
                             "recovery, published numbers): `campaign/report.md`, `campaign/report.html`."))
-    (out / "report.md").write_text(to_markdown(blocks), encoding="utf-8")
-    (out / "report.html").write_text(to_html(blocks, f"Pipeline {spec.name}", out), encoding="utf-8")
+    html = to_html(blocks, f"Pipeline {spec.name}", out)
+    for name, text in (("report.md", to_markdown(blocks)), ("report.html", html)):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out / name)  # never half a report
     log.info("pipeline report: %s", out / "report.md")
     return {"markdown": str(out / "report.md"), "html": str(out / "report.html"),
             "campaign_report": str(campaign.markdown), "table1": t1.to_dict("records")}

@@ -13,6 +13,7 @@ reproduced the same bytes.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -73,6 +74,21 @@ def run_pipeline(path: str | Path, run_dir: str | Path, *, workers: int = 1, unt
     A stage that fails is recorded ``failed`` and the error is raised; the next run resumes it.
     """
     run = Path(run_dir).resolve()
+    run.mkdir(parents=True, exist_ok=True)
+    lock = open(run / ".pipeline.lock", "w")  # one `pipeline run` per folder at a time
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise PipelineError(f"{run}: another `hydroagent pipeline run` is working in this folder",
+                            "wait for it (`hydroagent pipeline status RUN`), or use another --run-dir") from None
+    try:
+        return _run_locked(path, run, workers, until, only)
+    finally:
+        lock.close()
+
+
+def _run_locked(path: str | Path, run: Path, workers: int, until: str | None, only: str | None) -> dict[str, Any]:
     spec = adopt_spec(path, run)
     for name in (until, only):
         if name is not None and name not in STAGES:

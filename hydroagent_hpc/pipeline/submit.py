@@ -73,8 +73,10 @@ class Site:
     setup: tuple[str, ...] = ()
     source: str = "<defaults>"
 
-    def settings(self, stage: str) -> SiteSettings:
-        train = stage in st.TRAINER_STAGES
+    def settings(self, stage: str, shards: bool = False) -> SiteSettings:
+        """The SLURM settings of ``stage``'s jobs: SFT, GRPO and the evaluation's shards (LLM policies)
+        on the GPU partition with ``gpus`` GPUs, the rest on ``partition``."""
+        train = stage in st.TRAINER_STAGES or (stage == "evaluation" and shards)
         base = SiteSettings.from_env(partition=(self.gpu_partition or self.partition) if train else self.partition,
                                      account=self.account, qos=self.qos, mem_gb=self.mem_gb,
                                      modules=self.modules or None, setup=self.setup or None)
@@ -302,8 +304,8 @@ def submit_pipeline(path: str | Path, run_dir: str | Path, site: Site, *, cluste
     last: str | None = None  # the job (or array) the next one waits for
     skipped: list[str] = []
 
-    def executor(stage: str, name: str) -> Any:
-        return make_executor(logs, site.settings(stage), cluster, name=f"pipeline-{spec.name}-{name}",
+    def executor(stage: str, name: str, shards: bool = False) -> Any:
+        return make_executor(logs, site.settings(stage, shards), cluster, name=f"pipeline-{spec.name}-{name}",
                              dependency=f"afterok:{last}" if (slurm and last) else None,
                              max_num_timeout=3)
 
@@ -324,8 +326,8 @@ def submit_pipeline(path: str | Path, run_dir: str | Path, site: Site, *, cluste
             begin = executor(stage, f"{stage}-begin").submit(StageJob(str(run), stage, "begin"))
             settle(begin)
             last = str(begin.job_id)
-            shards = executor(stage, f"{stage}-shards").map_array(StageShardJob(str(run), stage, section.array),
-                                                                   range(section.array))
+            shards = executor(stage, f"{stage}-shards", shards=True).map_array(
+                StageShardJob(str(run), stage, section.array), range(section.array))
             settle(shards)
             last = array_id(shards[0])
             merge = executor(stage, f"{stage}-merge").submit(StageJob(str(run), stage, "merge"))
