@@ -193,6 +193,9 @@ def test_water_balance_closes(seed):
     ke, fc = rng.uniform(0.5, 1.5, n), rng.uniform(0.1, 20.0, n)
     w0 = wm * rng.uniform(0.0, 1.3, n)
     w0[:50] = 0.0
+    # EF5 holds forcing rates, parameters and soil water in float32, and so does the kernel
+    f32 = lambda a: np.asarray(a, dtype=np.float32).astype(np.float64)  # noqa: E731
+    precip, pet, wm, b, im, ke, fc, w0 = (f32(a) for a in (precip, pet, wm, b, im, ke, fc, w0))
     w = w0.copy()
     fast, slow, sm = np.zeros(n), np.zeros(n), np.zeros(n)
     water_balance(precip, pet, 0, dt, wm, b, im, ke, fc, w, fast, slow, sm)
@@ -201,8 +204,11 @@ def test_water_balance_closes(seed):
     wet = p > ep
     held = np.minimum(w0, wm)
     dry_loss = np.minimum((ep - p) * held / wm, held)
-    np.testing.assert_allclose(w0 + np.where(wet, p - ep, -dry_loss), w + over + inter, rtol=1e-12, atol=1e-9)
+    # closes to float32 rounding of what EF5 stores (W', the two rates, P and Ep*dt): a few ulps
+    scale = w0 + p + ep
+    gap = np.abs(w0 + np.where(wet, p - ep, -dry_loss) - (w + over + inter))
+    np.testing.assert_array_less(gap, 4e-7 * scale + 1e-12)
     assert wet.any() and (~wet).any() and (w0 > wm).any()
-    assert np.all(w >= 0.0) and np.all(w <= wm * (1 + 1e-12)) and np.all(over >= 0.0) and np.all(inter >= 0.0)
+    assert np.all(w >= 0.0) and np.all(w <= wm * (1 + 1.2e-7)) and np.all(over >= 0.0) and np.all(inter >= 0.0)
     assert np.all(over[~wet] == 0.0)
-    np.testing.assert_allclose(sm, w * 100.0 / wm)
+    np.testing.assert_allclose(sm, w * 100.0 / wm, rtol=1.2e-7)

@@ -49,14 +49,14 @@ def _kw_solve(q_in, q_old, q_old_pow, lateral, alpha, beta, dt, dx):
     ``q_in`` (the sum of upstream inflows) is a double in EF5; the previous flow ``q_old``, the
     lateral inflow, ``alpha``, ``beta``, ``dt`` and ``dx`` are float32 there, and so is every
     intermediate EF5 stores in a ``float`` (the start value, the right-hand side, the residual,
-    its derivative, each Newton update), while ``pow`` runs in double. We round at exactly those
-    places. It matters: near zero flow the start value has ``((Q_in + Q_old)/2)^(beta-1)`` and a
-    Newton step can clip to 0 and restart from the fallback derivative 1, so a float64 solve can
-    land on another root of the stopping test and differ from EF5 by far more than rounding.
+    its derivative, each Newton update); ``pow`` of two floats is ``powf``, with a double it is
+    double. We round at exactly those places. It matters: near zero flow the start value has
+    ``((Q_in + Q_old)/2)^(beta-1)`` and a Newton step can clip to 0 and restart from the fallback
+    derivative 1, so a float64 solve can land on another root of the stopping test and differ from
+    EF5 by far more than rounding.
 
-    ``q_old_pow`` is ``q_old**beta`` (double) carried from the previous step's solve: EF5
-    recomputes the same number from the same float32 state. Returns the new flow (a float32
-    value) and its ``**beta``.
+    ``q_old_pow`` is ``powf(q_old, beta)`` carried from the previous step's solve: EF5 recomputes
+    the same number from the same float32 state. Returns the new flow and its ``powf(., beta)``.
     """
     ab = _F32(alpha * beta)
     d = _F32(dt / dx)
@@ -76,27 +76,28 @@ def _kw_solve(q_in, q_old, q_old_pow, lateral, alpha, beta, dt, dx):
     b = _F32(_F32(ab * q_old) * back)
     e = _F32(ab * back)
     est = _F32(_F32(_F32(a + b) + c) / _F32(d + e))
-    rhs = _F32(a + np.float64(alpha) * q_old_pow + c)
+    # pow(float, float) is powf in EF5 (its headers bring <math.h>'s float overloads), so the
+    # right-hand side and the residual are float arithmetic throughout.
+    rhs = _F32(_F32(a + _F32(alpha * q_old_pow)) + c)
     beta64 = np.float64(beta)
-    est_pow = np.float64(est) ** beta64
+    est_pow = _F32(np.float64(est) ** beta64)
     for _ in range(10):
-        res = _F32(_F32(d * est) + np.float64(alpha) * est_pow - rhs)
+        res = _F32(_F32(_F32(d * est) + _F32(alpha * est_pow)) - rhs)
         if not math.isfinite(res):
             res = _F32(0.0)
         if abs(res) < 0.01:
             break
-        # est**(beta-1) from the power already at hand (one pow less per iteration)
-        d1r = d + np.float64(ab) * (est_pow / est if est > 0.0 else 0.0 ** (beta64 - 1.0))
+        d1r = d + np.float64(ab) * np.float64(est) ** (beta64 - 1.0)  # pow(float, double): double
         d1 = _F32(d1r) if math.isfinite(d1r) else _F32(1.0)
         if not math.isfinite(d1):
             d1 = _F32(1.0)
         est = _F32(est - _F32(res / d1))
         if est < 0.0:
             est = _F32(0.0)
-        est_pow = np.float64(est) ** beta64
+        est_pow = _F32(np.float64(est) ** beta64)
     if est < 0.0:
         est = _F32(0.0)
-        est_pow = 0.0 ** beta64
+        est_pow = _F32(0.0 ** beta64)
     return est, est_pow
 
 
@@ -117,8 +118,8 @@ def interflow_targets(down, dx, slope, under, channel, step_seconds):
     cross = np.empty(n, dtype=np.float32)
     step = _F32(step_seconds)
     for i in range(n):
-        # EF5: float speed = UNDER * sqrt(slope) (sqrt in double); float time = dx / speed
-        speed = _F32(np.float64(_F32(under[i])) * math.sqrt(np.float64(_F32(slope[i]))))
+        # EF5: float speed = UNDER * powf(slope, 0.5f); float time = dx / speed
+        speed = _F32(_F32(under[i]) * _F32(math.sqrt(np.float64(_F32(slope[i])))))
         cross[i] = _F32(_F32(dx[i]) / speed) if speed > 0.0 else _F32(math.inf)
     for i in range(n):
         prev_s = _F32(0.0)
@@ -162,35 +163,41 @@ def water_balance(precip, pet, t, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm
 
     Updates in place: ``w`` (mm), ``fast`` and ``slow`` (the overland and interflow excess as
     rates in mm/s) and ``sm`` (soil water in % of WM).
+
+    Precision as EF5's: the arithmetic is double, but EF5 keeps the soil water, the parameters and
+    the excess rates in ``float``, and forms ``P``, ``PET*dt``, ``WM(1+B)``, ``W/WM``, ``1-W/WM``,
+    ``1/(1+B)``, ``(1-W/WM)^(1/(1+B))`` (``powf``), ``WM-W`` and ``FC*dt`` from floats in float
+    arithmetic; we round at those places.
     """
     n = w.size
-    step_s = dt_hours * 3600.0
+    dth = _F32(dt_hours)
+    step32 = _F32(dt_hours * 3600.0)  # EF5: stepHours * 3600.0f
     for i in range(n):
-        p = precip[t, i] * dt_hours
-        ep = pet[t, i] * dt_hours * ke[i]
-        wmi = wm[i]
-        wi = w[i]
+        p = np.float64(_F32(_F32(precip[t, i]) * dth))
+        ep = np.float64(_F32(_F32(pet[t, i]) * dth)) * ke[i]
+        wmi = _F32(wm[i])
+        wi = _F32(w[i])
         if p > ep:
-            ps = (p - ep) * (1.0 - im[i])
+            ps = (p - ep) * np.float64(_F32(1.0 - _F32(im[i])))
             pi = p - ep - ps
-            extra = wi - wmi
+            extra = np.float64(_F32(wi - wmi))
             if extra < 0.0:
                 extra = 0.0
             if wi > wmi:
                 wi = wmi
             if wi < wmi:
-                bi = b[i]
-                wmm = wmi * (1.0 + bi)
-                rel = (1.0 - wi / wmi) ** (1.0 / (1.0 + bi))  # = 1 - A/Wmm
-                a = wmm * (1.0 - rel)
+                opb = _F32(1.0 + _F32(b[i]))
+                wmm = np.float64(_F32(wmi * opb))
+                # pow(float, float) is powf in EF5 (its headers bring <math.h>'s float overloads)
+                rel = _F32(np.float64(_F32(1.0 - _F32(wi / wmi))) ** np.float64(_F32(1.0 / opb)))
+                a = wmm * np.float64(_F32(1.0 - rel))
                 if ps + a >= wmm:
-                    r = ps - (wmi - wi)
+                    r = ps - np.float64(_F32(wmi - wi))
                     if r < 0.0:
                         r = 0.0
-                    wo = wmi
+                    wo = np.float64(wmi)
                 else:
-                    # (1 - A/Wmm)^(1+B) is 1 - W/WM exactly; EF5 re-evaluates it with pow
-                    infil = wmi * ((1.0 - wi / wmi) - (1.0 - (a + ps) / wmm) ** (1.0 + bi))
+                    infil = wmi * ((1.0 - a / wmm) ** np.float64(opb) - (1.0 - (a + ps) / wmm) ** np.float64(opb))
                     if infil > ps:
                         infil = ps
                     r = ps - infil
@@ -199,14 +206,14 @@ def water_balance(precip, pet, t, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm
                     wo = wi + infil
             else:
                 r = ps
-                wo = wmi
-            cap = (wi + wo) / wmi / 2.0 * (fc[i] * dt_hours)
+                wo = np.float64(wmi)
+            cap = (wi + wo) / wmi / 2.0 * np.float64(_F32(_F32(fc[i]) * dth))
             inter = r if r <= cap else cap
             over = r - inter + pi
             inter += extra
         else:
             over = 0.0
-            inter = wi - wmi
+            inter = np.float64(_F32(wi - wmi))
             if inter < 0.0:
                 inter = 0.0
             if wi > wmi:
@@ -216,10 +223,11 @@ def water_balance(precip, pet, t, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm
                 wo = wi - e2
             else:
                 wo = 0.0
-        w[i] = wo
-        fast[i] = over / step_s
-        slow[i] = inter / step_s
-        sm[i] = wo * 100.0 / wmi
+        w32 = _F32(wo)
+        w[i] = w32
+        fast[i] = _F32(over / step32)
+        slow[i] = _F32(inter / step32)
+        sm[i] = _F32(w32 * 100.0 / wmi)
 
 
 @nb.njit(**_JIT)
@@ -246,8 +254,8 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
     pq_pow = np.empty(n)
     po_pow = np.empty(n)
     for i in range(n):
-        pq_pow[i] = np.float64(pq[i]) ** (np.float64(_F32(beta[i])) if channel[i] else np.float64(_F32(0.6)))
-        po_pow[i] = np.float64(po[i]) ** np.float64(_F32(0.6))
+        pq_pow[i] = _F32(np.float64(pq[i]) ** (np.float64(_F32(beta[i])) if channel[i] else np.float64(_F32(0.6))))
+        po_pow[i] = _F32(np.float64(po[i]) ** np.float64(_F32(0.6)))
     fast = np.zeros(n)
     slow = np.zeros(n)
     sm = np.zeros(n)
