@@ -80,21 +80,23 @@ def _kw_solve(q_in, q_old, q_old_pow, lateral, alpha, beta, dt, dx):
     # right-hand side and the residual are float arithmetic throughout.
     rhs = _F32(_F32(a + _F32(alpha * q_old_pow)) + c)
     beta64 = np.float64(beta)
-    est_pow = _F32(np.float64(est) ** beta64)
+    pow64 = np.float64(est) ** beta64  # one pow per iterate serves both powf(est, beta) and est**(beta-1)
     for _ in range(10):
-        res = _F32(_F32(_F32(d * est) + _F32(alpha * est_pow)) - rhs)
+        res = _F32(_F32(_F32(d * est) + _F32(alpha * _F32(pow64))) - rhs)
         if not math.isfinite(res):
             res = _F32(0.0)
         if abs(res) < 0.01:
             break
-        d1r = d + np.float64(ab) * np.float64(est) ** (beta64 - 1.0)  # pow(float, double): double
+        # pow(float, double) is double in EF5: est**(beta-1) = est**beta / est to double rounding
+        d1r = d + np.float64(ab) * (pow64 / est if est > 0.0 else 0.0 ** (beta64 - 1.0))
         d1 = _F32(d1r) if math.isfinite(d1r) else _F32(1.0)
         if not math.isfinite(d1):
             d1 = _F32(1.0)
         est = _F32(est - _F32(res / d1))
         if est < 0.0:
             est = _F32(0.0)
-        est_pow = _F32(np.float64(est) ** beta64)
+        pow64 = np.float64(est) ** beta64
+    est_pow = _F32(pow64)
     if est < 0.0:
         est = _F32(0.0)
         est_pow = _F32(0.0 ** beta64)
