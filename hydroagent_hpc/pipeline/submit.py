@@ -257,7 +257,9 @@ def _active(job_ids: list[str]) -> list[str]:
     if not job_ids:
         return []
     try:
-        p = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(sorted({j.split("_")[0] for j in job_ids}))],
+        # COMPLETING is left out: its work is over (a job just finished stays in squeue for a moment)
+        p = subprocess.run(["squeue", "-h", "-o", "%i %T", "-t", "PENDING,CONFIGURING,RUNNING,REQUEUED,REQUEUE_HOLD,"
+                            "SUSPENDED", "-j", ",".join(sorted({j.split("_")[0] for j in job_ids}))],
                            capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return []
@@ -272,7 +274,9 @@ def _pending_on_dependency(job_ids: list[str]) -> tuple[list[str], list[str]]:
         p = subprocess.run(["squeue", "-h", "-o", "%T %r", "-j", jid.split("_")[0]], capture_output=True, text=True,
                            timeout=60)
         states = p.stdout.split()
-        (running if states and states[0] in ("RUNNING", "COMPLETING", "CONFIGURING") else waiting).append(jid)
+        if not states or states[0] == "COMPLETING":
+            continue
+        (running if states[0] in ("RUNNING", "CONFIGURING") else waiting).append(jid)
     return waiting, running
 
 
