@@ -74,6 +74,7 @@ def run_pipeline(path: str | Path, run_dir: str | Path, *, workers: int = 1, unt
     A stage that fails is recorded ``failed`` and the error is raised; the next run resumes it.
     """
     run = Path(run_dir).resolve()
+    load_pipeline(path)  # a bad file fails before anything is created
     run.mkdir(parents=True, exist_ok=True)
     lock = open(run / ".pipeline.lock", "w")  # one `pipeline run` per folder at a time
     try:
