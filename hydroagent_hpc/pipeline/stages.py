@@ -233,12 +233,13 @@ def begin(spec: PipelineSpec, run_dir: Path, stage: str, *, job: str | None = No
     elif stage in TRAINER_STAGES:
         _write_yaml(trainer_config(run_dir, stage), header, _trainer_mapping(spec, run_dir, stage))
     attempts = int(old.get("attempts", 0)) + 1 if plan.action == "resume" else 1
+    before = (float(old.get("wall_s_before") or 0.0) + float(old.get("wall_s") or 0.0)
+              if plan.action == "resume" else 0.0)
     write_record(run_dir, stage, {"stage": stage, "status": "running", "inputs": plan.inputs,
                                   "input_parts": plan.parts, "action": plan.action, "why": plan.why,
                                   "attempts": attempts, "job": job, "started_utc": utc_now(),
                                   "first_started_utc": old.get("first_started_utc", utc_now()),
-                                  "wall_s_before": float(old.get("wall_s_before", 0.0)) + float(old.get("wall_s", 0.0))
-                                  if plan.action == "resume" else 0.0})
+                                  "wall_s_before": before})
     log.info("stage %s: %s (%s)", stage, "resuming" if plan.action == "resume" else "starting", plan.why)
     return plan
 
