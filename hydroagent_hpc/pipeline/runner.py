@@ -89,7 +89,27 @@ def run_pipeline(path: str | Path, run_dir: str | Path, *, workers: int = 1, unt
         lock.close()
 
 
+def _slurm_jobs_active(run: Path) -> list[str]:
+    """Jobs of a `pipeline submit` of this folder that Slurm still has queued or running."""
+    import json
+
+    record = run / "submit.json"
+    if not record.is_file():
+        return []
+    from hydroagent_hpc.pipeline.submit import _active  # lazily: submit imports this module
+
+    submitted = json.loads(record.read_text())
+    if submitted.get("cluster") != "slurm":  # local jobs are processes of a finished `submit --cluster local`
+        return []
+    jobs = submitted.get("jobs") or {}
+    return _active([j for ids in jobs.values() for j in ids])
+
+
 def _run_locked(path: str | Path, run: Path, workers: int, until: str | None, only: str | None) -> dict[str, Any]:
+    active = _slurm_jobs_active(run)
+    if active:
+        raise PipelineError(f"{run}: Slurm jobs {', '.join(active[:5])} of `pipeline submit` still work on this folder",
+                            "wait for them (`hydroagent pipeline status RUN`, squeue), or scancel them first")
     spec = adopt_spec(path, run)
     for name in (until, only):
         if name is not None and name not in STAGES:

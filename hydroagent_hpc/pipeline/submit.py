@@ -38,7 +38,7 @@ from hydroagent_hpc.hpc.jobs import CheckpointedCommand
 from hydroagent_hpc.hpc.slurm import SiteSettings, array_id, make_executor
 from hydroagent_hpc.pipeline import stages as st
 from hydroagent_hpc.pipeline.runner import RUN_SPEC, adopt_spec, load_run_spec
-from hydroagent_hpc.pipeline.spec import STAGES
+from hydroagent_hpc.pipeline.spec import STAGES, load_pipeline
 from hydroagent_hpc.pipeline.state import read_record, utc_now, write_json_atomic
 from hydroagent_hpc.yamlio import brief, load_strict
 
@@ -287,13 +287,13 @@ def submit_pipeline(path: str | Path, run_dir: str | Path, site: Site, *, cluste
     record_path = run / SUBMIT_RECORD
     previous = json.loads(record_path.read_text()) if record_path.is_file() else {}
     old_ids = [j for ids in (previous.get("jobs") or {}).values() for j in ids]
-    spec = adopt_spec(path, run)
+    spec = load_pipeline(path)  # checked before anything is cancelled or written
     logs = run / "logs"
     first_ex = make_executor(logs, site.settings("basins"), cluster, name=f"pipeline-{spec.name}")
     slurm = first_ex.cluster == "slurm"
     cancelled: list[str] = []
     if slurm:
-        active = _active(old_ids)
+        active = _active(old_ids) if previous.get("cluster") == "slurm" else []
         waiting, running = _pending_on_dependency(active)
         if running:
             raise st.StageError(f"{run}: jobs {', '.join(running)} of the previous submission are still running",
@@ -303,6 +303,7 @@ def submit_pipeline(path: str | Path, run_dir: str | Path, site: Site, *, cluste
             subprocess.run(["scancel", *sorted({j.split("_")[0] for j in waiting})], timeout=60, check=False)
             cancelled = waiting
             log.info("cancelled %d pending jobs of the previous submission: %s", len(waiting), ", ".join(waiting))
+    spec = adopt_spec(path, run)  # the jobs read RUN/pipeline.yaml: replaced only once none of the old ones runs
     jobs: dict[str, list[str]] = {}
     handles: list[tuple[str, Any]] = []
     last: str | None = None  # the job (or array) the next one waits for
