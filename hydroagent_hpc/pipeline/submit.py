@@ -295,6 +295,10 @@ def submit_pipeline(path: str | Path, run_dir: str | Path, site: Site, *, cluste
     if slurm:
         active = _active(old_ids) if previous.get("cluster") == "slurm" else []
         waiting, running = _pending_on_dependency(active)
+        # a job whose stage is recorded done is only exiting (submitit returns its result before Slurm ends it)
+        stage_of = {j.split("_")[0]: stage for stage, ids in (previous.get("jobs") or {}).items() for j in ids}
+        running = [j for j in running if (read_record(run, stage_of.get(j.split("_")[0], "")) or {}).get("status")
+                   != "done"]
         if running:
             raise st.StageError(f"{run}: jobs {', '.join(running)} of the previous submission are still running",
                                 "wait for them (`hydroagent pipeline status RUN`, squeue) or scancel them, then submit "
