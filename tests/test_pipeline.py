@@ -228,3 +228,38 @@ def test_the_run_folder_keeps_the_file_the_commit_and_each_stages_checksums(demo
     assert sft["input_parts"]["upstream"]["sft-data"]["data"] == read_record(run, "sft-data")["outputs"]["data"][
         "sha256"]
     assert set(sft["outputs"]) == {"final", "metrics"} and sft["outputs"]["final"]["path"] == "sft/run/final"
+
+
+# --------------------------------------------------------------------------- the site file (pipeline submit)
+
+
+def test_the_site_file_puts_training_and_the_policies_on_the_gpu_partition(tmp_path):
+    from hydroagent_hpc.pipeline.submit import load_site
+
+    site = tmp_path / "site.yaml"
+    site.write_text("partition: cpu\ngpu_partition: gpu\ngpus: 1\ncpus_per_task: 4\ntrain_cpus_per_task: 16\n"
+                    "time_min: {default: 30, sft: 600}\nmodules: [python/3.11]\n")
+    s = load_site(site)
+    sft, grpo, teacher = s.settings("sft"), s.settings("grpo"), s.settings("teacher", shards=True)
+    assert (sft.partition, sft.gpus_per_node, sft.cpus_per_task, sft.time_min) == ("gpu", 1, 16, 600)
+    assert (grpo.partition, grpo.time_min) == ("gpu", 30)
+    assert (teacher.partition, teacher.gpus_per_node, teacher.cpus_per_task) == ("cpu", 0, 4)
+    assert s.settings("evaluation", shards=True).partition == "gpu"  # the LLM policies play on GPUs
+    assert s.settings("evaluation").gpus_per_node == 0  # its begin and merge jobs do not
+    assert sft.setup_lines() == ["module load python/3.11"]
+
+
+@pytest.mark.parametrize("text, says", [
+    ("gpus: 2\n", "one GPU each"),
+    ("partitoin: gpu\n", "unknown key"),
+    ("time_min: {sft: 0}\n", "time_min"),
+    ("time_min: {trian: 10}\n", "time_min"),
+])
+def test_site_file_errors_name_the_line(tmp_path, text, says):
+    from hydroagent_hpc.pipeline.submit import SiteError, load_site
+
+    site = tmp_path / "site.yaml"
+    site.write_text("partition: cpu\n" + text)
+    with pytest.raises(SiteError) as err:
+        load_site(site)
+    assert err.value.message.startswith(f"{site}:2:") and says in err.value.message
