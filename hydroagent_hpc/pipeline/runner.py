@@ -158,7 +158,9 @@ def pipeline_status(run_dir: str | Path) -> dict[str, Any]:
         if next_action != "skip":
             pending[stage] = next_action
         rows.append({"stage": stage, "status": rec.get("status", "not started"), "next": next_action, "why": why,
-                     "attempts": rec.get("attempts"), "wall_s": rec.get("wall_s"),
+                     "attempts": rec.get("attempts"),
+                     "wall_s": None if rec.get("wall_s") is None else  # every attempt of the stage
+                     round(float(rec["wall_s"]) + float(rec.get("wall_s_before") or 0.0), 1),
                      "finished_utc": rec.get("finished_utc"), "job": rec.get("job"),
                      "error": rec.get("error"), "summary": rec.get("summary")})
     return {"run_dir": str(run), "pipeline": spec.name, "stages": rows}
@@ -170,5 +172,9 @@ def format_status(status: dict[str, Any]) -> str:
     for r in status["stages"]:
         wall = "" if r["wall_s"] is None else f"{r['wall_s']:.1f}"
         note = r["error"] or r["why"]
+        if r["job"]:
+            note += f" [job {r['job']}]"
+        if (r["attempts"] or 0) > 1:
+            note += f" [{r['attempts']} attempts]"
         lines.append(f"  {r['stage']:<11} {r['status']:<12} {r['next']:<9} {wall:>8}  {note}")
     return "\n".join(lines)
