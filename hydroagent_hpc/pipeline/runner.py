@@ -142,6 +142,7 @@ def pipeline_status(run_dir: str | Path) -> dict[str, Any]:
     """Where a run stands: per stage its recorded status and what ``pipeline run`` would do now."""
     run = Path(run_dir).resolve()
     spec = load_run_spec(run)
+    busy = _locked(run)
     rows = []
     pending: dict[str, str] = {}  # stage -> what a rerun would do, for the stages that would run
     for stage in STAGES:
@@ -157,6 +158,8 @@ def pipeline_status(run_dir: str | Path) -> dict[str, Any]:
                 next_action, why = "wait", "an upstream stage is not done"
         if next_action != "skip":
             pending[stage] = next_action
+        if busy and rec.get("status") == "running":
+            next_action, why = "-", "running now (a `pipeline run` holds this folder)"
         rows.append({"stage": stage, "status": rec.get("status", "not started"), "next": next_action, "why": why,
                      "attempts": rec.get("attempts"),
                      "wall_s": None if rec.get("wall_s") is None else  # every attempt of the stage
@@ -164,6 +167,19 @@ def pipeline_status(run_dir: str | Path) -> dict[str, Any]:
                      "finished_utc": rec.get("finished_utc"), "job": rec.get("job"),
                      "error": rec.get("error"), "summary": rec.get("summary")})
     return {"run_dir": str(run), "pipeline": spec.name, "stages": rows}
+
+
+def _locked(run: Path) -> bool:
+    """Whether a `pipeline run` holds ``RUN/.pipeline.lock`` now."""
+    path = run / ".pipeline.lock"
+    if not path.exists():
+        return False
+    with open(path) as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
 
 
 def format_status(status: dict[str, Any]) -> str:
