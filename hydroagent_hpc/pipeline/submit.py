@@ -375,9 +375,10 @@ def submit_pipeline(path: str | Path, run_dir: str | Path, site: Site, *, cluste
             except Exception as exc:  # the first failure leaves the rest pending forever: stop waiting
                 failed.append(f"{stage}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 break
-        if slurm and not failed:
-            # submitit sees a job's result a moment before Slurm lets the job go (its batch script
-            # is still exiting): wait for that too, so that after --wait the queue holds none of them
+        if slurm:
+            # submitit sees a job's result (or its failure) a moment before Slurm lets the job go (its
+            # batch script is still exiting): wait for that too, so that after --wait none of the
+            # submission's jobs is running (the dependants of a failed stage stay pending, unstartable)
             ids = [j for stage_ids in jobs.values() for j in stage_ids]
             deadline = time.monotonic() + 300.0
             while _pending_on_dependency(_active(ids))[1] and time.monotonic() < deadline:
