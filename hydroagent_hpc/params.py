@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 __all__ = ["ParamSpec", "PARAMS", "PARAM_NAMES", "CREST_NAMES", "KW_NAMES", "DEFAULTS", "TUNABLE",
-           "SNOW_PARAMS", "SNOW_NAMES", "SNOW_DEFAULTS", "check_values"]
+           "SNOW_PARAMS", "SNOW_NAMES", "SNOW_DEFAULTS", "check_values", "spec_of", "ParameterSet", "CREST_SET",
+           "SNOW17_SET", "parameter_set", "parameter_set_of"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +94,103 @@ def check_values(values: Mapping[str, float], source: str = "parameters", snow: 
             raise ValueError(f"{source}: {key} must be finite, got {v}")
         out[key] = v
     return out
+
+
+def spec_of(name: str) -> ParamSpec:
+    """The spec of a CREST/KW multiplier or a Snow-17 parameter (``KeyError`` for anything else)."""
+    return PARAMS[name] if name in PARAMS else SNOW_PARAMS[name]
+
+
+@dataclass(frozen=True)
+class ParameterSet:
+    """The parameters one basin can calibrate: the 13 multipliers, plus Snow-17's 8 when the task has snow.
+
+    Derived from the simulator (:func:`parameter_set_of`), never from the basin's name: the environment
+    exposes it (``CalibrationEnv.parameters``) and validation, prompts, tool schemas, the heuristic
+    agent and the optimizers' :class:`~hydroagent_hpc.agents.optimizers.space.ParameterSpace` take
+    the names, bounds, defaults and meanings from here. A snow-free basin gets :data:`CREST_SET`,
+    which is exactly the paper's 13 (11 tunable) and nothing else.
+    """
+
+    snow: bool = False
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every parameter, in EF5 order (CREST, KW, then Snow-17)."""
+        return PARAM_NAMES + (SNOW_NAMES if self.snow else ())
+
+    @property
+    def tunable(self) -> tuple[str, ...]:
+        """The names an agent may set (``th`` and ``isu`` are fixed)."""
+        return tuple(n for n in self.names if not spec_of(n).fixed)
+
+    @property
+    def fixed(self) -> tuple[str, ...]:
+        return tuple(n for n in self.names if spec_of(n).fixed)
+
+    @property
+    def snow_names(self) -> tuple[str, ...]:
+        return SNOW_NAMES if self.snow else ()
+
+    @property
+    def defaults(self) -> dict[str, float]:
+        return {n: float(spec_of(n).default) for n in self.names}
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.names
+
+    def spec(self, name: str) -> ParamSpec:
+        """The spec of ``name``; a clear ``ValueError`` when this basin has no such parameter."""
+        if name not in self:
+            raise ValueError(self.unknown_message(name))
+        return spec_of(name)
+
+    def unknown_message(self, name: str) -> str:
+        """Why ``name`` is not a parameter of this basin, and what to use instead."""
+        key = str(name)
+        if not self.snow and key.lower() in SNOW_PARAMS:
+            return (f"{key} is a Snow-17 parameter, but this basin has no snow model (its task has no "
+                    f"SNOW=SNOW17 and [Snow17ParamSet]); use one of: {', '.join(self.tunable)}")
+        return f"unknown parameter {key!r}; use one of: {', '.join(self.tunable)}"
+
+    def check(self, values: Mapping[str, float], source: str = "parameters") -> dict[str, float]:
+        """Strict check of a (partial) set: known tunable names, finite numbers, inside the bounds.
+
+        Raises ``ValueError`` naming the field and the fix; returns the values as floats.
+        """
+        out: dict[str, float] = {}
+        for name, value in values.items():
+            if name not in self:
+                raise ValueError(f"{source}: {self.unknown_message(name)}")
+            p = spec_of(name)
+            if p.fixed:
+                raise ValueError(f"{source}: {name} is fixed at {p.default:g}; leave it out")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{source}: {name} must be a number, got {type(value).__name__}")
+            v = float(value)
+            if not math.isfinite(v):
+                raise ValueError(f"{source}: {name} must be finite, got {v}; use a value in [{p.lower:g}, {p.upper:g}]")
+            if not p.lower <= v <= p.upper:
+                raise ValueError(f"{source}: {name}={v:g} is outside its bounds [{p.lower:g}, {p.upper:g}]; "
+                                 "choose a value inside")
+            out[name] = v
+        return out
+
+
+#: The paper's parameters (every snow-free basin).
+CREST_SET = ParameterSet(snow=False)
+#: The paper's parameters and Snow-17's (a basin whose task has SNOW=SNOW17).
+SNOW17_SET = ParameterSet(snow=True)
+
+
+def parameter_set(snow: bool = False) -> ParameterSet:
+    return SNOW17_SET if snow else CREST_SET
+
+
+def parameter_set_of(simulator: object) -> ParameterSet:
+    """The parameter set of the basin ``simulator`` runs: with Snow-17 only when its task has snow."""
+    snow = getattr(simulator, "has_snow", None)
+    if snow is None:
+        task = getattr(simulator, "task", None)
+        snow = getattr(task, "snow", None)
+    return parameter_set(bool(snow))

@@ -15,6 +15,10 @@ Diagnosis -> move (CREST/KW process knowledge; Wang et al. 2011, Xue et al. 2013
   lower ``leaki``, raise ``fc``); too flat: the reverse;
 * nothing clearly wrong: a coordinate step on the parameter least recently tried.
 
+On a basin with Snow-17 (the environment shows the snow parameters in its set_parameters
+observation; a snow-free basin never does) the snow parameters join the moves: a volume error
+also points to the snowfall correction (``scf``), and the coordinate probes cover all 19.
+
 A move that lowers NSE is reverted and the opposite direction is tried with a smaller step;
 step sizes (multiplicative, in log space) shrink after failures, so the search converges; when
 every step has collapsed it restarts around the best set with half the previous initial step
@@ -31,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from hydroagent_hpc.env.toolcalls import render_hermes
-from hydroagent_hpc.params import PARAMS, TUNABLE
+from hydroagent_hpc.params import PARAMS, SNOW_NAMES, TUNABLE, spec_of
 from hydroagent_hpc.types import ToolCall
 
 __all__ = ["HeuristicHydrologist"]
@@ -68,10 +72,22 @@ class HeuristicHydrologist:
     _queue: list[_Move] = field(default_factory=list)
     _evals: int = 0
     _restarts: int = 0
+    _names: tuple[str, ...] = TUNABLE  # the basin's tunable names (with Snow-17 once the environment shows them)
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
         self._steps = dict.fromkeys(TUNABLE, self.step0)
+
+    def _see_parameters(self, obs: dict | None) -> None:
+        """Learn the basin's Snow-17 parameters (and their values) from a set_parameters observation."""
+        shown = (obs or {}).get("params") or (obs or {}).get("validated_params")
+        if not isinstance(shown, dict) or self._names != TUNABLE or not all(k in shown for k in SNOW_NAMES):
+            return
+        self._names = TUNABLE + SNOW_NAMES
+        for k in SNOW_NAMES:
+            self._steps.setdefault(k, self.step0)
+            v = _number(shown[k])
+            self._current[k] = v if v is not None else float(spec_of(k).default)
 
     # ------------------------------------------------------------------ protocol
     def act(self, messages: list[dict[str, str]]) -> str | None:
@@ -84,6 +100,7 @@ class HeuristicHydrologist:
         if obs is not None and obs.get("status") == "error" and obs.get("error") == "parse_failure":
             return None  # our own call was refused: something is off, stop rather than loop
         if self._phase == "run":
+            self._see_parameters(obs)
             if obs is not None and obs.get("status") not in (None, "ok"):
                 return None
             self._phase = "evaluate"
@@ -147,15 +164,15 @@ class HeuristicHydrologist:
             if self._steps[m.name] >= self.min_step and self._can_move(m):
                 return m
         # nothing diagnosed: coordinate step on the parameter least recently tried
-        live = [k for k in TUNABLE if self._steps[k] >= self.min_step]
+        live = [k for k in self._names if self._steps[k] >= self.min_step]
         if not live:
             if self._restarts >= self.max_restarts:
                 return None
             # converged locally: restart around the best with half the previous initial step
             self._restarts += 1
             size = self.step0 * 0.5 ** self._restarts
-            self._steps = dict.fromkeys(TUNABLE, size)
-            live = list(TUNABLE)
+            self._steps = dict.fromkeys(self._names, size)
+            live = list(self._names)
         order = sorted(live, key=lambda k: (self._tried.get(k, -1), self._rng.random()))
         k = order[0]
         d = 1 if self._rng.random() < 0.5 else -1
@@ -182,6 +199,8 @@ class HeuristicHydrologist:
             moves += [_Move("ke", s, f"Volume {word} of {abs(pbias):.0f} %: evapotranspiration (ke)."),
                       _Move("im", -s, f"Volume {word}: impervious fraction (im)."),
                       _Move("wm", s, f"Volume {word}: soil water capacity (wm).")]
+            if "scf" in self._names:
+                moves.insert(1, _Move("scf", -s, f"Volume {word}: snowfall correction (scf)."))
         if peak_err is not None and abs(peak_err) > 10.0 and (pbias is None or abs(pbias) <= 15.0):
             s = 1 if peak_err > 0 else -1
             word = "high" if s > 0 else "low"
@@ -206,14 +225,18 @@ class HeuristicHydrologist:
         return moves
 
     def _can_move(self, m: _Move) -> bool:
-        spec = PARAMS[m.name]
+        spec = spec_of(m.name)
         v = self._current.get(m.name, spec.default)
         return (v < spec.upper) if m.direction > 0 else (v > spec.lower)
 
     def _apply(self, m: _Move) -> dict[str, float]:
-        spec = PARAMS[m.name]
-        v = max(self._current.get(m.name, spec.default), _FLOOR.get(m.name, 0.0), 1e-6)
-        new = v * math.exp(m.direction * self._steps[m.name])
+        spec = spec_of(m.name)
+        if spec.lower < 0.0:  # a signed value (Snow-17's mbase, degC): additive steps
+            v = self._current.get(m.name, spec.default)
+            new = v + m.direction * self._steps[m.name] * (spec.upper - spec.lower) / 4.0
+        else:
+            v = max(self._current.get(m.name, spec.default), _FLOOR.get(m.name, 0.0), 1e-6)
+            new = v * math.exp(m.direction * self._steps[m.name])
         self._current[m.name] = float(min(max(new, spec.lower), spec.upper))
         self._tried[m.name] = self._evals
         self._last_move = m

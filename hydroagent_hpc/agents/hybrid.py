@@ -16,6 +16,7 @@ from hydroagent_hpc.agents.base import Policy
 from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
 from hydroagent_hpc.agents.optimizers.dds import DDS
 from hydroagent_hpc.agents.optimizers.policy import OptimizerPolicy
+from hydroagent_hpc.agents.optimizers.space import ParameterSpace
 from hydroagent_hpc.env.toolcalls import render_tool_response
 
 if TYPE_CHECKING:
@@ -55,14 +56,14 @@ class HybridPolicy:
                 if isinstance(nse, (int, float)) and math.isfinite(nse) and nse > best_nse:
                     best_nse, best = float(nse), None  # the parameters come from the last set_parameters
             if best is None and best_nse > -math.inf:
-                best = _last_params(env.turns)
+                best = _last_params(env.turns, env.parameters.tunable)
         self.usage = dict(getattr(self.warm, "usage", {}) or {})
         if env.done:
             return
         remaining = self.budget - env.counters["simulations"]
         if remaining <= 0:
             return
-        dds = DDS(self.seed, remaining)
+        dds = DDS(self.seed, remaining, space=ParameterSpace.of(env.parameters, "linear"))
         if best is not None:
             dds.tell([best], [best_nse])
         log.info("%s: warm start reached NSE %.3f after %d simulations; DDS takes %d more", self.name, best_nse,
@@ -70,13 +71,11 @@ class HybridPolicy:
         OptimizerPolicy(dds, name=self.name).run(env)
 
 
-def _last_params(turns) -> dict[str, float] | None:
-    """The full parameter set shown by the most recent successful set_parameters observation."""
+def _last_params(turns, names: tuple[str, ...]) -> dict[str, float] | None:
+    """The tunable ``names`` as the most recent successful set_parameters observation showed them."""
     for t in reversed(turns):
         if t.tool == "set_parameters" and t.ok:
             shown = t.observation.get("params") or t.observation.get("validated_params")
             if isinstance(shown, dict):
-                from hydroagent_hpc.params import TUNABLE
-
-                return {k: float(shown[k]) for k in TUNABLE if k in shown}
+                return {k: float(shown[k]) for k in names if k in shown}
     return None

@@ -33,7 +33,7 @@ from hydroagent_hpc.config import EnvConfig, to_dict
 from hydroagent_hpc.env import prompts, toolcalls
 from hydroagent_hpc.env.observations import evaluate_run, evaluation_view, simulation_view
 from hydroagent_hpc.env.rewards import Payment, RewardLedger
-from hydroagent_hpc.params import PARAM_NAMES
+from hydroagent_hpc.params import ParameterSet, parameter_set_of
 from hydroagent_hpc.provenance import provenance
 from hydroagent_hpc.sim import Simulator
 from hydroagent_hpc.sim.errors import HydroAgentError
@@ -94,7 +94,12 @@ class CalibrationEnv:
         self.episode_id = episode_id or uuid.uuid4().hex[:16]
         self._clock = clock
         self.target = config.target_nse if config.target_nse is not None else basin.target_nse
+        #: The basin's calibratable parameters: the 13 multipliers, and Snow-17's when the task has snow.
+        self.parameters: ParameterSet = parameter_set_of(simulator)
         self._initial = {k: float(v) for k, v in simulator.base_params.items()}
+        if self.parameters.snow:  # the control file's Snow-17 values (the embedded engine keeps them apart)
+            snow = {**self.parameters.defaults, **(getattr(simulator, "base_snow_params", None) or {})}
+            self._initial.update({k: float(snow[k]) for k in self.parameters.snow_names if k not in self._initial})
         self.reset()
 
     # ------------------------------------------------------------------ lifecycle
@@ -120,7 +125,7 @@ class CalibrationEnv:
         self._started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self._terminal: Payment | None = None
         self._series: ObservedSeries | None = None  # from the first successful run
-        self.messages = prompts.render_messages(self.basin, self.config.preset, self._budget())
+        self.messages = prompts.render_messages(self.basin, self.config.preset, self._budget(), self.parameters)
         return [dict(m) for m in self.messages]
 
     def _budget(self) -> prompts.Budget:
@@ -204,7 +209,8 @@ class CalibrationEnv:
         if call.name not in toolcalls.TOOL_NAMES:
             return self._parse_failure("unknown_tool", f"unknown tool {call.name!r}; the tools are "
                                                        f"{', '.join(toolcalls.TOOL_NAMES)}")
-        v = toolcalls.validate_arguments(call, self.params, clip=self.config.clip_out_of_bounds)
+        v = toolcalls.validate_arguments(call, self.params, clip=self.config.clip_out_of_bounds,
+                                         parameters=self.parameters)
         if not v.ok:
             return self._parse_failure(v.reason, v.detail, call.arguments)
         if call.name == "set_parameters":
@@ -224,7 +230,7 @@ class CalibrationEnv:
         self.parse_streak = 0
         before, self.params = self.params, dict(v.params)
         self.counters["clipped_values"] += len(v.clipped)
-        shown = {k: round(self.params[k], 6) for k in PARAM_NAMES}
+        shown = {k: round(self.params[k], 6) for k in self.parameters.names}
         key = "params" if self.config.observation == "paper" else "validated_params"
         obs: dict[str, Any] = {"status": "ok", key: shown}
         if v.clipped:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydroagent_hpc.env.toolcalls import describe_parameter, format_example
-from hydroagent_hpc.params import PARAMS, TUNABLE
+from hydroagent_hpc.params import CREST_SET, ParameterSet
 from hydroagent_hpc.types import Basin, ToolCall
 
 __all__ = ["PRESETS", "Budget", "system_prompt", "user_prompt", "render_messages", "format_coordinates",
@@ -169,8 +169,12 @@ def _protocol(budget: Budget, preset: str) -> str:
             "evaluate scores only a fresh successful simulation.")
 
 
-def system_prompt(preset: str, budget: Any = None) -> str:
-    """The system prompt of ``preset`` ("paper" or "released") for this budget's protocol."""
+def system_prompt(preset: str, budget: Any = None, parameters: ParameterSet = CREST_SET) -> str:
+    """The system prompt of ``preset`` ("paper" or "released") for this budget's protocol.
+
+    ``parameters`` is the basin's set: for a basin with Snow-17 the prompt also tells the agent
+    about the snow parameters (a snow-free basin's prompt is unchanged).
+    """
     _check_preset(preset)
     b = Budget.coerce(budget)
     clip = ("out-of-bounds values are clipped to the nearest bound and reported" if b.clip_out_of_bounds
@@ -194,6 +198,8 @@ def system_prompt(preset: str, budget: Any = None) -> str:
             "and change the parameters that control it. " + _PROCESSES,
             "th and isu are fixed; do not send them.",
         ]
+        if parameters.snow:
+            parts.insert(2, _SNOW_SYSTEM)
     else:
         parts = [
             "You are an expert hydrologic calibration scientist. You calibrate the CREST model inside the EF5 "
@@ -209,7 +215,17 @@ def system_prompt(preset: str, budget: Any = None) -> str:
             + _PROCESSES,
             "th and isu are fixed; never send them.",
         ]
+        if parameters.snow:
+            parts.insert(2, _SNOW_SYSTEM)
     return "\n\n".join(parts)
+
+
+_SNOW_SYSTEM = (
+    "This basin also runs the Snow-17 snow model in front of CREST (precipitation falls as snow below 1 degC, "
+    "the pack melts with temperature). set_parameters also takes its 8 parameters (values, not multipliers): "
+    "scf (snowfall correction) scales snow volume, mfmax and mfmin (melt factors in summer and winter) and mbase "
+    "(melt base temperature) time the melt, uadj (rain-on-snow melt), tipm, nmf (cold content) and plwhc "
+    "(liquid water the pack holds).")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,8 +258,11 @@ def _budget_lines(basin: Basin | None, b: Budget) -> list[str]:
     return lines
 
 
-def user_prompt(basin: Basin, preset: str, budget: Any = None) -> str:
-    """The task: basin facts, window, parameter table, fixed parameters, target and budget."""
+def user_prompt(basin: Basin, preset: str, budget: Any = None, parameters: ParameterSet = CREST_SET) -> str:
+    """The task: basin facts, window, parameter table, fixed parameters, target and budget.
+
+    The table lists the basin's ``parameters``: the Snow-17 ones only for a basin with snow.
+    """
     _check_preset(preset)
     b = Budget.coerce(budget)
     label = _gauge_label(basin)
@@ -262,8 +281,12 @@ def user_prompt(basin: Basin, preset: str, budget: Any = None) -> str:
         lines.append("- Warm-up: none; the model starts at the window start, so iwu (initial soil water) "
                      "shapes the first days, which are scored.")
     lines += ["", "Tunable parameters (multipliers unless noted; you start from the defaults):"]
-    lines += [f"- {n}: {describe_parameter(n)}" for n in TUNABLE]
-    fixed = [n for n in PARAMS if PARAMS[n].fixed]
+    lines += [f"- {n}: {describe_parameter(n)}" for n in parameters.tunable if n not in parameters.snow_names]
+    if parameters.snow:
+        lines.append("Snow-17 parameters (this basin has SNOW=SNOW17; values, not multipliers; melt factors per "
+                     "6 hours):")
+        lines += [f"- {n}: {describe_parameter(n)}" for n in parameters.snow_names]
+    fixed = list(parameters.fixed)
     lines.append("Fixed (do not send them):")
     lines += [f"- {n}: {describe_parameter(n)}" for n in fixed]
     lines.append("")
@@ -278,7 +301,8 @@ def user_prompt(basin: Basin, preset: str, budget: Any = None) -> str:
     return "\n".join(lines)
 
 
-def render_messages(basin: Basin, preset: str, budget: Any = None) -> list[dict[str, Any]]:
-    """``[{"role": "system", ...}, {"role": "user", ...}]`` for a chat model."""
-    return [{"role": "system", "content": system_prompt(preset, budget)},
-            {"role": "user", "content": user_prompt(basin, preset, budget)}]
+def render_messages(basin: Basin, preset: str, budget: Any = None,
+                    parameters: ParameterSet = CREST_SET) -> list[dict[str, Any]]:
+    """``[{"role": "system", ...}, {"role": "user", ...}]`` for a chat model (``parameters``: the basin's set)."""
+    return [{"role": "system", "content": system_prompt(preset, budget, parameters)},
+            {"role": "user", "content": user_prompt(basin, preset, budget, parameters)}]

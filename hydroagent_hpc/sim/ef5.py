@@ -82,6 +82,11 @@ class EF5Simulator:
         sweep_stale_runs(self.workdir or Path(tempfile.gettempdir()))
 
     @property
+    def has_snow(self) -> bool:
+        """Whether the task runs Snow-17 (SNOW=SNOW17): its parameters are then calibratable too."""
+        return bool(self.task.snow)
+
+    @property
     def base_params(self) -> dict[str, float]:
         cf, tk = self.control, self.task
         out: dict[str, float] = {}

@@ -14,6 +14,11 @@ never looks inside it, except ``env.config`` (protocol and budget) and ``env.don
   simulator call; the scores are read from ``obs["candidates"]`` in queue order (their ``run``
   ids increase in that order), and all are told at once.
 
+The parameters searched are the basin's (``env.parameters``): a policy built by name
+(:func:`make_optimizer_policy`) rebuilds its optimizer over the basin's set before the first ask,
+so on a basin with Snow-17 it searches 19 dimensions (the 11 multipliers and the 8 snow
+parameters) and on every other basin the paper's 11.
+
 The policy stops when the environment is done or when it has spent
 ``min(optimizer.budget, simulation_budget(env.config))`` simulations.
 
@@ -36,6 +41,7 @@ from hydroagent_hpc.agents.optimizers.dream import DREAM
 from hydroagent_hpc.agents.optimizers.sampling import LatinHypercubeSearch, RandomSearch
 from hydroagent_hpc.agents.optimizers.sceua import SCEUA
 from hydroagent_hpc.agents.optimizers.space import Candidate, Optimizer, ParameterSpace, clean_score
+from hydroagent_hpc.params import ParameterSet
 
 if TYPE_CHECKING:
     from hydroagent_hpc.env.environment import CalibrationEnv
@@ -86,12 +92,29 @@ class OptimizerPolicy:
     The optimizer keeps its state between calls: use a fresh policy (and optimizer) per episode.
     """
 
-    def __init__(self, optimizer: Optimizer, name: str | None = None) -> None:
+    def __init__(self, optimizer: Optimizer, name: str | None = None,
+                 rebuild: Callable[[ParameterSet], Optimizer] | None = None) -> None:
         self.optimizer = optimizer
         self.name: str = name or str(getattr(optimizer, "name", "optimizer"))
         self.simulations = 0  # simulations this policy caused in its last run
+        self.rebuild = rebuild  # the same optimizer over another basin's parameter set
+
+    def _adopt(self, env: CalibrationEnv) -> None:
+        """Search the basin's parameters (``env.parameters``) where they differ from the optimizer's space."""
+        pset = getattr(env, "parameters", None)
+        space = getattr(self.optimizer, "space", None)
+        if not isinstance(pset, ParameterSet) or space is None or tuple(space.names) == pset.tunable:
+            return
+        if self.rebuild is not None and not getattr(self.optimizer, "n_asked", 0):
+            self.optimizer = self.rebuild(pset)
+            log.info("%s: searching the basin's %d parameters (%s)", self.name, len(pset.tunable),
+                     "with Snow-17" if pset.snow else "CREST/KW")
+        else:
+            log.info("%s: the optimizer searches %d parameters; the basin's others keep their values",
+                     self.name, len(space.names))
 
     def run(self, env: CalibrationEnv) -> None:
+        self._adopt(env)
         budget = self.optimizer.budget
         cap = simulation_budget(env.config)
         if cap is not None and cap < budget:
@@ -179,7 +202,8 @@ def _row_score(row: Mapping[str, Any] | None, cand: Candidate) -> float:
     return _nse(row)
 
 
-def make_optimizer(name: str, seed: int, budget: int, *, scale: str = "log", **options: Any) -> Optimizer:
+def make_optimizer(name: str, seed: int, budget: int, *, scale: str = "log", parameters: ParameterSet | None = None,
+                   **options: Any) -> Optimizer:
     """The optimizer ``name`` (one of :data:`OPTIMIZERS`) with ``seed``, ``budget`` and its options.
 
     ``scale``: "log" (default: the wide-range multipliers wm, fc, iwu, under, leaki, alpha, beta
@@ -187,7 +211,8 @@ def make_optimizer(name: str, seed: int, budget: int, *, scale: str = "log", **o
     "linear" (the box exactly as the papers use it). On the synthetic twins, DDS reached NSE 0.94
     within 200 runs on every seed tried with "log", and stalled near NSE 0.03 on 2 of 5 seeds of
     syn_07144100 with "linear" (a flat "mean-flow" plateau at large beta); see the optimizers
-    benchmark, ``python -m hydroagent_hpc.bench.optimizers``.
+    benchmark, ``python -m hydroagent_hpc.bench.optimizers``. ``parameters``: a basin's set
+    (``env.parameters``; default the paper's 11 multipliers), e.g. 19 names with Snow-17.
     """
     try:
         cls = OPTIMIZERS[name]
@@ -195,10 +220,16 @@ def make_optimizer(name: str, seed: int, budget: int, *, scale: str = "log", **o
         raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}") from None
     if scale not in ("linear", "log"):
         raise ValueError(f"scale={scale!r}: use 'linear' or 'log'")
-    space = ParameterSpace.log_scaled() if scale == "log" else ParameterSpace()
+    if parameters is not None:
+        space = ParameterSpace.of(parameters, scale)
+    else:
+        space = ParameterSpace.log_scaled() if scale == "log" else ParameterSpace()
     return cls(seed, budget, space=space, **options)
 
 
 def make_optimizer_policy(name: str, seed: int, budget: int, **options: Any) -> OptimizerPolicy:
     """An :class:`OptimizerPolicy` around :func:`make_optimizer`; its ``name`` is the optimizer's."""
-    return OptimizerPolicy(make_optimizer(name, seed, budget, **options), name=name)
+    def rebuild(parameters: ParameterSet) -> Optimizer:
+        return make_optimizer(name, seed, budget, parameters=parameters, **options)
+
+    return OptimizerPolicy(make_optimizer(name, seed, budget, **options), name=name, rebuild=rebuild)

@@ -7,6 +7,11 @@ search) works in the unit cube ``[0, 1]^11`` of the 11 tunable multipliers (``pa
 what the papers use (DDS perturbs with ``r·(upper - lower)``; SCE-UA samples uniformly in the
 feasible box), so by default the algorithms are the published ones.
 
+A basin with Snow-17 calibrates its 8 snow parameters too: ``ParameterSpace.of(env.parameters)``
+(what :class:`~hydroagent_hpc.agents.optimizers.policy.OptimizerPolicy` builds for such a basin)
+is the 19-dimensional box of the 11 multipliers and the snow parameters' bounds
+(``params.SNOW_PARAMS``); every other basin keeps the 11.
+
 ``ParameterSpace.log_scaled()`` (``scale="log"`` in the optimizer factory) maps the multipliers
 whose range spans a factor of 10 or more and whose lower bound is a real scale (``>= 0.01``:
 wm, fc, iwu, under, leaki, alpha, beta) logarithmically, ``x = lower·(upper/lower)^u``, so a
@@ -34,7 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from hydroagent_hpc.params import PARAMS, TUNABLE
+from hydroagent_hpc.params import SNOW_PARAMS, TUNABLE, ParameterSet, spec_of
 
 __all__ = ["Candidate", "Optimizer", "ParameterSpace", "AskTellOptimizer", "clean_score", "reflect"]
 
@@ -74,12 +79,13 @@ class ParameterSpace:
     def __init__(self, names: Sequence[str] = TUNABLE, log_names: Sequence[str] = ()) -> None:
         self.names = tuple(names)
         for n in self.names:
-            if n not in PARAMS or PARAMS[n].fixed:
-                raise ValueError(f"{n!r} is not a tunable parameter; tunable: {', '.join(TUNABLE)}")
-        self.lower = np.array([PARAMS[n].lower for n in self.names], dtype=float)
-        self.upper = np.array([PARAMS[n].upper for n in self.names], dtype=float)
+            if not isinstance(n, str) or n not in (*TUNABLE, *SNOW_PARAMS):
+                raise ValueError(f"{n!r} is not a tunable parameter; tunable: {', '.join(TUNABLE)} "
+                                 f"(with Snow-17 also {', '.join(SNOW_PARAMS)})")
+        self.lower = np.array([spec_of(n).lower for n in self.names], dtype=float)
+        self.upper = np.array([spec_of(n).upper for n in self.names], dtype=float)
         self.width = self.upper - self.lower
-        bad = [n for n in log_names if n not in self.names or PARAMS[n].lower <= 0.0]
+        bad = [n for n in log_names if n not in self.names or spec_of(n).lower <= 0.0]
         if bad:
             raise ValueError(f"cannot log-scale {', '.join(bad)}: a log-scaled parameter needs a lower bound > 0")
         self.log_names = tuple(n for n in self.names if n in log_names)
@@ -90,8 +96,15 @@ class ParameterSpace:
     @classmethod
     def log_scaled(cls, names: Sequence[str] = TUNABLE) -> ParameterSpace:
         """Log scale for every multiplier with ``lower >= 0.01`` and ``upper/lower >= 10`` (module docstring)."""
-        logs = [n for n in names if PARAMS[n].lower >= 0.01 and PARAMS[n].upper / PARAMS[n].lower >= 10.0]
+        logs = [n for n in names if spec_of(n).lower >= 0.01 and spec_of(n).upper / spec_of(n).lower >= 10.0]
         return cls(names, log_names=logs)
+
+    @classmethod
+    def of(cls, parameters: ParameterSet, scale: str = "log") -> ParameterSpace:
+        """The space of a basin's parameter set (``env.parameters``): 11 names, or 19 with Snow-17."""
+        if scale not in ("linear", "log"):
+            raise ValueError(f"scale={scale!r}: use 'linear' or 'log'")
+        return cls.log_scaled(parameters.tunable) if scale == "log" else cls(parameters.tunable)
 
     @property
     def dim(self) -> int:

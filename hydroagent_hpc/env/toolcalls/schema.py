@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from hydroagent_hpc.params import PARAMS, TUNABLE
+from hydroagent_hpc.params import CREST_SET, ParameterSet, spec_of
 
 __all__ = ["TOOL_NAMES", "TOOL_DESCRIPTIONS", "BOUNDS_RULES", "VALID_NAMES_TEXT", "describe_parameter",
-           "tool_schemas", "fmt"]
+           "tool_schemas", "fmt", "valid_names_text"]
 
 TOOL_NAMES = ("set_parameters", "run_simulation", "evaluate")
 
@@ -44,34 +44,43 @@ def fmt(x: float) -> str:
 
 def _unit(name: str) -> str:
     """The unit of a value given directly ("" for grid multipliers and dimensionless values)."""
-    u = PARAMS[name].unit
+    u = spec_of(name).unit
     return "" if "(x grid)" in u or u.strip() in ("", "-") else u
 
 
 def _bounds_text(name: str) -> str:
-    p = PARAMS[name]
+    p = spec_of(name)
     return f"{name} [{fmt(p.lower)}, {fmt(p.upper)}]"
 
 
 def describe_parameter(name: str) -> str:
     """One line for a parameter: meaning, unit, bounds, default (schemas and prompts share it)."""
-    p = PARAMS[name]
+    p = spec_of(name)
     unit = f" ({_unit(name)})" if _unit(name) else ""
     if p.fixed:
         return f"{p.meaning}{unit}; fixed at {fmt(p.default)}"
     return f"{p.meaning}{unit}; bounds [{fmt(p.lower)}, {fmt(p.upper)}], default {fmt(p.default)}"
 
 
-VALID_NAMES_TEXT = ", ".join(_bounds_text(n) for n in TUNABLE)
+def valid_names_text(parameters: ParameterSet = CREST_SET) -> str:
+    """The tunable names of a basin with their bounds, as error messages list them."""
+    return ", ".join(_bounds_text(n) for n in parameters.tunable)
 
 
-def tool_schemas(clip_out_of_bounds: bool = True) -> list[dict[str, Any]]:
+VALID_NAMES_TEXT = valid_names_text(CREST_SET)
+
+_SNOW_SENTENCE = (" This basin also runs the Snow-17 snow model: its 8 parameters (uadj, mbase, mfmax, mfmin, tipm, "
+                  "nmf, plwhc, scf) are values, not multipliers, and can be set the same way.")
+
+
+def tool_schemas(clip_out_of_bounds: bool = True, parameters: ParameterSet = CREST_SET) -> list[dict[str, Any]]:
     """The three tools as OpenAI function schemas (also what the Qwen3 template puts in <tools>).
 
     ``clip_out_of_bounds`` must match what :func:`validate_arguments` is told (``clip``); it only
-    changes one sentence of set_parameters' description.
+    changes one sentence of set_parameters' description. ``parameters`` (the basin's set, e.g.
+    ``CalibrationEnv.parameters``) adds the Snow-17 parameters for a basin with snow.
     """
-    props = {name: {"type": "number", "description": describe_parameter(name)} for name in TUNABLE}
+    props = {name: {"type": "number", "description": describe_parameter(name)} for name in parameters.tunable}
     empty = {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
     args = {
         "set_parameters": {"type": "object", "properties": props, "required": [], "additionalProperties": False},
@@ -80,6 +89,7 @@ def tool_schemas(clip_out_of_bounds: bool = True) -> list[dict[str, Any]]:
     }
     rule = BOUNDS_RULES[bool(clip_out_of_bounds)]
     return [{"type": "function",
-             "function": {"name": n, "description": TOOL_DESCRIPTIONS[n].replace("{bounds_rule}", rule),
+             "function": {"name": n, "description": TOOL_DESCRIPTIONS[n].replace("{bounds_rule}", rule)
+                          + (_SNOW_SENTENCE if n == "set_parameters" and parameters.snow else ""),
                           "parameters": json.loads(json.dumps(args[n]))}}
             for n in TOOL_NAMES]

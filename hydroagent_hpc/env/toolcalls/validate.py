@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from hydroagent_hpc.env.toolcalls.schema import TOOL_NAMES, VALID_NAMES_TEXT, fmt
+from hydroagent_hpc.env.toolcalls.schema import TOOL_NAMES, fmt, valid_names_text
 from hydroagent_hpc.env.toolcalls.strictjson import json_type, show
-from hydroagent_hpc.params import DEFAULTS, PARAM_NAMES, PARAMS, TUNABLE
+from hydroagent_hpc.params import CREST_SET, SNOW_PARAMS, ParameterSet, spec_of
 from hydroagent_hpc.types import ToolCall
 
 __all__ = ["VALIDATION_REASONS", "MAX_ABS_VALUE", "Validated", "validate_arguments"]
@@ -49,25 +49,28 @@ class Validated:
     detail: str = ""
 
 
-def _full(current: Mapping[str, float]) -> dict[str, float]:
-    """All 13 parameters in EF5 order: ``current`` where given, else the default."""
-    return {n: float(current[n]) if n in current else float(DEFAULTS[n]) for n in PARAM_NAMES}
+def _full(current: Mapping[str, float], parameters: ParameterSet) -> dict[str, float]:
+    """Every parameter of the basin in EF5 order: ``current`` where given, else the default."""
+    return {n: float(current[n]) if n in current else float(spec_of(n).default) for n in parameters.names}
 
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and type(v).__name__ not in ("bool", "bool_")
 
 
-def validate_arguments(call: ToolCall, current: Mapping[str, float], *, clip: bool = True) -> Validated:
+def validate_arguments(call: ToolCall, current: Mapping[str, float], *, clip: bool = True,
+                       parameters: ParameterSet = CREST_SET) -> Validated:
     """Check ``call`` against its tool and return the new parameter set or an error.
 
     set_parameters: at least one parameter; names must be tunable and lower-case; values must be
     real numbers (int or float; not bool, str, null, arrays or objects), finite, with
     ``abs < 1e12``. Out-of-bounds values are clipped (``clip=False``: rejected). Any problem
     rejects the whole call and nothing is applied; the detail lists every problem.
-    run_simulation / evaluate: arguments must be exactly ``{}``.
+    run_simulation / evaluate: arguments must be exactly ``{}``. ``parameters`` is the basin's set
+    (:class:`~hydroagent_hpc.params.ParameterSet`): the Snow-17 names pass only when it has snow.
     """
-    base = _full(current)
+    base = _full(current, parameters)
+    names_text = valid_names_text(parameters)
     name, args = call.name, call.arguments
     if name not in TOOL_NAMES:
         return Validated(str(name), False, base, reason="unknown_tool",
@@ -84,16 +87,16 @@ def validate_arguments(call: ToolCall, current: Mapping[str, float], *, clip: bo
     if not args:
         return Validated(name, False, base, reason="empty_arguments",
                          detail="set_parameters needs at least one parameter, e.g. {\"wm\": 1.5}; valid: "
-                                + VALID_NAMES_TEXT)
+                                + names_text)
     problems: list[tuple[str, str]] = []
     applied: dict[str, float] = {}
     clipped: dict[str, tuple[float, float]] = {}
     for key, value in args.items():
-        code, msg = _check_one(key, value)
+        code, msg = _check_one(key, value, parameters)
         if code:
             problems.append((code, msg))
             continue
-        p = PARAMS[key]
+        p = spec_of(key)
         v = float(cast(numbers.Real, value)) + 0.0  # a Python float (checked above); -0.0 becomes 0.0
         used = min(max(v, p.lower), p.upper)
         if used != v:
@@ -106,28 +109,32 @@ def validate_arguments(call: ToolCall, current: Mapping[str, float], *, clip: bo
     if problems:
         detail = "; ".join(m for _, m in problems)
         if any(c == "unknown_parameter" for c, _ in problems):
-            detail += ". Valid parameters: " + VALID_NAMES_TEXT
+            detail += ". Valid parameters: " + names_text
         return Validated(name, False, base, reason=problems[0][0], detail=detail + ". Nothing was changed.")
     new = dict(base)
     new.update(applied)
-    detail = "; ".join(f"{k} clipped from {fmt(a)} to {fmt(u)} (bounds [{fmt(PARAMS[k].lower)}, "
-                       f"{fmt(PARAMS[k].upper)}])" for k, (a, u) in clipped.items())
+    detail = "; ".join(f"{k} clipped from {fmt(a)} to {fmt(u)} (bounds [{fmt(spec_of(k).lower)}, "
+                       f"{fmt(spec_of(k).upper)}])" for k, (a, u) in clipped.items())
     return Validated(name, True, new, applied, clipped, detail=detail)
 
 
-def _check_one(key: Any, value: Any) -> tuple[str, str]:
+def _check_one(key: Any, value: Any, parameters: ParameterSet) -> tuple[str, str]:
     if not isinstance(key, str):
         return "unknown_parameter", f"parameter name {show(str(key))} is not a string"
     shown = show(key)
-    if key not in PARAMS:
-        if key.lower() in PARAMS and PARAMS[key.lower()].fixed:
-            return "fixed_parameter", f"{shown}: {key.lower()} is fixed and cannot be set (names are lower-case)"
-        if key.lower() in PARAMS:
-            return "unknown_parameter", f"unknown parameter {shown}: names are lower-case, use {show(key.lower())}"
-        match = difflib.get_close_matches(key.lower(), TUNABLE, n=1, cutoff=0.7)
+    if key not in parameters:
+        low = key.lower()
+        if low in SNOW_PARAMS and not parameters.snow:
+            return "unknown_parameter", (f"{shown} is a Snow-17 parameter, but this basin has no snow model (its "
+                                         "task has no SNOW=SNOW17); set only the CREST/KW multipliers")
+        if low in parameters and spec_of(low).fixed:
+            return "fixed_parameter", f"{shown}: {low} is fixed and cannot be set (names are lower-case)"
+        if low in parameters:
+            return "unknown_parameter", f"unknown parameter {shown}: names are lower-case, use {show(low)}"
+        match = difflib.get_close_matches(low, parameters.tunable, n=1, cutoff=0.7)
         hint = f" (did you mean {show(match[0])}?)" if match else ""
         return "unknown_parameter", f"unknown parameter {shown}{hint}"
-    p = PARAMS[key]
+    p = spec_of(key)
     if p.fixed:
         return "fixed_parameter", f"{key} is fixed at {fmt(p.default)} and cannot be set; leave it out"
     if not _is_number(value):
