@@ -101,7 +101,7 @@ def cmd_basin_from_camels(args: argparse.Namespace) -> int:
     control = write_camels_basin(args.out, root=args.root, gauge_id=args.basin, start=args.start, end=args.end,
                                  warmup_days=args.warmup_days, forcing=args.forcing, attributes=args.attributes,
                                  spinup=args.spinup, precip_column=args.precip_column, target_cells=args.cells,
-                                 network=args.network, command=_command_line())
+                                 network=args.network, snow=args.snow, command=_command_line())
     print(control)
     return 0
 
@@ -210,6 +210,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     fc.add_argument("--network", choices=("comb", "valley"), default="comb",
                     help="network template: comb (cardinal flow directions; EF5's kinematic wave conserves volume "
                          "on it, default) or valley (a D8 valley DEM; EF5's scheme inflates volume on diagonal steps)")
+    fc.add_argument("--snow", action="store_true",
+                    help="run EF5's Snow-17 in front of CREST: [TempForcing] (daily mean of Tmax/Tmin, degC), "
+                         "[Snow17ParamSet] at the default values, SNOW=SNOW17, the DEM at the basin's mean "
+                         "elevation; its 8 parameters become calibratable")
     fc.add_argument("--out", required=True, help="folder to write the basin into")
     fc.set_defaults(func=cmd_basin_from_camels)
 

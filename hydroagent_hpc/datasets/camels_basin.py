@@ -39,6 +39,19 @@ recorded in ``basin.json``):
   FC (Ksat) = 10 * ``soil_conductivity`` cm/h (clipped 0.5-50 mm/h, else 5), B 0.5, IM 0.01,
   LEAKI 0.1 per step (EF5 leaks ``LEAKI*IR`` per time step: 0.1 a day), ALPHA 1.6, BETA 0.6,
   ALPHA0 0.8; scalars at HydroAgent's default multipliers (:data:`hydroagent_hpc.params.DEFAULTS`).
+* **Temperature** (where the forcing has it on every simulated day: the NLDAS, Daymet and
+  Maurer files' Tmax/Tmin, the model output's TAIR): the daily mean ``(tmax + tmin) / 2`` in degC,
+  one 1x1 grid per day like precipitation, ``temp/T.YYYYMMDD.asc`` (EF5's ``[TempForcing]``
+  ``TYPE=ASC UNIT=C FREQ=1d``, the same end-of-day stamps). Without ``snow`` they are written but
+  not named in the control file, which is then exactly what it was before.
+* **Snow-17** (``snow=True``, ``--snow``): the control file also gets ``[TempForcing TEMP]``,
+  ``[Snow17ParamSet SNOWPARAMS]`` at :data:`hydroagent_hpc.params.SNOW_DEFAULTS` and
+  ``SNOW=SNOW17`` in the task, and the DEM is shifted (by a whole number of metres, so its slopes
+  stay the same) until its mean is the basin's mean elevation (CAMELS ``elev_mean``, else the
+  forcing header): Snow-17 takes air pressure from the DEM. The temperature grid has no DEM of
+  its own, so no lapse rate is applied (the basin mean is used everywhere). Without ``snow`` the
+  DEM keeps the template's elevations (they matter to nothing else: routing uses differences).
+  ``--precip-column raim`` (rain + the benchmark's own snowmelt) cannot be combined with it.
 * **Warm-up**: ``warmup_days`` before ``start`` are simulated but not scored
   (``TIME_WARMEND``). Where the record starts later, ``spinup="repeat"`` fills those days with
   the forcing 365 days later (a repeated year, recorded as ``spinup_days`` in basin.json);
@@ -59,7 +72,7 @@ import numpy as np
 
 from hydroagent_hpc.datasets import attributes as attr_mod
 from hydroagent_hpc.datasets import camels, model_output, pet
-from hydroagent_hpc.params import DEFAULTS
+from hydroagent_hpc.params import DEFAULTS, SNOW_DEFAULTS
 from hydroagent_hpc.sim.controlfile import Forcing, Gauge
 from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
@@ -212,15 +225,19 @@ def _asc_1x1(path: Path, geo: tuple, value: float, fmt: str) -> None:
                     f"NODATA_value -9999\n{value:{fmt}}\n")
 
 
+TEMP_FORCING = Forcing("TEMP", "ASC", "C", "1d", Path("temp"), "T.YYYYMMDD.asc")
+
+
 def _control_text(gid: str, cell: tuple[int, int], begin: datetime, warm: datetime | None, end: datetime,
-                  header: str) -> str:
+                  header: str, snow: bool = False) -> str:
     return basin_control_text(
         header=[header,
                 "written by hydroagent_hpc.datasets.camels_basin; all paths relative: cd here && ef5 control.txt"],
         gauge=gid, cell=cell, precip=Forcing("PRECIP", "ASC", "mm/d", "1d", Path("precip"), "P.YYYYMMDD.asc",
                                                             kind="precip"),
         pet=Forcing("PET", "ASC", "mm/d", "1d", Path("pet"), "PET.YYYYMMDD.asc"), timestep="1d", begin=begin,
-        warm=warm, end=end, grid_files=GRID_FILES, scalars=DEFAULTS)
+        warm=warm, end=end, grid_files=GRID_FILES, scalars=DEFAULTS, temp=TEMP_FORCING if snow else None,
+        snow=dict(SNOW_DEFAULTS) if snow else None)
 
 
 def _a_priori(attrs) -> dict[str, float]:
@@ -268,6 +285,8 @@ class _Daily:
     q_days: np.ndarray  # datetime64[D] of the observations within ``days``
     q: np.ndarray  # m3/s, NaN where missing
     flags: dict[str, int]  # USGS qualification flags within ``days`` and their counts
+    temp: np.ndarray | None = None  # degC, daily mean of tmax and tmin; None where the forcing lacks it
+    temp_missing: int = 0  # simulated days without a temperature (then ``temp`` is None)
 
 
 def _check_request(gauge_id: str, start: object, end: object, warmup_days: object, spinup: str,
@@ -323,7 +342,10 @@ def _daily(req: _Request, f: Any, pet_values: np.ndarray, flow: Any, spinup: str
                          fix="pick --start/--end inside the streamflow record "
                              f"({flow.dates[0]}..{flow.dates[-1]})")
     flags = {str(k): int(v) for k, v in zip(*np.unique(flow.flags[in_run], return_counts=True))}
-    return _Daily(days, prcp, pet_d, spun, q_days, q, flags)
+    _, t_mean, _ = _series(f.dates, (np.asarray(f.tmax, float) + np.asarray(f.tmin, float)) / 2.0, req.warm_first,
+                           req.last, spinup, "forcing", f.path)
+    missing = int((~np.isfinite(t_mean)).sum())
+    return _Daily(days, prcp, pet_d, spun, q_days, q, flags, None if missing else t_mean, missing)
 
 
 def _clock(req: _Request, days: np.ndarray) -> tuple[datetime, datetime | None, datetime]:
@@ -334,9 +356,9 @@ def _clock(req: _Request, days: np.ndarray) -> tuple[datetime, datetime | None, 
     return begin, warm, end
 
 
-def _write_grids(folder: Path, dem: Grid, ddm: Grid, fam: Grid, prior: dict[str, float]) -> None:
+def _write_grids(folder: Path, dem: Grid, ddm: Grid, fam: Grid, prior: dict[str, float], temp: bool = False) -> None:
     """The basin folders, the DEM, directions and accumulation, and one uniform grid per parameter."""
-    for sub in ("basic", "params", "precip", "pet", "obs", "output"):
+    for sub in ("basic", "params", "precip", "pet", "obs", "output", *(("temp",) if temp else ())):
         (folder / sub).mkdir(parents=True)
     write_asc(folder / "basic" / "dem.asc", dem, fmt="%.2f")
     write_asc(folder / "basic" / "ddm.asc", ddm, fmt="%d")
@@ -354,6 +376,17 @@ def _write_forcing(folder: Path, dem: Grid, daily: _Daily) -> None:
     for stamp, p_mm, e_mm in zip(stamps, daily.prcp, daily.pet):
         _asc_1x1(folder / "precip" / f"P.{stamp:%Y%m%d}.asc", geo, float(p_mm), ".2f")
         _asc_1x1(folder / "pet" / f"PET.{stamp:%Y%m%d}.asc", geo, float(e_mm), ".3f")
+    if daily.temp is not None:
+        for stamp, t_c in zip(stamps, daily.temp):
+            _asc_1x1(folder / "temp" / f"T.{stamp:%Y%m%d}.asc", geo, float(t_c), ".2f")
+
+
+def _at_elevation(dem: Grid, elevation_m: float) -> tuple[Grid, float]:
+    """``dem`` shifted by a whole number of metres so its basin cells average ``elevation_m``; and the shift."""
+    valid = dem.data != NODATA
+    shift = float(round(elevation_m - float(np.mean(dem.data[valid]))))
+    data = np.where(valid, dem.data + shift, NODATA)
+    return Grid(data, dem.xll, dem.yll, dem.cellsize, NODATA), shift
 
 
 def _write_observations(path: Path, daily: _Daily) -> None:
@@ -394,20 +427,28 @@ def _basin_meta(req: _Request, site: _Site, daily: _Daily, *, f: Any, flow: Any,
                 "missing_days": int((~np.isfinite(daily.q)).sum()), "flags": daily.flags, "unit": "m3/s",
                 "conversion": "cfs * 0.028316846592"},
         "a_priori": prior, "attributes": attrs.climate() if attrs else {}, "control": CONTROL_NAME,
-        "files": {"precip": len(daily.days), "pet": len(daily.days)}, "generator": settings,
+        "files": {"precip": len(daily.days), "pet": len(daily.days),
+                  **({"temp": len(daily.days)} if daily.temp is not None else {})},
+        "temperature": ({"file": "temp/T.YYYYMMDD.asc", "unit": "degC", "value": "daily mean (tmax + tmin) / 2",
+                         "mean_c": round(float(np.mean(daily.temp)), 3)} if daily.temp is not None else
+                        {"file": None, "why": f"the forcing has no temperature on {daily.temp_missing} of the "
+                                              f"{len(daily.days)} days"}),
+        "generator": settings,
     }
 
 
 def write_camels_basin(out_dir: str | Path, *, root: str | Path, gauge_id: str, start: object, end: object,
                        warmup_days: int = 365, forcing: str = "nldas", attributes: str | Path | None = None,
                        spinup: str = "none", precip_column: str = "prcp", target_cells: int = 150,
-                       network: str = "comb", command: str | None = None) -> Path:
+                       network: str = "comb", snow: bool = False, command: str | None = None) -> Path:
     """Write one CAMELS gauge as a daily EF5 basin in ``out_dir``; return its control file.
 
     ``start``/``end``: first and last scored day (inclusive); ``forcing``: nldas, daymet,
     maurer, maurer_extended or model_output; ``attributes``: a camels_attributes_v2.0 folder
     (default: the one under ``root``). ``out_dir`` must not exist or be empty, or hold an
-    earlier basin written by this function (it is replaced).
+    earlier basin written by this function (it is replaced). ``snow``: run Snow-17 in front of
+    CREST (temperature forcing, the DEM at the basin's mean elevation, ``SNOW=SNOW17``; see the
+    module docstring); the forcing must then have a temperature on every simulated day.
 
     The steps: check the request and the folder; read the gauge's inputs; place the gauge
     (:func:`_site`); cut the daily series (:func:`_daily`); size the network template
@@ -418,29 +459,47 @@ def write_camels_basin(out_dir: str | Path, *, root: str | Path, gauge_id: str, 
     gid = req.gid
     out = Path(out_dir)
     _check_out(out)
+    if snow and forcing == "model_output" and precip_column == "raim":
+        raise ValueError("--snow with --precip-column raim would melt the snow twice (RAIM is rain plus the "
+                         "benchmark's own Snow-17 melt); use --precip-column prcp")
     f, pet_values, pet_method, flow, attrs = load_camels_inputs(root, gid, forcing, attributes, precip_column)
     site = _site(gid, f, attrs)
     daily = _daily(req, f, pet_values, flow, spinup)
     style = _style(attrs)
     terrain, (dem, ddm, fam), net, model_area = _template(gid, site.area_km2, site.lat, site.lon,
                                                           int(target_cells), style, network)
+    elevation = attrs.elev_mean_m if attrs is not None and attrs.elev_mean_m is not None else f.elev_m
+    shift = 0.0
+    if snow:
+        if daily.temp is None:
+            raise InputError(f"{f.path}: --snow needs a temperature on every simulated day; {daily.temp_missing} of "
+                             f"{len(daily.days)} days have none", fix="use nldas, daymet or maurer forcing, or leave "
+                                                                      "out --snow")
+        if elevation is None:
+            raise InputError(f"gauge {gid}: --snow needs the basin's mean elevation (Snow-17 takes air pressure from "
+                             "the DEM), and neither the attributes nor the forcing header give it",
+                             fix="give --attributes DIR, a camels_attributes_v2.0 folder that lists this gauge")
+        dem, shift = _at_elevation(dem, float(elevation))
     settings = {"module": __name__, "version": WRITER_VERSION, "gauge_id": gid, "root": str(Path(root).resolve()),
                 "forcing": forcing, "precip_column": precip_column if forcing == "model_output" else "prcp",
                 "attributes": str(Path(attributes).resolve()) if attributes else None, "start": str(req.first),
                 "end": str(req.last), "warmup_days": warmup_days, "spinup": spinup, "target_cells": int(target_cells),
-                "network": network}
+                "network": network, "snow": bool(snow)}
     prior = _a_priori(attrs)
     clock = _clock(req, daily.days)
     with staged_folder(out) as tmp:
-        _write_grids(tmp, dem, ddm, fam, prior)
+        _write_grids(tmp, dem, ddm, fam, prior, temp=daily.temp is not None)
         _write_forcing(tmp, dem, daily)
         _write_observations(tmp / "obs" / "obs.csv", daily)
         (tmp / CONTROL_NAME).write_text(_control_text(gid, terrain.gauge, *clock,
                                                       f"CAMELS-US {gid} ({site.name}), daily, synthetic network "
-                                                      "template"))
+                                                      "template" + (", Snow-17" if snow else ""), snow))
         meta = _basin_meta(req, site, daily, f=f, flow=flow, attrs=attrs, pet_method=pet_method, network=network,
                            style=style, cells=int(net.n), dem=dem, model_area=model_area, prior=prior, clock=clock,
                            settings=settings)
+        if snow:
+            meta["snow"] = {"model": "SNOW17", "params": dict(SNOW_DEFAULTS), "elevation_m": float(elevation or 0.0),
+                            "dem_shift_m": shift, "lapse_rate": "none (basin-mean temperature without a DEM)"}
         (tmp / "basin.json").write_text(json.dumps(meta, indent=2) + "\n")
         write_manifest(tmp, source={"dataset": "CAMELS-US", "gauge_id": gid, "forcing": f.path, "streamflow": flow.path,
                                     "attributes": attrs.sources if attrs else [],
