@@ -157,3 +157,25 @@ def test_heuristic_learns_the_snow_parameters_from_the_environment(snow_dir, sno
     assert all(t.ok for t in ep.turns if t.tool == "set_parameters")
     moved = {k for s in ep.sims for k in SNOW_NAMES if s.params[k] != pytest.approx(snow_sim.base_snow_params[k])}
     assert moved, "the heuristic never moved a snow parameter"
+
+
+def test_native_llm_agent_gets_the_snow_tools_on_a_snow_basin(snow_dir, snow_sim):
+    """run_episode tells the agent the basin's set; a snow-free basin's tools are test_openai_agent's."""
+    pytest.importorskip("openai")
+    from pathlib import Path
+
+    from hydroagent_hpc.agents.llm.models_file import get_model
+    from hydroagent_hpc.agents.llm.openai_api import OpenAIAgent, with_changes
+    from hydroagent_hpc.agents.llm.replay_server import ReplayServer
+
+    recorded = Path(__file__).resolve().parent / "data" / "recorded" / "native_episode.json"
+    with ReplayServer(recorded) as srv:
+        spec = with_changes(get_model("replay"), base_url=srv.base_url, timeout_s=5.0, max_retries=2,
+                            backoff_base_s=0.01, backoff_max_s=0.05)
+        agent = OpenAIAgent(spec, seed=5)
+        assert tuple(agent._tools[0]["function"]["parameters"]["properties"]) == TUNABLE
+        ep = run_episode(agent, env_of(snow_dir, snow_sim, end_on_no_tool_call=True))
+        tools = srv.requests[0].body["tools"]
+    assert tuple(tools[0]["function"]["parameters"]["properties"]) == TUNABLE + SNOW_NAMES
+    assert tools == tool_schemas(parameters=SNOW17_SET)
+    assert ep.turns[0].tool == "set_parameters" and ep.turns[0].ok

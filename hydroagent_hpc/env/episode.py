@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from hydroagent_hpc.env.environment import CalibrationEnv
-from hydroagent_hpc.env.policy import Agent, DirectPolicy, MetersUsage, Policy, StopsWithReason
+from hydroagent_hpc.env.policy import Agent, DirectPolicy, MetersUsage, Policy, StopsWithReason, UsesParameters
 from hydroagent_hpc.env.toolcalls import render_tool_response
 from hydroagent_hpc.types import Episode
 
@@ -24,12 +24,16 @@ def run_episode(policy: Agent, env: CalibrationEnv) -> Episode:
     calls ran. A :class:`~hydroagent_hpc.env.policy.DirectPolicy` (``run(env)``, and no ``act``)
     drives the direct tools instead. A policy that returns ``None`` ends the episode (its
     ``stop_reason`` if it has one, else "policy_stopped"); one that raises ends it with
-    "policy_error" and the error is logged. Anything else is a ``TypeError``.
+    "policy_error" and the error is logged. Anything else is a ``TypeError``. A policy with
+    ``use_parameters`` (:class:`~hydroagent_hpc.env.policy.UsesParameters`) is first told the
+    basin's parameter set.
     """
     if not isinstance(policy, (Policy, DirectPolicy)):
         raise TypeError(f"run_episode needs a Policy (name, act(messages)) or a DirectPolicy (name, run(env)); "
                         f"got {type(policy).__name__}")
     messages: list[dict[str, str]] = env.reset()
+    if isinstance(policy, UsesParameters):
+        policy.use_parameters(env.parameters)
     if isinstance(policy, Policy):
         _converse(policy, env, messages)
     else:

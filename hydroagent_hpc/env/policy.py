@@ -9,9 +9,10 @@ hydrologist and scripted replays all speak this protocol, so their episodes are 
 policy (an optimizer) drives the environment's direct tools itself.
 
 The protocols are runtime-checkable: :func:`hydroagent_hpc.env.episode.run_episode` dispatches on
-``isinstance(policy, Policy)`` / ``isinstance(policy, DirectPolicy)``. :class:`StopsWithReason` and
-:class:`MetersUsage` are the optional extras an agent may offer (why it stopped; its token and cost
-accounting). The simulator and pool seams are :class:`hydroagent_hpc.sim.Simulator` and
+``isinstance(policy, Policy)`` / ``isinstance(policy, DirectPolicy)``. :class:`StopsWithReason`,
+:class:`MetersUsage` and :class:`UsesParameters` are the optional extras an agent may offer (why it
+stopped; its token and cost accounting; told the basin's parameter set before the episode). The
+simulator and pool seams are :class:`hydroagent_hpc.sim.Simulator` and
 :class:`hydroagent_hpc.hpc.pool.Pool`.
 """
 
@@ -22,8 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from hydroagent_hpc.env.environment import CalibrationEnv
+    from hydroagent_hpc.params import ParameterSet
 
-__all__ = ["Policy", "DirectPolicy", "Agent", "StopsWithReason", "MetersUsage"]
+__all__ = ["Policy", "DirectPolicy", "Agent", "StopsWithReason", "MetersUsage", "UsesParameters"]
 
 
 @runtime_checkable
@@ -66,3 +68,16 @@ class MetersUsage(Protocol):
     """An agent that accounts for its tokens and cost (LLM agents); copied into the episode record."""
 
     usage: Mapping[str, Any]
+
+
+@runtime_checkable
+class UsesParameters(Protocol):
+    """An agent told the basin's parameter set (``env.parameters``) before each episode starts.
+
+    :func:`~hydroagent_hpc.env.episode.run_episode` calls ``use_parameters`` right after
+    ``env.reset()``; e.g. an LLM agent with native function calling puts the Snow-17 parameters
+    into its tool schema on a basin with snow.
+    """
+
+    def use_parameters(self, parameters: ParameterSet) -> None:
+        ...

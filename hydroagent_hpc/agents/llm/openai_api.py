@@ -54,6 +54,7 @@ from typing import Any
 from hydroagent_hpc.agents.llm.client import ChatClient, Completion
 from hydroagent_hpc.agents.llm.models_file import Limits, ModelsFileError, ModelSpec, Prices, Sampling, get_model
 from hydroagent_hpc.env import toolcalls
+from hydroagent_hpc.params import ParameterSet
 from hydroagent_hpc.types import ToolCall
 
 log = logging.getLogger(__name__)
@@ -208,6 +209,7 @@ class OpenAIAgent:
         self.seed = seed
         self.max_cost_usd = max_cost_usd
         self.native = self.spec.tool_mode == "native"
+        self.clip_out_of_bounds = bool(clip_out_of_bounds)
         self._tools = toolcalls.tool_schemas(clip_out_of_bounds) if self.native else None
         self.reset()
 
@@ -224,6 +226,11 @@ class OpenAIAgent:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def use_parameters(self, parameters: ParameterSet) -> None:
+        """The basin's parameter set (run_episode calls this): native tools then list the Snow-17 ones too."""
+        if self.native:
+            self._tools = toolcalls.tool_schemas(self.clip_out_of_bounds, parameters=parameters)
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
