@@ -179,3 +179,18 @@ def test_native_llm_agent_gets_the_snow_tools_on_a_snow_basin(snow_dir, snow_sim
     assert tuple(tools[0]["function"]["parameters"]["properties"]) == TUNABLE + SNOW_NAMES
     assert tools == tool_schemas(parameters=SNOW17_SET)
     assert ep.turns[0].tool == "set_parameters" and ep.turns[0].ok
+
+
+def test_a_snow_episode_round_trips_through_the_store(snow_dir, snow_sim, tmp_path):
+    from hydroagent_hpc.store.frames import load_episode, read_sims
+    from hydroagent_hpc.store.writer import EpisodeWriter
+
+    env = env_of(snow_dir, snow_sim, max_simulations=4, max_turns=None)
+    ep = run_episode(make_optimizer_policy("random", seed=4, budget=4), env)
+    with EpisodeWriter(tmp_path / "snow.h5") as w:
+        w.write(ep, env.basin)
+    back = load_episode(tmp_path / "snow.h5", ep.episode_id)
+    assert [s.params for s in back.sims] == [s.params for s in ep.sims]
+    assert all(set(SNOW_NAMES) <= set(s.params) for s in back.sims)
+    assert back.best_params == ep.best_params
+    assert len(read_sims(tmp_path / "snow.h5")) == 4
