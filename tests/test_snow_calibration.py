@@ -194,3 +194,19 @@ def test_a_snow_episode_round_trips_through_the_store(snow_dir, snow_sim, tmp_pa
     assert all(set(SNOW_NAMES) <= set(s.params) for s in back.sims)
     assert back.best_params == ep.best_params
     assert len(read_sims(tmp_path / "snow.h5")) == 4
+
+
+def test_sft_data_renders_a_snow_episode_with_the_snow_prompt_and_tools(snow_dir, snow_sim, small_basin_dir,
+                                                                          small_sim):
+    pytest.importorskip("torch")
+    from hydroagent_hpc.train.sft_data import episode_messages, episode_tools
+
+    snowy = run_episode(HeuristicHydrologist(seed=1), env_of(snow_dir, snow_sim, max_simulations=3, max_turns=None))
+    plain = run_episode(HeuristicHydrologist(seed=1), env_of(small_basin_dir, small_sim, max_simulations=2))
+    assert snowy.config["snow17"] is True and "snow17" not in plain.config
+    msgs = episode_messages(snowy)
+    assert "Snow-17" in msgs[0]["content"]
+    assert "Snow-17 parameters" in msgs[1]["content"]
+    assert tuple(episode_tools(snowy)[0]["function"]["parameters"]["properties"]) == TUNABLE + SNOW_NAMES
+    assert episode_tools(plain) == tool_schemas()
+    assert "Snow-17" not in episode_messages(plain)[0]["content"]

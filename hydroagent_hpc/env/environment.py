@@ -425,7 +425,8 @@ class CalibrationEnv:
         return Episode(
             episode_id=self.episode_id, basin_id=self.basin.basin_id, agent=self.agent, preset=self.config.preset,
             protocol=self.config.protocol, seed=self.seed,
-            config={"env": to_dict(self.config), "target_nse": self.target, "basin": _basin_dict(self.basin)},
+            config={"env": to_dict(self.config), "target_nse": self.target, "basin": _basin_dict(self.basin),
+                    **({"snow17": True} if self.parameters.snow else {})},  # the basin's parameter set
             turns=list(self.turns), sims=list(self.sims), best_nse=self.ledger.best,
             best_run=self.best_run, best_params=dict(best.params) if best else None, stop_reason=self.stop_reason,
             terminal_reward=term.reward, terminal_terms=dict(term.terms), counters=dict(self.counters),

@@ -98,6 +98,7 @@ from hydroagent_hpc.env import prompts
 from hydroagent_hpc.env.episode import ROLE_TOOL
 from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response, tool_schemas
 from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.params import ParameterSet, parameter_set
 from hydroagent_hpc.provenance import git_commit
 from hydroagent_hpc.store import iter_episodes
 from hydroagent_hpc.store.writer import install_file
@@ -184,7 +185,7 @@ def episode_messages(episode: Episode) -> list[dict[str, str]]:
         raise SFTDataError(f"episode {eid!r}: its recorded config lacks the basin or environment the prompts "
                            f"need ({type(exc).__name__}: {exc})",
                            fix="rerun the campaign with this version of hydroagent_hpc") from None
-    messages = prompts.render_messages(basin, episode.preset, budget)
+    messages = prompts.render_messages(basin, episode.preset, budget, episode_parameters(episode))
     current = None
     for turn in episode.turns:
         if turn.message_index != current:
@@ -223,10 +224,16 @@ def _variants(traj: Trajectory, points: Sequence[int]) -> list[tuple[int, Trajec
     return out
 
 
+def episode_parameters(episode: Episode) -> ParameterSet:
+    """The parameter set of the episode's basin (with Snow-17 when its config records ``snow17``)."""
+    return parameter_set(bool((episode.config or {}).get("snow17")))
+
+
 def episode_tools(episode: Episode) -> list[dict[str, Any]]:
     """The tool schemas the episode's environment announced."""
     env: dict[str, Any] = dict((episode.config or {}).get("env") or {})  # type: ignore[call-overload]
-    return tool_schemas(clip_out_of_bounds=bool(env.get("clip_out_of_bounds", True)))
+    return tool_schemas(clip_out_of_bounds=bool(env.get("clip_out_of_bounds", True)),
+                        parameters=episode_parameters(episode))
 
 
 # ---------------------------------------------------------------------------------------------
