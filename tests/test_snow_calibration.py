@@ -210,3 +210,14 @@ def test_sft_data_renders_a_snow_episode_with_the_snow_prompt_and_tools(snow_dir
     assert tuple(episode_tools(snowy)[0]["function"]["parameters"]["properties"]) == TUNABLE + SNOW_NAMES
     assert episode_tools(plain) == tool_schemas()
     assert "Snow-17" not in episode_messages(plain)[0]["content"]
+
+
+def test_hybrid_hands_the_snow_parameters_to_dds(snow_dir, snow_sim):
+    from hydroagent_hpc.agents.hybrid import HybridPolicy
+
+    env = env_of(snow_dir, snow_sim, max_simulations=14, max_turns=None)
+    ep = run_episode(HybridPolicy(seed=2, budget=14, warm_simulations=4), env)
+    assert ep.counters["simulations"] == 14
+    dds_sims = ep.sims[4:]
+    assert len({round(s.params["tipm"], 6) for s in dds_sims}) > 2  # DDS moves the snow parameters too
+    assert all(t.ok for t in ep.turns if t.tool == "set_parameters")
