@@ -488,3 +488,20 @@ def test_modules_import_without_torch():
             "bad = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_use_parameters_puts_the_snow_parameters_into_the_default_tools(tok, model):
+    from hydroagent_hpc.params import CREST_SET, SNOW17_SET, SNOW_NAMES
+
+    p = HFLocalPolicy((model, tok), max_new_tokens=8, seed=1)
+    plain = p._render(_start(), True)
+    assert p.tools == tool_schemas() and '"scf"' not in plain
+    p.use_parameters(CREST_SET)  # a snow-free basin changes nothing
+    assert p._render(_start(), True) == plain
+    p.use_parameters(SNOW17_SET)
+    snowy = p._render(_start(), True)
+    assert all(f'"{n}"' in snowy for n in SNOW_NAMES) and p.tools == tool_schemas(parameters=SNOW17_SET)
+    given_tools = tool_schemas(clip_out_of_bounds=False)
+    q = HFLocalPolicy((model, tok), max_new_tokens=8, seed=1, tools=given_tools)
+    q.use_parameters(SNOW17_SET)  # tools given by the caller are kept
+    assert q.tools == given_tools

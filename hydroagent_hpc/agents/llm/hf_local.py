@@ -71,6 +71,7 @@ import numpy as np
 
 from hydroagent_hpc.agents.llm.trajectory import TemplatePrefixError, TrajectoryBuilder
 from hydroagent_hpc.env import toolcalls
+from hydroagent_hpc.params import ParameterSet
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,7 @@ class HFLocalPolicy:
         limit = getattr(self.model.config, "max_position_embeddings", None)
         self.max_context_tokens = int(min(max_context_tokens, limit) if limit else max_context_tokens)
         self.seed = int(seed)
+        self._default_tools = tools is None  # then use_parameters may add a basin's Snow-17 parameters
         self.tools = [dict(t) for t in (tools if tools is not None else toolcalls.tool_schemas())]
         self.chat_template = chat_template
         self.builder = TrajectoryBuilder(self.tokenizer, self.tools, chat_template)
@@ -181,6 +183,19 @@ class HFLocalPolicy:
         self._new_episode()
 
     # ------------------------------------------------------------------ public
+    def use_parameters(self, parameters: ParameterSet) -> None:
+        """The basin's parameter set (run_episode calls this before the episode).
+
+        With the default tools, the schema in the prompt then lists the basin's parameters (the
+        Snow-17 ones on a basin with snow); tools given to the constructor are kept as they are.
+        """
+        if not self._default_tools:
+            return
+        tools = toolcalls.tool_schemas(parameters=parameters)
+        if tools != self.tools:
+            self.tools = tools
+            self.builder = TrajectoryBuilder(self.tokenizer, self.tools, self.chat_template)
+
     @property
     def settings(self) -> dict[str, Any]:
         """The decoding settings, for the episode record."""
