@@ -21,9 +21,11 @@ import hashlib
 import logging
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -172,26 +174,8 @@ def load_forcing(f: Forcing, steps: list[datetime], begin: datetime, dem: Grid, 
                  cols: np.ndarray) -> ForcingSeries:
     """Read every file the steps need once, sample it at the nodes, convert to mm/h."""
     factor = unit_factor(f.unit)
-    names = forcing_file_names(f, steps, begin)
-    cache: dict[str, np.ndarray] = {}
-    missing: list[str] = []
-    out = np.zeros((len(steps), rows.size))
-    zeros = np.zeros(rows.size)
-    for t, name in enumerate(names):
-        if name not in cache:
-            path = f.loc / name
-            if path.exists():
-                cache[name] = _sample(read_grid(path), dem, rows, cols) * factor
-            else:
-                cache[name] = zeros
-                missing.append(str(path))
-        out[t] = cache[name]
-    if missing and len(missing) == len(cache):
-        raise InputError(f"forcing [{f.name}]: none of the {len(cache)} files the run needs exists "
-                         f"(first: {missing[0]})", fix="check LOC and NAME of that forcing section")
-    if missing:
-        log.warning("%d %s forcing file(s) missing, read as zero (first: %s)", len(missing), f.name, missing[0])
-    return ForcingSeries(out, missing, sorted(set(names)))
+    return _read_series(f, steps, begin, rows.size, np.float64, lambda path: _sample(read_grid(path), dem, rows, cols)
+                        * factor, what="forcing", missing_as="zero", section="that forcing section")
 
 
 def _sample_temperature(grid: Grid, dem: Grid, rows: np.ndarray, cols: np.ndarray, path: Path,
@@ -244,32 +228,47 @@ def load_temperature(f: Forcing, steps: list[datetime], begin: datetime, dem: Gr
         from hydroagent_hpc.sim.grids import read_tif
 
         grid_dem = read_tif(f.dem)
+    warned = False
+
+    def read(path: Path) -> np.ndarray:
+        nonlocal warned
+        grid = read_grid(path)
+        if grid_dem is not None and not grid.same_shape(dem) and not grid_dem.same_shape(grid) and not warned:
+            log.warning("[TempForcing %s] DEM=%s is not the shape of %s: no lapse rate (as in EF5)", f.name, f.dem,
+                        path)
+            warned = True
+        return _sample_temperature(grid, dem, rows, cols, path, grid_dem)
+
+    return _read_series(f, steps, begin, rows.size, np.float32, read, what="temperature forcing",
+                        missing_as="0 degC as EF5 does", section="that [TempForcing] section")
+
+
+def _read_series(f: Forcing, steps: list[datetime], begin: datetime, n: int, dtype: Any,
+                 read: Callable[[Path], np.ndarray], *, what: str, missing_as: str, section: str) -> ForcingSeries:
+    """Every step's values from the file it reads, each distinct file read once by ``read``.
+
+    A missing file is zeros (EF5's "Assuming zeros"), counted and logged; no file at all is an error.
+    """
     names = forcing_file_names(f, steps, begin)
     cache: dict[str, np.ndarray] = {}
     missing: list[str] = []
-    out = np.zeros((len(steps), rows.size), dtype=np.float32)
-    zeros = np.zeros(rows.size, dtype=np.float32)
-    warned = False
+    out = np.zeros((len(steps), n), dtype=dtype)
+    zeros = np.zeros(n, dtype=dtype)
     for t, name in enumerate(names):
         if name not in cache:
             path = f.loc / name
             if path.exists():
-                grid = read_grid(path)
-                if grid_dem is not None and not grid.same_shape(dem) and not grid_dem.same_shape(grid) and not warned:
-                    log.warning("[TempForcing %s] DEM=%s is not the shape of %s: no lapse rate (as in EF5)", f.name,
-                                f.dem, path)
-                    warned = True
-                cache[name] = _sample_temperature(grid, dem, rows, cols, path, grid_dem)
+                cache[name] = read(path)
             else:
                 cache[name] = zeros
                 missing.append(str(path))
         out[t] = cache[name]
     if missing and len(missing) == len(cache):
-        raise InputError(f"temperature forcing [{f.name}]: none of the {len(cache)} files the run needs exists "
-                         f"(first: {missing[0]})", fix="check LOC and NAME of that [TempForcing] section")
+        raise InputError(f"{what} [{f.name}]: none of the {len(cache)} files the run needs exists "
+                         f"(first: {missing[0]})", fix=f"check LOC and NAME of {section}")
     if missing:
-        log.warning("%d %s temperature file(s) missing, read as 0 degC as EF5 does (first: %s)", len(missing), f.name,
-                    missing[0])
+        log.warning("%d %s %s file(s) missing, read as %s (first: %s)", len(missing), f.name, what.split()[0],
+                    missing_as, missing[0])
     return ForcingSeries(out, missing, sorted(set(names)))
 
 
