@@ -37,7 +37,6 @@ HTTP errors (a 404 from a wrong ``--base-url``, say) and network failures are
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import logging
@@ -55,6 +54,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.sim.manifest import file_sha256
 
 __all__ = ["OFFICIAL_BASE_URL", "TIMESERIES_ZIP", "ATTRIBUTE_FILES", "KNOWN_SHA256", "DownloadError",
            "fetch", "unpack_zip", "download_camels"]
@@ -96,14 +96,6 @@ class Fetched:
     reused: bool
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(_CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _open(url: str, start: int, timeout: float) -> Any:
     req = urllib.request.Request(url, headers={"User-Agent": "hydroagent-hpc (CAMELS download)"})
     if start:
@@ -129,7 +121,7 @@ def fetch(url: str, dest: Path, *, expected_sha256: str | None = None, timeout: 
     dest = Path(dest)
     base_hint = f"the official base URL is {OFFICIAL_BASE_URL}"
     if dest.is_file():
-        digest = _sha256(dest)
+        digest = file_sha256(dest)
         if expected_sha256 and digest != expected_sha256.lower():
             raise DownloadError(f"{dest}: SHA-256 {digest} is not the expected {expected_sha256}",
                                 fix=f"delete {dest} and run again")
@@ -180,7 +172,7 @@ def fetch(url: str, dest: Path, *, expected_sha256: str | None = None, timeout: 
     if total is not None and done != total:
         raise DownloadError(f"{url}: received {done} of {total} bytes; {part} keeps what arrived",
                             fix="run the same command again to resume")
-    digest = _sha256(part)
+    digest = file_sha256(part)
     if expected_sha256 and digest != expected_sha256.lower():
         part.unlink()
         raise DownloadError(f"{url}: SHA-256 {digest} is not the expected {expected_sha256} (download deleted)",

@@ -26,6 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hydroagent_hpc.sim.manifest import file_sha256
+
 __all__ = ["file_sha256", "output_record", "verify_output", "input_digest", "read_record", "write_record",
            "record_path", "utc_now", "write_json_atomic"]
 
@@ -34,14 +36,6 @@ RECORD = "stage.json"
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _files(path: Path) -> list[Path]:

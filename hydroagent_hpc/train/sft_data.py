@@ -76,7 +76,6 @@ sha256, episodes), ``counts`` (kept/dropped episodes and examples per basin and 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -100,6 +99,7 @@ from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response, to
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.params import ParameterSet, parameter_set
 from hydroagent_hpc.provenance import git_commit
+from hydroagent_hpc.sim.manifest import file_sha256
 from hydroagent_hpc.store import iter_episodes
 from hydroagent_hpc.store.writer import install_file
 from hydroagent_hpc.types import Basin, Episode, ToolCall
@@ -311,14 +311,6 @@ class SFTDataReport:
     render: str = "none"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _summary(x: np.ndarray) -> dict[str, float]:
     if len(x) == 0:
         return {}
@@ -386,7 +378,7 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
                 continue
             examples.append(_Example(e.episode_id, e.basin_id, e.agent, s, e.best_nse))
             episodes.append(e)
-        sources.append({"path": str(p.resolve()), "sha256": _sha256(p), "episodes": len(eps)})
+        sources.append({"path": str(p.resolve()), "sha256": file_sha256(p), "episodes": len(eps)})
 
     # 2. filter and weight
     if preset == "paper":
