@@ -23,6 +23,15 @@ A move that lowers NSE is reverted and the opposite direction is tried with a sm
 step sizes (multiplicative, in log space) shrink after failures, so the search converges; when
 every step has collapsed it restarts around the best set with half the previous initial step
 (``max_restarts`` times), then stops. Deterministic for a seed (the seed only breaks ties).
+
+``overshoot`` (default 0: off) is for teacher data only. With that probability a move writes its
+parameter past the bound it moves towards (by a factor exp(U(0.1, 0.5)), or a quarter of the range
+for a signed parameter); the environment clips it and says so, and the hydrologist carries on from
+the clipped value, which is what it assumed anyway. This is noise injection for imitation learning
+(DART; Laskey et al. 2017, "DART: Noise Injection for Robust Imitation Learning"): a student trained
+only on a teacher that never leaves the bounds has never seen a ``clipped`` observation, and a small
+model that writes one out-of-range value then derails on the unfamiliar reply. Measured in
+``python -m hydroagent_hpc.bench.sft_learning --overshoot P``.
 """
 
 from __future__ import annotations
@@ -60,7 +69,9 @@ class HeuristicHydrologist:
     step0: float = 0.6  # initial log-step (x1.8)
     min_step: float = 0.02
     max_restarts: int = 3  # after the steps collapse, restart around the best with half the step
+    overshoot: float = 0.0  # teacher data: probability that a move asks past its bound (see the module doc)
     _rng: Any = None
+    _noise: Any = None
     _phase: str = "start"
     _current: dict[str, float] = field(default_factory=dict)
     _best: dict[str, float] | None = None
@@ -75,7 +86,11 @@ class HeuristicHydrologist:
     _names: tuple[str, ...] = TUNABLE  # the basin's tunable names (with Snow-17 once the environment shows them)
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.overshoot <= 1.0:
+            raise ValueError(f"heuristic: overshoot must be a probability in [0, 1], got {self.overshoot!r}")
         self._rng = np.random.default_rng(self.seed)
+        # a separate stream, so overshoot = 0 leaves the tie-breaking draws (and the episodes) unchanged
+        self._noise = np.random.default_rng([self.seed, 0x0E5])
         self._steps = dict.fromkeys(TUNABLE, self.step0)
 
     def _see_parameters(self, obs: dict | None) -> None:
@@ -121,6 +136,8 @@ class HeuristicHydrologist:
             return None
         params = self._apply(move)
         self._phase = "run"
+        if self.overshoot > 0.0 and self._noise.random() < self.overshoot:
+            params[move.name] = self._past_bound(move)
         return self._say_set(f"{note} {move.reason}", params)
 
     # ------------------------------------------------------------------ decisions
@@ -241,6 +258,15 @@ class HeuristicHydrologist:
         self._tried[m.name] = self._evals
         self._last_move = m
         return dict(self._current)
+
+    def _past_bound(self, m: _Move) -> float:
+        """A value beyond the bound ``m`` moves towards (teacher noise; the environment clips it)."""
+        spec = spec_of(m.name)
+        bound = spec.upper if m.direction > 0 else spec.lower
+        factor = math.exp(float(self._noise.uniform(0.1, 0.5)))
+        if spec.lower < 0.0 or bound <= 0.0:  # signed or zero bound: step a quarter of the range past it
+            return float(bound + m.direction * (spec.upper - spec.lower) / 4.0)
+        return float(bound * factor if m.direction > 0 else bound / factor)
 
     def _say_set(self, text: str, params: dict[str, float]) -> str:
         shown = {k: round(float(v), 6) for k, v in params.items()}

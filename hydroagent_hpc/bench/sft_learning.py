@@ -5,6 +5,8 @@ The whole first training stage, small enough for a laptop, measured the way issu
 1. three small synthetic basins (80 km2, 10 days): two for teaching, one held out;
 2. a teacher campaign: the heuristic hydrologist on the two teaching basins, ``--seeds`` seeds,
    ``--sims`` simulations each (its episodes carry the diagnosis + tool-call text an LLM writes);
+   (``--overshoot P``: with probability P a move asks past its bound, so the teacher set holds
+   ``clipped`` replies and how to go on; agents/heuristic.py explains why);
 3. ``train.sft_data.build_sft_data`` (``released`` weights, no augmentation: every episode kept);
 4. ``train.sft.train_sft`` of the tiny offline Qwen3 for ``--steps`` steps (fp32, CPU);
 5. the base (untrained) and the SFT'd model as ``hf_local`` agents on the held-out basin (greedy,
@@ -26,7 +28,8 @@ __all__ = ["run", "main"]
 
 
 def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int = 12, teach: int = 2,
-        lr: float = 3e-3, width: int | None = None, layers: int | None = None, heldout: int = 1) -> dict[str, Any]:
+        lr: float = 3e-3, width: int | None = None, layers: int | None = None, heldout: int = 1,
+        overshoot: float = 0.0) -> dict[str, Any]:
     from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
     from hydroagent_hpc.sim.synth.basins import synthesize_basin
     from hydroagent_hpc.store import read_episodes, read_turns
@@ -48,7 +51,8 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
         basins[name] = str(folder)
     env = {"preset": "paper", "protocol": "turns", "max_simulations": sims, "patience": None, "stop_at_target": False}
     teacher = campaign_from_mapping({"name": "teacher", "basins": [basins[n] for n, _ in names[:teach]],
-                                     "agents": [{"name": "heuristic", "kind": "heuristic"}],
+                                     "agents": [{"name": "heuristic", "kind": "heuristic",
+                                                 **({"overshoot": overshoot} if overshoot else {})}],
                                      "seeds": list(range(seeds)), "env": env})
     run_campaign(teacher, out / "teacher.h5", progress=False)
     report = build_sft_data([out / "teacher.h5"], out / "sft.h5", preset="released", tokenizer="tiny",
@@ -96,7 +100,8 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
                                      "scored_episodes": len(nses),
                                      "stop_reason": ";".join(sorted(str(r) for r in eps.stop_reason))}
     result = {"teacher_episodes": report.kept, "sft_steps": steps, "model": model_line.split(": ", 1)[1],
-              "width": width, "layers": layers, "teach_basins": teach, "seeds": seeds, "heldout_basins": heldout,
+              "width": width, "layers": layers, "overshoot": overshoot,
+              "teach_basins": teach, "seeds": seeds, "heldout_basins": heldout,
               "loss_first": losses[0], "loss_last": losses[-1], "sft_s": round(sft_s, 1),
               "tokens_per_s": summary.get("tokens_per_s"), "policies": policies,
               "total_s": round(time.perf_counter() - t0, 1)}
@@ -117,9 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", type=int, default=1, help="number of held-out evaluation basins")
     ap.add_argument("--width", type=int, help="hidden size of a larger random model (default: train/tiny.py's 128)")
     ap.add_argument("--layers", type=int, help="layers of a larger random model (default: train/tiny.py's 4)")
+    ap.add_argument("--overshoot", type=float, default=0.0,
+                    help="teacher noise: probability that a heuristic move asks past its bound (agents/heuristic.py)")
     args = ap.parse_args(argv)
     r = run(args.out, args.steps, args.seeds, args.sims, args.turns, args.teach, args.lr, args.width, args.layers,
-            args.heldout)
+            args.heldout, args.overshoot)
     print(f"SFT {r['sft_steps']} steps in {r['sft_s']} s: loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
     print(f"{'policy':<8} {'messages':>8} {'valid calls':>11} {'mean best NSE':>13}  stop")
     for name, p in r["policies"].items():
