@@ -58,9 +58,9 @@ def simulate(item: tuple[str, int]) -> float:
 
 
 def _one_thread() -> None:
-    import numba
+    from hydroagent_hpc.sim.kernels import set_threads
 
-    numba.set_num_threads(1)
+    set_threads(1)
 
 
 def _time_map(pool: Any, fn: Any, items: list) -> float:

@@ -55,10 +55,10 @@ def run_task(task: Task) -> Episode:
 
 
 def worker_init() -> None:
-    """Prepare a pool worker process: one numba thread (the pool is the parallelism), quiet logs."""
-    import numba
+    """Prepare a pool worker process: one kernel thread (the pool is the parallelism), quiet logs."""
+    from hydroagent_hpc.sim.kernels import set_threads
 
-    numba.set_num_threads(1)
+    set_threads(1)
     logging.getLogger().setLevel(logging.WARNING)
 
 

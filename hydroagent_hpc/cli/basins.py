@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, seed
-from hydroagent_hpc.datasets.download import OFFICIAL_BASE_URL as OFFICIAL_CAMELS_URL
 from hydroagent_hpc.errors import UsageError
 from hydroagent_hpc.params import PARAM_NAMES, PARAMS, SNOW_NAMES, SNOW_PARAMS
 from hydroagent_hpc.sim.errors import HydroAgentError
@@ -116,7 +115,7 @@ def cmd_data_usgs(args: argparse.Namespace) -> int:
 
 
 def cmd_data_camels(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.datasets.download import download_camels
+    from hydroagent_hpc.datasets.download import OFFICIAL_BASE_URL, download_camels
 
     sums: dict[str, str] = {}
     for item in args.sha256 or []:
@@ -125,7 +124,8 @@ def cmd_data_camels(args: argparse.Namespace) -> int:
             raise UsageError(f"--sha256 {item!r}: expected NAME=HEX with a 64-digit SHA-256",
                              fix="e.g. --sha256 camels_topo.txt=<64 hex digits>")
         sums[name] = digest
-    record = download_camels(Path(args.out), base_url=args.base_url, timeseries=not args.attributes_only,
+    record = download_camels(Path(args.out), base_url=args.base_url or OFFICIAL_BASE_URL,
+                             timeseries=not args.attributes_only,
                              attributes=not args.timeseries_only, keep_archive=args.keep_archive,
                              expected_sha256=sums, timeout=args.timeout)
     print(json.dumps({"out": str(args.out), "source": record["source"],
@@ -234,8 +234,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "download, CRC-check and unpack atomically. The result is a --root for "
                                    "`hydroagent basin from-camels`. See hydroagent_hpc/datasets/README.md.")
     ca.add_argument("--out", required=True, help="folder to fill (basin_dataset_public_v1p2/, camels_attributes_v2.0/)")
-    ca.add_argument("--base-url", default=OFFICIAL_CAMELS_URL,
-                    help=f"folder URL holding the CAMELS files (default: NCAR's, {OFFICIAL_CAMELS_URL})")
+    ca.add_argument("--base-url", help="folder URL holding the CAMELS files (default: NCAR's GDEX camels folder, "
+                                       "hydroagent_hpc.datasets.download.OFFICIAL_BASE_URL)")
     part = ca.add_mutually_exclusive_group()
     part.add_argument("--attributes-only", action="store_true", help="only the attribute tables (about 0.6 MB)")
     part.add_argument("--timeseries-only", action="store_true", help="only the time-series archive")

@@ -52,7 +52,7 @@ from hydroagent_hpc.sim.forcing import (
     step_times,
 )
 from hydroagent_hpc.sim.grids import Grid, read_grid, read_tif
-from hydroagent_hpc.sim.kernel import interflow_targets, run_batch_kernel, run_kernel
+from hydroagent_hpc.sim.kernels import kernel
 from hydroagent_hpc.sim.limits import Limits, current_limits
 from hydroagent_hpc.sim.network import Network, build_network
 from hydroagent_hpc.sim.outputs import STATE_GRIDS
@@ -424,14 +424,15 @@ class EmbeddedSimulator:
         t0 = time.perf_counter()
         npar = self.node_params(params)
         step_s = self.dt_hours * 3600.0
-        tg = interflow_targets(self.net.down, self.net.dx, self.net.slope, npar.under, npar.channel, step_s)
+        kern = kernel()
+        tg = kern.interflow_targets(self.net.down, self.net.dx, self.net.slope, npar.under, npar.channel, step_s)
         pq0, po0 = self._flow_states()
         state_step = self._state_step() if keep_states else -1
         precip, snow = self.precip, None
         if self.has_snow:
             precip, swe, snow_states = self.run_snow(params, state_step)
             snow = (self._snow_mean(precip), swe)
-        q, sm, ff, sf, *states = run_kernel(
+        q, sm, ff, sf, *states = kern.run_kernel(
             precip, self.pet, self.dt_hours, npar.wm, npar.b, npar.im, npar.ke, npar.fc, npar.w0, npar.leaki,
             npar.alpha, npar.beta, npar.alpha0, npar.channel, npar.ir0, pq0, po0, self.net.down, self.net.dx,
             self.net.area, *tg, self.net.gauge_nodes, self.weights, state_step)
@@ -457,10 +458,12 @@ class EmbeddedSimulator:
         t0 = time.perf_counter()
         nps = [self.node_params(p) for p in param_sets]
         step_s = self.dt_hours * 3600.0
-        tgs = [interflow_targets(self.net.down, self.net.dx, self.net.slope, p.under, p.channel, step_s) for p in nps]
+        kern = kernel()
+        tgs = [kern.interflow_targets(self.net.down, self.net.dx, self.net.slope, p.under, p.channel, step_s)
+               for p in nps]
         stack = lambda name: np.ascontiguousarray(np.stack([getattr(p, name) for p in nps]))  # noqa: E731
         pq0, po0 = self._flow_states()
-        q, sm, ff, sf = run_batch_kernel(
+        q, sm, ff, sf = kern.run_batch_kernel(
             precip, self.pet, self.dt_hours, stack("wm"), stack("b"), stack("im"), stack("ke"), stack("fc"),
             stack("w0"), stack("leaki"), stack("alpha"), stack("beta"), stack("alpha0"), stack("channel"),
             stack("ir0"), pq0, po0, self.net.down, self.net.dx, self.net.area,

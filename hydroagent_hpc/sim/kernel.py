@@ -66,7 +66,7 @@ def _kw_solve(q_in, q_old, q_old_pow, lateral, alpha, beta, dt, dx):
         est = _F32(_F32(a + c) / d)
         if est < 0.0:
             est = _F32(0.0)
-        return est, 0.0  # the power is never used while alpha is 0
+        return est, _F32(0.0)  # the power is never used while alpha is 0
     back = _F32(0.0)
     if q_in + q_old > 0.0:
         bd = ((q_in + q_old) / 2.0) ** (np.float64(beta) - 1.0)
@@ -80,26 +80,27 @@ def _kw_solve(q_in, q_old, q_old_pow, lateral, alpha, beta, dt, dx):
     # right-hand side and the residual are float arithmetic throughout.
     rhs = _F32(_F32(a + _F32(alpha * q_old_pow)) + c)
     beta64 = np.float64(beta)
-    pow64 = np.float64(est) ** beta64  # one pow per iterate serves both powf(est, beta) and est**(beta-1)
+    bm1 = beta64 - 1.0
+    p = est ** beta  # powf, as EF5 (float ** float)
     for _ in range(10):
-        res = _F32(_F32(_F32(d * est) + _F32(alpha * _F32(pow64))) - rhs)
+        res = _F32(_F32(d * est) + _F32(alpha * p)) - rhs
         if not math.isfinite(res):
             res = _F32(0.0)
         if abs(res) < 0.01:
             break
-        # pow(float, double) is double in EF5: est**(beta-1) = est**beta / est to double rounding
-        d1r = d + np.float64(ab) * (pow64 / est if est > 0.0 else 0.0 ** (beta64 - 1.0))
+        # pow(float, double) is the double pow in EF5
+        d1r = d + np.float64(ab) * (np.float64(est) ** bm1)
         d1 = _F32(d1r) if math.isfinite(d1r) else _F32(1.0)
         if not math.isfinite(d1):
             d1 = _F32(1.0)
         est = _F32(est - _F32(res / d1))
         if est < 0.0:
             est = _F32(0.0)
-        pow64 = np.float64(est) ** beta64
-    est_pow = _F32(pow64)
+        p = est ** beta
+    est_pow = p
     if est < 0.0:
         est = _F32(0.0)
-        est_pow = _F32(0.0 ** beta64)
+        est_pow = _F32(0.0) ** beta
     return est, est_pow
 
 
@@ -191,7 +192,7 @@ def water_balance(precip, pet, t, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm
                 opb = _F32(1.0 + _F32(b[i]))
                 wmm = np.float64(_F32(wmi * opb))
                 # pow(float, float) is powf in EF5 (its headers bring <math.h>'s float overloads)
-                rel = _F32(np.float64(_F32(1.0 - _F32(wi / wmi))) ** np.float64(_F32(1.0 / opb)))
+                rel = _F32(1.0 - _F32(wi / wmi)) ** _F32(1.0 / opb)  # float ** float: powf
                 a = wmm * np.float64(_F32(1.0 - rel))
                 if ps + a >= wmm:
                     r = ps - np.float64(_F32(wmi - wi))
@@ -253,11 +254,11 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
     pq = pq0.astype(np.float32)
     po = po0.astype(np.float32)
     # q**beta of the previous flows, carried between steps (beta 0.6 for overland flow)
-    pq_pow = np.empty(n)
-    po_pow = np.empty(n)
+    pq_pow = np.empty(n, np.float32)
+    po_pow = np.empty(n, np.float32)
     for i in range(n):
-        pq_pow[i] = _F32(np.float64(pq[i]) ** (np.float64(_F32(beta[i])) if channel[i] else np.float64(_F32(0.6))))
-        po_pow[i] = _F32(np.float64(po[i]) ** np.float64(_F32(0.6)))
+        pq_pow[i] = pq[i] ** (_F32(beta[i]) if channel[i] else _F32(0.6))  # powf, as EF5 each step
+        po_pow[i] = po[i] ** _F32(0.6)
     fast = np.zeros(n)
     slow = np.zeros(n)
     sm = np.zeros(n)
@@ -274,6 +275,19 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
     st_pq = pq.astype(np.float64)
     st_po = po.astype(np.float64)
     beta_over = _F32(0.6)
+    # the gauges' nonzero weights, in index order (the sums below add in the same order as a dense loop)
+    g_ptr = np.zeros(ng + 1, np.int64)
+    for g in range(ng):
+        g_ptr[g + 1] = g_ptr[g] + np.count_nonzero(weights[g])
+    g_idx = np.empty(g_ptr[ng], np.int64)
+    g_w = np.empty(g_ptr[ng])
+    j = 0
+    for g in range(ng):
+        for i in range(n):
+            if weights[g, i] != 0.0:
+                g_idx[j] = i
+                g_w[j] = weights[g, i]
+                j += 1
     for t in range(nt):
         # --- water balance, every cell independent ---
         water_balance(precip, pet, t, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm)
@@ -281,12 +295,12 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
             acc_sm = 0.0
             acc_ff = 0.0
             acc_sf = 0.0
-            for i in range(n):
-                wgt = weights[g, i]
-                if wgt != 0.0:
-                    acc_sm += wgt * sm[i]
-                    acc_ff += wgt * fast[i]
-                    acc_sf += wgt * slow[i]
+            for j in range(g_ptr[g], g_ptr[g + 1]):
+                i = g_idx[j]
+                wgt = g_w[j]
+                acc_sm += wgt * sm[i]
+                acc_ff += wgt * fast[i]
+                acc_sf += wgt * slow[i]
             sm_out[t, g] = acc_sm
             ff_out[t, g] = acc_ff
             sf_out[t, g] = acc_sf

@@ -42,9 +42,9 @@ stay as in EF5. See ``ef5/README.md``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
-import numba as nb
 import numpy as np
 
 __all__ = ["SNOW17_PARAMS", "PHYSICS", "EF5", "TEXTBOOK", "PXTEMP", "LAPSE_RATE", "STATE_NAMES",
@@ -61,6 +61,17 @@ PXTEMP = 1.0  # degC: EF5's fixed rain/snow threshold (Snow17Model.cpp:137)
 LAPSE_RATE = -0.0065  # degC per m: TempReader.cpp:94, only for a temperature grid with its own DEM
 
 _JIT: dict[str, Any] = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
+_LAZY: dict[str, Callable[..., Any]] = {}  # the numba functions, compiled when first asked for
+
+
+def _lazy_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``fn`` for numba; the module drops the plain name and :func:`__getattr__` jits on first use.
+
+    A snow-free simulation never touches Snow-17, so ``hydroagent simulate`` with the C kernel does
+    not import numba at all (its import and cache loading cost ~0.7 s per process).
+    """
+    _LAZY[fn.__name__] = fn
+    return fn
 F = np.float32
 _TWO_PI = 2.0 * math.pi
 
@@ -90,7 +101,7 @@ def lapse_temperature(temp, grid_elevation, cell_elevation) -> np.ndarray:
     return np.asarray(temp, dtype=np.float32) + mod
 
 
-@nb.njit(**_JIT)
+@_lazy_jit
 def seasonal_variation(jday, textbook):
     """``Sv`` of the seasonal melt factor for ``jday`` = ``tm_yday`` (0-based) of the step's end.
 
@@ -104,7 +115,7 @@ def seasonal_variation(jday, textbook):
     return F(0.5 * float(np.sin(F(x))) + 0.5)
 
 
-@nb.njit(**_JIT)
+@_lazy_jit
 def snow17_step(precip_rate, temp, jday, dt, uadj, mbase, mfmax, mfmin, tipm, nmf, plwhc, scf, p_atm,
                 ati, wq, wi, deficit, textbook):
     """One cell, one step of EF5's ``Snow17Model::SnowBalanceInt`` (module docstring), float32.
@@ -207,7 +218,7 @@ def gauge_members(upstream_gauges) -> np.ndarray:
     return out
 
 
-@nb.njit(**_JIT)
+@_lazy_jit
 def _gauge_average_step(values, owner, area, members, partial_val, partial_area, out):
     """EF5's ``GaugeMap::GaugeAverage`` in float32: per-gauge partial sums of ``value*area`` in node order,
     then each gauge adds its own and its upstream gauges' partials (``members`` [G, G], -1 padded)."""
@@ -230,7 +241,7 @@ def _gauge_average_step(values, owner, area, members, partial_val, partial_area,
         out[g] = total_val / total_area
 
 
-@nb.njit(**_JIT)
+@_lazy_jit
 def gauge_average(values, owner, area, members):
     """:func:`_gauge_average_step` for every step of ``values`` [T, N] (float32); returns [T, G] float32."""
     nt = values.shape[0]
@@ -245,7 +256,7 @@ def gauge_average(values, owner, area, members):
     return out
 
 
-@nb.njit(**_JIT)
+@_lazy_jit
 def snow17_run(precip, temp, jday, dt, params, p_atm, states, owner, area, members, textbook, state_step):
     """Snow-17 over every step and cell (cells are independent; EF5 ``Snow17Model::SnowBalance``).
 
@@ -284,3 +295,19 @@ def snow17_run(precip, temp, jday, dt, params, p_atm, states, owner, area, membe
     if state_step < 0:
         saved[:, :] = states
     return out, swe_mean, saved
+
+
+for _name in _LAZY:  # the plain functions leave the namespace; __getattr__ serves the compiled ones
+    del globals()[_name]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import numba
+
+    g = globals()
+    for key, fn in _LAZY.items():  # all at once: each one's globals must name the others compiled
+        if key not in g:
+            g[key] = numba.njit(**_JIT)(fn)
+    return g[name]

@@ -1,0 +1,147 @@
+"""The simulator's compiled kernel, chosen once per process: ``c`` or ``numba``.
+
+Both compute EF5's CREST water balance and kinematic-wave routing bit for bit alike
+(``tests/test_ckernel.py`` runs them side by side); they differ in what a process pays to start
+and to run:
+
+- ``c`` (:mod:`hydroagent_hpc.sim.ckernel`): ``crest_kernel.c`` built with the system's C compiler
+  on first use and cached; loads in milliseconds, about as fast per run as numba or faster. A
+  batch runs its members on :func:`threads` threads (ctypes releases the GIL).
+- ``numba`` (:mod:`hydroagent_hpc.sim.kernel`): no compiler needed; importing numba and loading its
+  cache costs ~0.7 s per process. A batch runs its members on numba's threads.
+
+``$HYDROAGENT_KERNEL`` picks one (``auto``, the default: ``c`` when a compiler builds it, else
+``numba`` with one logged line saying why). Snow-17 always runs in numba (:mod:`~hydroagent_hpc.sim.snow`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hydroagent_hpc.errors import ConfigError
+from hydroagent_hpc.registry import Registry
+
+__all__ = ["Kernel", "KERNELS", "kernel", "using", "threads", "set_threads"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One implementation of the kernel functions (the signatures of :mod:`hydroagent_hpc.sim.kernel`)."""
+
+    name: str
+    interflow_targets: Callable[..., Any]
+    run_kernel: Callable[..., Any]
+    run_batch_kernel: Callable[..., Any]
+
+
+def _numba() -> Kernel:
+    import numba
+
+    from hydroagent_hpc.sim import kernel as k
+
+    if _THREADS is not None:
+        numba.set_num_threads(min(_THREADS, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+
+    return Kernel("numba", k.interflow_targets, k.run_kernel, k.run_batch_kernel)
+
+
+def _c() -> Kernel:
+    from hydroagent_hpc.sim import ckernel as c
+
+    c.load()  # build now: an unavailable compiler is found here, not in the middle of a run
+
+    def run_batch_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, channel, ir0,
+                         pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights):
+        k_sets = wm.shape[0]
+
+        def one(k: int):
+            return c.run_kernel(precip, pet, dt_hours, wm[k], b[k], im[k], ke[k], fc[k], w0[k], leaki[k], alpha[k],
+                                beta[k], alpha0[k], channel[k], ir0[k], pq0, po0, down, dx, area, t0[k], t1[k], s0[k],
+                                s1[k], gauge_nodes, weights, -1)[:4]
+
+        n_threads = min(threads(), k_sets)
+        if n_threads > 1:
+            with ThreadPoolExecutor(n_threads) as ex:
+                res = list(ex.map(one, range(k_sets)))
+        else:
+            res = [one(k) for k in range(k_sets)]
+        return tuple(np.stack([r[j] for r in res]) for j in range(4))
+
+    return Kernel("c", c.interflow_targets, c.run_kernel, run_batch_kernel)
+
+
+#: The kernel implementations by name (``$HYDROAGENT_KERNEL``).
+KERNELS: Registry[Callable[[], Kernel]] = Registry("kernel", where="hydroagent_hpc/sim/kernels.py")
+KERNELS.register("c", _c)
+KERNELS.register("numba", _numba)
+
+_CHOSEN: Kernel | None = None
+_THREADS: int | None = None
+
+
+def kernel() -> Kernel:
+    """The process's kernel (chosen on the first call, from ``$HYDROAGENT_KERNEL``)."""
+    global _CHOSEN
+    if _CHOSEN is not None:
+        return _CHOSEN
+    want = os.environ.get("HYDROAGENT_KERNEL", "auto").strip().lower() or "auto"
+    if want == "auto":
+        from hydroagent_hpc.sim.ckernel import CKernelUnavailable
+
+        try:
+            _CHOSEN = _c()
+        except CKernelUnavailable as exc:
+            log.warning("%s; using the numba kernel", exc)
+            _CHOSEN = _numba()
+    elif want in KERNELS:
+        _CHOSEN = KERNELS.lookup(want)()
+    else:
+        raise ConfigError(f"HYDROAGENT_KERNEL={want!r}: unknown kernel",
+                          fix=f"use one of: auto, {', '.join(KERNELS.names())}")
+    log.debug("simulator kernel: %s", _CHOSEN.name)
+    return _CHOSEN
+
+
+@contextmanager
+def using(name: str) -> Iterator[Kernel]:
+    """Run the block with kernel ``name`` (benchmarks and tests compare kernels this way)."""
+    global _CHOSEN
+    before = _CHOSEN
+    _CHOSEN = KERNELS.lookup(name)()
+    try:
+        yield _CHOSEN
+    finally:
+        _CHOSEN = before
+
+
+def threads() -> int:
+    """Threads a batch may use (default: the CPUs this process may run on)."""
+    if _THREADS is not None:
+        return _THREADS
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def set_threads(n: int) -> None:
+    """Cap the threads of a batch (a pool worker sets 1: the pool is the parallelism). Also caps numba's
+    threads when numba is already imported."""
+    global _THREADS
+    if n < 1:
+        raise ValueError(f"set_threads: need at least 1 thread, got {n}")
+    _THREADS = int(n)
+    import sys
+
+    if "numba" in sys.modules:
+        sys.modules["numba"].set_num_threads(min(n, sys.modules["numba"].config.NUMBA_NUM_THREADS))

@@ -1,0 +1,150 @@
+"""The C kernel against the numba kernel: bit-identical results, backend choice, a light process.
+
+Both kernels implement EF5's CREST water balance and kinematic-wave routing with the same
+float/double roundings (hydroagent_hpc/sim/crest_kernel.c, hydroagent_hpc/sim/kernel.py), so every
+output array must be equal bit for bit, on generated cases that cover hourly and daily steps,
+warm-up, missing forcing, initial states, states saved mid-run and multipliers at their bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hydroagent_hpc.errors import ConfigError
+from hydroagent_hpc.sim import kernels
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+from hydroagent_hpc.sim.synth.cases import draw_case, write_case
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "data" / "ef5-reference"
+
+
+def _c_available() -> bool:
+    try:
+        kernels.KERNELS.lookup("c")()
+    except Exception:  # no compiler here: the C tests skip, saying so
+        return False
+    return True
+
+
+needs_c = pytest.mark.skipif(not _c_available(), reason="no C compiler builds hydroagent_hpc/sim/crest_kernel.c")
+
+
+def _both(sim: EmbeddedSimulator, params: dict[str, float] | None):
+    out = {}
+    for name in ("c", "numba"):
+        with kernels.using(name):
+            out[name] = sim.run(params, keep_states=sim.task.states is not None)
+    return out["c"], out["numba"]
+
+
+def _assert_identical(a, b) -> None:
+    assert list(a.gauges) == list(b.gauges)
+    for g in a.gauges:
+        for field in dataclasses.fields(a.gauges[g]):
+            x, y = getattr(a.gauges[g], field.name), getattr(b.gauges[g], field.name)
+            if isinstance(x, np.ndarray):
+                assert np.array_equal(x, y, equal_nan=True), f"{g}.{field.name}"
+    sa, sb = a.info.get("states"), b.info.get("states")
+    assert (sa is None) == (sb is None)
+    for k in sa or {}:
+        assert np.array_equal(sa[k], sb[k]), f"state {k}"
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(8))
+def test_c_kernel_equals_numba_on_generated_cases(tmp_path, seed):
+    spec = draw_case(seed)
+    sim = EmbeddedSimulator(write_case(spec, tmp_path / "case"), cache_dir=False)
+    c, nb = _both(sim, dict(spec.params))
+    _assert_identical(c, nb)
+    assert np.all(np.isfinite(c.discharge))
+
+
+@needs_c
+@pytest.mark.parametrize("control", sorted(p.relative_to(GOLDEN).as_posix() for p in GOLDEN.glob("*/control*.txt")))
+def test_c_kernel_equals_numba_on_golden_cases(control):
+    sim = EmbeddedSimulator(GOLDEN / control, cache_dir=False)
+    _assert_identical(*_both(sim, None))
+
+
+@needs_c
+def test_c_batch_equals_single_runs_and_numba_batch(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "_THREADS", None)  # restored after the test
+    spec = draw_case(3)
+    sim = EmbeddedSimulator(write_case(spec, tmp_path / "case"), cache_dir=False)
+    rng = np.random.default_rng(0)
+    sets = [{**spec.params, "wm": float(rng.uniform(0.5, 2.0)), "alpha": float(rng.uniform(0.5, 2.0))}
+            for _ in range(5)]
+    with kernels.using("c"):
+        singles = [sim.run(p) for p in sets]
+        kernels.set_threads(2)
+        try:
+            threaded = sim.run_batch(sets)
+        finally:
+            kernels.set_threads(1)
+        serial = sim.run_batch(sets)
+    with kernels.using("numba"):
+        numba_batch = sim.run_batch(sets)
+    for one, a, b, c in zip(singles, threaded, serial, numba_batch):
+        for r in (a, b, c):
+            _assert_identical(one, r)
+
+
+def test_unknown_kernel_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HYDROAGENT_KERNEL", "fortran")
+    monkeypatch.setattr(kernels, "_CHOSEN", None)
+    with pytest.raises(ConfigError, match="(?s)HYDROAGENT_KERNEL=.fortran.*auto, c, numba"):
+        kernels.kernel()
+
+
+def test_auto_falls_back_to_numba_without_a_compiler(tmp_path, monkeypatch, caplog):
+    from hydroagent_hpc.sim import ckernel
+
+    monkeypatch.setenv("HYDROAGENT_KERNEL", "auto")
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("HYDROAGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "_CHOSEN", None)
+    monkeypatch.setattr(ckernel, "_LIB", None)
+    with caplog.at_level("WARNING"):
+        assert kernels.kernel().name == "numba"
+    assert "no-such-compiler" in caplog.text and "numba" in caplog.text
+    monkeypatch.setenv("HYDROAGENT_KERNEL", "c")
+    monkeypatch.setattr(kernels, "_CHOSEN", None)
+    with pytest.raises(ckernel.CKernelUnavailable, match="cannot be run"):
+        kernels.kernel()
+
+
+def test_a_broken_compiler_is_reported_and_leaves_no_library(tmp_path, monkeypatch):
+    from hydroagent_hpc.sim import ckernel
+
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo fakecc 1.0; exit 0; fi\n"
+                    "echo 'fakecc: error: no space left' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setattr(ckernel, "_LIB", None)
+    with pytest.raises(ckernel.CKernelUnavailable, match="no space left"):
+        ckernel.load(tmp_path / "cache")
+    assert not list((tmp_path / "cache").glob("*.so")) and not list((tmp_path / "cache").glob("*.tmp"))
+
+
+@needs_c
+def test_simulate_process_does_not_import_numba(tmp_path):
+    """The drop-in command with the C kernel starts without numba (its import costs ~0.7 s)."""
+    control = GOLDEN / "dendritic" / "control_a.txt"
+    code = ("import sys\nfrom hydroagent_hpc.cli import main\n"
+            f"rc = main(['-q', 'simulate', {str(control)!r}, '--output', {str(tmp_path / 'out')!r}, '--no-cache'])\n"
+            "assert rc == 0, rc\nprint('numba' in sys.modules)\n")
+    env = {**os.environ, "HYDROAGENT_KERNEL": "c", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False"
+    assert (tmp_path / "out").is_dir()
