@@ -59,18 +59,25 @@ def main(argv: list[str] | None = None) -> int:
         out(differential.summary(differential.sweep(range(1000, 1100))) + "\n\n")
         sys.stdout.flush()
 
-    out("## Simulator (embedded engine)\n\n")
-    out("| case | cells | steps | load cold s | load warm s | run s | Mcell-steps/s | batch8 s | batch8/run "
-        "| process s | EF5 run s | EF5 run / run | process / EF5 process | forcing MB |\n")
-    out("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    out("## Simulator (embedded engine; EF5 with OMP_NUM_THREADS=1)\n\n")
+    out("| case | cells | steps | kernel | load cold s | load warm s | run s | run numba s | Mcell-steps/s | batch8 s "
+        "| batch8/run | process s | EF5 process s | EF5 process / run | process / EF5 process | forcing MB |\n")
+    out("|---" * 16 + "|\n")
     for label, control in cases:
         t = bench_case(control, label, args.repeats)
-        ef5_ratio = t.ef5_run_s / t.run_s if t.ef5_run_s else None
+        ef5_ratio = t.ef5_process_s / t.run_s if t.ef5_process_s else None
         proc_ratio = t.process_s / t.ef5_process_s if t.ef5_process_s else None
-        out(f"| {label} | {t.cells} | {t.steps} | {t.load_cold_s:.3f} | {t.load_warm_s:.3f} | {t.run_s:.4f} | "
-            f"{t.cell_steps_per_s / 1e6:.1f} | {t.batch8_s:.4f} | {t.batch_ratio:.2f} | {t.process_s:.3f} | "
-            f"{_fmt(t.ef5_run_s)} | {_fmt(ef5_ratio, '.1f')} | {_fmt(proc_ratio, '.2f')} | {t.forcing_mb:.1f} |\n")
+        out(f"| {label} | {t.cells} | {t.steps} | {t.kernel} | {t.load_cold_s:.3f} | {t.load_warm_s:.3f} | "
+            f"{t.run_s:.4f} | {_fmt(t.run_numba_s, '.4f')} | {t.cell_steps_per_s / 1e6:.1f} | {t.batch8_s:.4f} | "
+            f"{t.batch_ratio:.2f} | {t.process_s:.3f} | {_fmt(t.ef5_process_s)} | {_fmt(ef5_ratio, '.1f')} | "
+            f"{_fmt(proc_ratio, '.2f')} | {t.forcing_mb:.1f} |\n")
         sys.stdout.flush()
+    if not args.skip_demo:
+        from hydroagent_hpc.bench import scaling
+
+        out("\n")
+        sys.stdout.flush()
+        scaling.main(["--out", str(ROOT / "results" / "bench-scaling")])
     if not os.environ.get("HYDROAGENT_EF5"):
         out("\nEF5 columns: no binary configured (set HYDROAGENT_EF5 to measure EF5 in the same run). "
             "Published EF5 1.2.3 wall time for dendritic/control_a (whole process, ef5-reference README): "

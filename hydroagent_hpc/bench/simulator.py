@@ -2,8 +2,10 @@
 
 Runs use calibration-like parameters (:func:`typical_params`). Every figure is reported with the
 baseline it is compared to, measured in the same run:
-``batch8 / run`` (goal <= 2.5), ``EF5 run / warm run`` (goal >= 5) and
-``hydroagent process / EF5 process`` (goal <= 1) when ``$HYDROAGENT_EF5`` names a binary;
+``batch8 / run`` (goal <= 2.5), ``EF5 process / our warm run`` (goal >= 4) and
+``hydroagent process / EF5 process`` (goal <= 1; <= 2 on small basins) when ``$HYDROAGENT_EF5``
+names a binary (run with ``OMP_NUM_THREADS=1``); the run with the process's kernel (C unless
+``HYDROAGENT_KERNEL`` says otherwise) and, beside it, with numba;
 without one, the EF5 columns say so and the published EF5 wall time of the reference case is
 shown, labelled as published.
 """
@@ -41,6 +43,8 @@ class CaseTiming:
     batch8_s: float
     process_s: float
     forcing_mb: float
+    run_numba_s: float | None = None  # the same run with the numba kernel (run_s: the process's kernel)
+    kernel: str = ""
     ef5_run_s: float | None = None
     ef5_process_s: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -70,8 +74,16 @@ def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
     cold = time.perf_counter() - t0
     warm = median_seconds(lambda: EmbeddedSimulator(control, cache_dir=cache), 3, warm_up=False)
     params = typical_params(Path(control))
-    sim.run(params)  # compile or load the compiled kernel
+    from hydroagent_hpc.sim import kernels
+
+    chosen = kernels.kernel().name
+    sim.run(params)  # build, compile or load the compiled kernel
     run = median_seconds(lambda: sim.run(params), repeats, warm_up=False)
+    run_numba = None
+    if chosen != "numba":
+        with kernels.using("numba"):
+            sim.run(params)
+            run_numba = median_seconds(lambda: sim.run(params), repeats, warm_up=False)
     rng = np.random.default_rng(0)
     sets = [{**params, "wm": float(rng.uniform(0.5, 2.0)), "alpha": float(rng.uniform(0.5, 2.0))} for _ in range(8)]
     sim.run_batch(sets)
@@ -81,7 +93,7 @@ def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
     proc = _process_time([sys.executable, "-m", "hydroagent_hpc.cli", "-q", "simulate", str(control), "--output", out],
                          env, 3)
     timing = CaseTiming(label, sim.net.n, len(sim.steps), cold, warm, run, batch, proc,
-                        (sim.precip.nbytes + sim.pet.nbytes) / 2**20)
+                        (sim.precip.nbytes + sim.pet.nbytes) / 2**20, run_numba, chosen)
     ef5 = os.environ.get("HYDROAGENT_EF5")
     if ef5:
         from hydroagent_hpc.sim.ef5 import EF5Simulator
@@ -94,7 +106,8 @@ def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
         from hydroagent_hpc.sim.controlfile import render_control
 
         (run_dir / "control.txt").write_text(render_control(esim.control, output=run_dir / "output"))
-        timing.ef5_process_s = _process_time([str(esim.binary), "control.txt"], dict(os.environ), 3, cwd=str(run_dir))
+        timing.ef5_process_s = _process_time([str(esim.binary), "control.txt"], {**os.environ, "OMP_NUM_THREADS": "1"},
+                                             3, cwd=str(run_dir))
     return timing
 
 
