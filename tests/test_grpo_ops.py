@@ -39,7 +39,7 @@ def main():
     args = sys.argv[1:]
     run = Path(args[args.index("--out") + 1])
     pool = args[args.index("--pool") + 1]
-    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    rank = int(os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")))
     ck = run / "checkpoints"
     ck.mkdir(parents=True, exist_ok=True)
     log = run / "standin.log"
@@ -391,6 +391,71 @@ def test_submit_grpo_on_the_local_executor_requeues_on_preemption_and_resumes(tm
     log = _log(run).splitlines()
     assert log[:4] == [f"start config={cfg} resume=True pool=threads found=", "ready", "usr1", "term"]
     assert log[-1] == "finished" and log[-2].endswith("found=step-term,step-usr1")
+
+
+def test_the_grpo_job_with_simulation_ranks_is_an_mpiexec_of_the_mpi_pool(tmp_path):
+    from hydroagent_hpc.train.submit import GRPOJob, SubmitError, grpo_argv
+
+    mpiexec = mpiexec_or_skip()
+    py = str(Path(mpiexec).parent / "python")
+    argv = grpo_argv("c.yaml", "R", python=py, sim_ranks=3)
+    assert argv == [mpiexec, "-launcher", "fork", "-n", "4", py, "-m", "hydroagent_hpc.train.grpo_launch", "c.yaml",
+                    "--out", "R", "--resume", "--pool", "mpi"]
+    job = GRPOJob("c.yaml", "R", sim_ranks=2)
+    assert job.argv[4] == "3" and job.argv[-1] == "mpi"
+    assert job.ranks_match == "hydroagent_hpc.train.grpo_launch" and job.rank0_only  # signals: rank 0 only
+    with pytest.raises(SubmitError, match="--sim-ranks -1"):
+        grpo_argv("c.yaml", "R", sim_ranks=-1)
+    empty = tmp_path / "venv" / "bin"
+    empty.mkdir(parents=True)
+    old = os.environ["PATH"]
+    try:
+        os.environ["PATH"] = str(empty)
+        with pytest.raises(SubmitError, match="need mpiexec"):
+            grpo_argv("c.yaml", "R", python=str(empty / "python"), sim_ranks=1)
+    finally:
+        os.environ["PATH"] = old
+
+
+def test_submit_grpo_with_simulation_ranks_signals_rank_0_only_and_resumes(tmp_path, monkeypatch):
+    """--sim-ranks 1 on submitit's local backend: mpiexec starts the trainer (rank 0) and a simulation
+    rank; on preemption only rank 0 gets SIGUSR1 and SIGTERM (a worker would die of SIGUSR1), the job
+    requeues, and the second attempt resumes from the checkpoint."""
+    from submitit.local.local import LocalJobEnvironment
+
+    from hydroagent_hpc.hpc.jobs import child_pids
+    from hydroagent_hpc.hpc.slurm import SiteSettings
+    from hydroagent_hpc.train.submit import submit_grpo_job
+
+    mpiexec_or_skip()
+    module, pythonpath = _standin(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", pythonpath)
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("basins: [b]\n")
+    run = tmp_path / "run"
+    job, out = submit_grpo_job(cfg, run, SiteSettings(time_min=30), cluster="local", module=module, save_wait_s=20,
+                               sim_ranks=1)
+    record = json.loads((run / "submit.json").read_text())
+    assert record["pool"] == "mpi" and record["sim_ranks"] == 1
+    try:
+        wait_until(lambda: "ready" in _log(run) and "worker 1" in _log(run), 120,
+                   "the stand-in trainer and its simulation rank to start under mpiexec")
+        (task, _), = child_pids(job._process.pid)
+        os.kill(task, LocalJobEnvironment._usr_sig())
+        result = job.result()
+    finally:
+        if not job.done():
+            job.cancel(check=False)
+    assert result["attempts"] == 2 and result["returncode"] == 0
+    lines = _log(run).splitlines()
+    trainer = [ln for ln in lines if not ln.startswith("worker")]
+    assert trainer[:4] == [f"start config={cfg} resume=True pool=mpi found=", "ready", "usr1", "term"]
+    assert trainer[-1] == "finished" and trainer[-2].endswith("found=step-term,step-usr1")
+    workers = [ln for ln in lines if ln.startswith("worker")]
+    assert len(workers) == 2 and all(ln.startswith("worker 1 pool=mpi usr1=default") for ln in workers)
+    logs = "".join(p.read_text(errors="replace") for p in (run / "logs").rglob("*") if p.is_file())
+    assert "signal 10" not in logs and "User defined signal 1" not in logs  # no worker died of SIGUSR1
 
 
 def test_submit_grpo_arguments_and_errors_name_the_problem(tmp_path):

@@ -247,10 +247,24 @@ def test_the_site_file_puts_training_and_the_policies_on_the_gpu_partition(tmp_p
     assert s.settings("evaluation", shards=True).partition == "gpu"  # the LLM policies play on GPUs
     assert s.settings("evaluation").gpus_per_node == 0  # its begin and merge jobs do not
     assert sft.setup_lines() == ["module load python/3.11"]
+    # GRPO's simulations on MPI ranks beside the trainer: its one task gets a CPU per rank
+    site.write_text("gpus: 1\ntrain_cpus_per_task: 4\ngrpo_sim_ranks: 7\n")
+    s = load_site(site)
+    assert s.settings("grpo").cpus_per_task == 8 and s.settings("sft").cpus_per_task == 4
+
+
+def test_the_grpo_stage_job_runs_simulation_ranks_when_the_site_asks(tmp_path):
+    from hydroagent_hpc.pipeline.submit import TrainStageJob
+
+    pytest.importorskip("mpi4py")
+    cmd = TrainStageJob(str(tmp_path), "grpo", sim_ranks=2)._command()
+    assert cmd.argv[cmd.argv.index("-n") + 1] == "3" and cmd.argv[-2:] == ["--pool", "mpi"] and cmd.rank0_only
+    assert TrainStageJob(str(tmp_path), "grpo")._command().argv[-1] == "threads"
 
 
 @pytest.mark.parametrize("text, says", [
     ("gpus: 2\n", "one GPU each"),
+    ("grpo_sim_ranks: -1\n", "grpo_sim_ranks"),
     ("partitoin: gpu\n", "unknown key"),
     ("time_min: {sft: 0}\n", "time_min"),
     ("time_min: {trian: 10}\n", "time_min"),

@@ -190,7 +190,7 @@ def cmd_submit_grpo(args: argparse.Namespace) -> int:
                                  constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
                                  mem_gb=args.mem_gb, modules=tuple(args.module) if args.module else None)
     out = submit_grpo(args.config, args.run_dir, site, gpus=args.gpus, cluster=args.cluster, wait=args.wait,
-                      max_requeues=args.max_requeues, save_wait_s=args.save_wait)
+                      max_requeues=args.max_requeues, save_wait_s=args.save_wait, sim_ranks=args.sim_ranks)
     print(json.dumps(out, default=str))
     return 0
 
@@ -348,7 +348,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        description="Submit `python -m hydroagent_hpc.train.grpo CONFIG --out RUN_DIR --resume --pool "
                                    "threads` through submitit: one process that trains (on one GPU with --gpus 1, on "
                                    "CPU with --gpus 0) and runs the simulations in its threads on --cpus-per-task "
-                                   "CPUs. For simulations on MPI ranks beside the trainer use `sbatch --ntasks=N "
+                                   "CPUs; with --sim-ranks R the simulations run on R MPI ranks beside the trainer "
+                                   "(mpiexec on the job's node). Across nodes use `sbatch --ntasks=N "
                                    "slurm/grpo.sbatch CONFIG RUN_DIR`. Before a time limit or preemption the trainer "
                                    "checkpoints at the end of its step and the job requeues itself. Site settings "
                                    "default to $SBATCH_PARTITION, $SBATCH_ACCOUNT, $SBATCH_QOS, $HYDROAGENT_MODULES.")
@@ -364,6 +365,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sg.add_argument("--save-wait", type=positive_float, default=540.0,
                     help="seconds to wait for the checkpoint after SIGUSR1 (the trainer saves at the end of its "
                          "step), then for the exit after SIGTERM (default 540)")
+    sg.add_argument("--sim-ranks", type=nonnegative_int, default=0,
+                    help="MPI simulation ranks beside the trainer on the job's node (mpiexec; the job gets at least "
+                         "R+1 CPUs); 0: simulations in the trainer's threads (default)")
     sg.add_argument("--wait", action="store_true", help="wait for the run and print the trainer's result")
     sg.set_defaults(func=cmd_submit_grpo)
 

@@ -7,7 +7,10 @@ submitit signals the job (SIGUSR1) and calls :meth:`CheckpointedCommand.checkpoi
 
 1. forwards SIGUSR1 to the command's ranks (the command itself, or its direct children whose
    command line contains ``ranks_match`` when the command is a launcher such as
-   ``accelerate launch``, which would die of SIGUSR1 itself), so they write a checkpoint;
+   ``accelerate launch``, which would die of SIGUSR1 itself; with ``rank0_only``, the one
+   descendant at any depth whose command line contains ``ranks_match`` and whose environment says
+   MPI rank 0, for an ``mpiexec`` whose other ranks are simulation workers that have nothing to
+   save), so they write a checkpoint;
 2. waits until an entry newer than the signal appears in ``checkpoints`` (at most ``save_wait_s``);
 3. sends SIGTERM the same way and waits (at most ``save_wait_s`` again) for the command to exit,
    which a trainer does after saving once more (exit 143);
@@ -30,7 +33,11 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointedCommand", "CommandFailed", "child_pids"]
+__all__ = ["CheckpointedCommand", "CommandFailed", "child_pids", "descendant_pids", "mpi_rank"]
+
+#: Environment variables in which MPI launchers give a process its rank (MPICH/Hydra and Slurm's pmi2,
+#: PMIx, Open MPI).
+RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
 
 
 class CommandFailed(RuntimeError):
@@ -53,6 +60,33 @@ def child_pids(pid: int) -> list[tuple[int, str]]:
             continue
         out.append((int(entry.name), cmdline))
     return sorted(out)
+
+
+def descendant_pids(pid: int) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of every descendant of ``pid`` (children, their children, ...)."""
+    out: list[tuple[int, str]] = []
+    todo = [pid]
+    while todo:
+        for child in child_pids(todo.pop()):
+            out.append(child)
+            todo.append(child[0])
+    return sorted(out)
+
+
+def mpi_rank(pid: int) -> int | None:
+    """The MPI rank a launcher gave process ``pid`` (from its environment), or None."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        key, _, value = item.partition(b"=")
+        if key.decode(errors="replace") in RANK_VARIABLES:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 def _newest_mtime(folder: Path) -> float:
@@ -81,11 +115,15 @@ class CheckpointedCommand:
 
     ``checkpoints`` is the folder the command writes its checkpoints into (entries are compared by
     modification time); ``env`` is added to the job's environment; ``ranks_match`` picks the
-    children that get the signals (see the module docstring); ``save_wait_s`` bounds each wait.
+    children that get the signals and ``rank0_only`` narrows them to MPI rank 0 (see the module
+    docstring); ``save_wait_s`` bounds each wait.
     """
 
     def __init__(self, argv: list[str], checkpoints: str | Path, *, env: dict[str, str] | None = None,
-                 ranks_match: str | None = None, save_wait_s: float = 240.0, name: str = "command") -> None:
+                 ranks_match: str | None = None, save_wait_s: float = 240.0, name: str = "command",
+                 rank0_only: bool = False) -> None:
+        if rank0_only and not ranks_match:
+            raise ValueError("rank0_only needs ranks_match (the rank processes' command line)")
         if not argv:
             raise ValueError("argv: an empty command line; give the program and its arguments")
         if save_wait_s <= 0:
@@ -94,6 +132,7 @@ class CheckpointedCommand:
         self.checkpoints = str(checkpoints)
         self.env = dict(env or {})
         self.ranks_match = ranks_match
+        self.rank0_only = bool(rank0_only)
         self.save_wait_s = float(save_wait_s)
         self.name = name
         self.attempts = 0
@@ -121,7 +160,9 @@ class CheckpointedCommand:
         if self.ranks_match is None:
             targets = [proc.pid]
         else:
-            targets = [pid for pid, cmd in child_pids(proc.pid) if self.ranks_match in cmd]
+            procs = descendant_pids(proc.pid) if self.rank0_only else child_pids(proc.pid)
+            targets = [pid for pid, cmd in procs if self.ranks_match in cmd
+                       and (not self.rank0_only or mpi_rank(pid) == 0)]
             if not targets and sig == signal.SIGTERM:  # no rank yet: the launcher stops itself
                 targets = [proc.pid]
         for pid in targets:

@@ -64,6 +64,7 @@ class Site:
     qos: str | None = None
     gpu_partition: str | None = None
     gpus: int = 0
+    grpo_sim_ranks: int = 0  # MPI simulation ranks beside the GRPO trainer (0: its threads)
     cpus_per_task: int = 1
     train_cpus_per_task: int | None = None
     mem_gb: float | None = None
@@ -80,9 +81,11 @@ class Site:
         base = SiteSettings.from_env(partition=(self.gpu_partition or self.partition) if train else self.partition,
                                      account=self.account, qos=self.qos, mem_gb=self.mem_gb,
                                      modules=self.modules or None, setup=self.setup or None)
+        cpus = (self.train_cpus_per_task or self.cpus_per_task) if train else self.cpus_per_task
+        if stage == "grpo" and self.grpo_sim_ranks:
+            cpus = max(cpus, self.grpo_sim_ranks + 1)  # the trainer and its simulation ranks share the task
         return base.with_(time_min=int(self.time_min.get(stage, self.time_min.get("default", 60))),
-                          cpus_per_task=(self.train_cpus_per_task or self.cpus_per_task) if train
-                          else self.cpus_per_task,
+                          cpus_per_task=cpus,
                           gpus_per_node=self.gpus if train else 0, array_parallelism=self.array_parallelism, ntasks=1)
 
     def as_dict(self) -> dict[str, Any]:
@@ -91,7 +94,8 @@ class Site:
         return asdict(self)
 
 
-_SITE_KEYS = {"partition", "account", "qos", "gpu_partition", "gpus", "cpus_per_task", "train_cpus_per_task", "mem_gb",
+_SITE_KEYS = {"partition", "account", "qos", "gpu_partition", "gpus", "grpo_sim_ranks", "cpus_per_task",
+              "train_cpus_per_task", "mem_gb",
               "time_min", "array_parallelism", "modules", "setup"}
 
 
@@ -111,8 +115,8 @@ def load_site(path: str | Path | None) -> Site:
         if key in ("partition", "account", "qos", "gpu_partition"):
             if value is not None and (not isinstance(value, str) or not value):
                 raise SiteError(f"{at}: {key}: expected a name or null, got {brief(value)}")
-        elif key in ("gpus", "cpus_per_task", "train_cpus_per_task", "array_parallelism"):
-            least = 0 if key == "gpus" else 1
+        elif key in ("gpus", "grpo_sim_ranks", "cpus_per_task", "train_cpus_per_task", "array_parallelism"):
+            least = 0 if key in ("gpus", "grpo_sim_ranks") else 1
             if value is None and key == "train_cpus_per_task":
                 pass
             elif isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -207,8 +211,9 @@ class StageShardJob(ShardJob):
 class TrainStageJob:
     """SFT or GRPO as one requeueable job: begin, the trainer under CheckpointedCommand, finish."""
 
-    def __init__(self, run_dir: str, stage: str, gpus: int = 0, save_wait_s: float | None = None) -> None:
-        self.run_dir, self.stage, self.gpus = str(run_dir), stage, int(gpus)
+    def __init__(self, run_dir: str, stage: str, gpus: int = 0, save_wait_s: float | None = None,
+                 sim_ranks: int = 0) -> None:
+        self.run_dir, self.stage, self.gpus, self.sim_ranks = str(run_dir), stage, int(gpus), int(sim_ranks)
         self.save_wait_s = save_wait_s or (240.0 if stage == "sft" else 540.0)
         self.command: CheckpointedCommand | None = None
 
@@ -219,7 +224,7 @@ class TrainStageJob:
         config, out = st.trainer_config(run, self.stage), st.stage_dir(run, self.stage) / "run"
         if self.stage == "sft":
             return SFTJob(config, out, gpus=self.gpus, save_wait_s=self.save_wait_s)
-        return GRPOJob(config, out, save_wait_s=self.save_wait_s)
+        return GRPOJob(config, out, save_wait_s=self.save_wait_s, sim_ranks=self.sim_ranks)
 
     def __call__(self) -> dict[str, Any]:
         _logging()
@@ -348,7 +353,8 @@ def submit_pipeline(path: str | Path, run_dir: str | Path, site: Site, *, cluste
             ex = executor(stage, stage)
             if slurm:
                 ex.update_parameters(slurm_signal_delay_s=int(240 if stage == "sft" else 540) + 60)
-            job = ex.submit(TrainStageJob(str(run), stage, gpus=site.gpus))
+            job = ex.submit(TrainStageJob(str(run), stage, gpus=site.gpus,
+                                          sim_ranks=site.grpo_sim_ranks if stage == "grpo" else 0))
             settle(job)
             last = str(job.job_id)
             jobs[stage] = [last]

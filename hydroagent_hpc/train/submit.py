@@ -25,9 +25,13 @@ trainer, ``python -m hydroagent_hpc.train.grpo_launch CONFIG --out RUN --resume 
 process that trains (on its GPU, or on CPU with ``gpus == 0``) and runs the simulations in its own
 threads, so the job has one task and SIGUSR1/SIGTERM go to that process. The trainer acts on them
 at the end of its current step (a GRPO step is long: the default wait is 540 s and Slurm's warning
-comes 600 s before the limit). Simulations on MPI ranks beside the trainer (``--pool mpi``) are
-``sbatch --ntasks=N slurm/grpo.sbatch``'s path: submitit would start every rank as a job task of
-its own, and only the first task gets the checkpoint call. The config is read with
+comes 600 s before the limit). With ``sim_ranks = R > 0`` (``--sim-ranks R``) the simulations run
+on R MPI ranks beside the trainer instead of its threads: the job's one task gets ``R + 1`` CPUs and
+runs ``mpiexec -launcher fork -n R+1 python -m hydroagent_hpc.train.grpo_launch ... --pool mpi``
+(the environment's own MPICH Hydra, all ranks on the job's node: rank 0 trains and generates, the
+others simulate), and SIGUSR1/SIGTERM go to rank 0 only (the workers have nothing to save; they stop
+when the trainer closes the pool). Across several nodes, ``sbatch --ntasks=N slurm/grpo.sbatch``
+is the path (``srun --mpi=pmi2``). The config is read with
 :func:`hydroagent_hpc.train.grpo_config.load_grpo_config` before anything is queued.
 """
 
@@ -36,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -200,20 +205,43 @@ def _write_record(run: Path, record: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- GRPO
 
 
-def grpo_argv(config: str, run_dir: str, *, module: str = GRPO_MODULE, python: str | None = None) -> list[str]:
-    """The GRPO job's command line: one process, the simulations in its threads (``--pool threads``)."""
-    return [python or sys.executable, "-m", module, str(config), "--out", str(run_dir), "--resume",
-            "--pool", "threads"]
+def mpiexec_path(python: str | None = None) -> str:
+    """The ``mpiexec`` beside ``python`` (the mpich wheel installs one into the environment), else on PATH."""
+    beside = Path(python or sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise SubmitError("simulation ranks need mpiexec, and there is none beside the Python interpreter or on PATH",
+                          "install the mpi extra (pip install mpi4py mpich), or give --sim-ranks 0 (simulations in "
+                          "the trainer's threads)")
+    return found
+
+
+def grpo_argv(config: str, run_dir: str, *, module: str = GRPO_MODULE, python: str | None = None,
+              sim_ranks: int = 0) -> list[str]:
+    """The GRPO job's command line: one process with the simulations in its threads (``--pool threads``),
+    or, with ``sim_ranks`` R > 0, ``mpiexec -launcher fork -n R+1`` of it with ``--pool mpi``."""
+    py = python or sys.executable
+    if sim_ranks < 0:
+        raise SubmitError(f"--sim-ranks {sim_ranks}: must be 0 (threads) or more")
+    argv = [py, "-m", module, str(config), "--out", str(run_dir), "--resume", "--pool",
+            "mpi" if sim_ranks else "threads"]
+    if sim_ranks:
+        argv = [mpiexec_path(py), "-launcher", "fork", "-n", str(sim_ranks + 1), *argv]
+    return argv
 
 
 class GRPOJob(CheckpointedCommand):
     """The GRPO trainer as a requeueable submitit job (see the module docstring)."""
 
     def __init__(self, config: str | Path, run_dir: str | Path, *, save_wait_s: float = 540.0,
-                 module: str = GRPO_MODULE, env: dict[str, str] | None = None) -> None:
-        self.config, self.run_dir, self.module = str(config), str(run_dir), module
-        super().__init__(grpo_argv(self.config, self.run_dir, module=module), Path(self.run_dir) / "checkpoints",
-                         env=env, ranks_match=None, save_wait_s=save_wait_s, name="grpo")
+                 module: str = GRPO_MODULE, env: dict[str, str] | None = None, sim_ranks: int = 0) -> None:
+        self.config, self.run_dir, self.module, self.sim_ranks = str(config), str(run_dir), module, int(sim_ranks)
+        super().__init__(grpo_argv(self.config, self.run_dir, module=module, sim_ranks=self.sim_ranks),
+                         Path(self.run_dir) / "checkpoints", env=env,
+                         ranks_match=module if self.sim_ranks else None, rank0_only=bool(self.sim_ranks),
+                         save_wait_s=save_wait_s, name="grpo")
 
     def __call__(self) -> dict[str, Any]:
         out = super().__call__()
@@ -223,13 +251,13 @@ class GRPOJob(CheckpointedCommand):
 
 def submit_grpo(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0,
                 cluster: str | None = None, wait: bool = False, max_requeues: int = 3, save_wait_s: float = 540.0,
-                module: str = GRPO_MODULE, validate: bool = True) -> dict[str, Any]:
+                module: str = GRPO_MODULE, validate: bool = True, sim_ranks: int = 0) -> dict[str, Any]:
     """Submit one GRPO run; return its job id, cluster and folders (and the trainer's result when ``wait``).
 
     The arguments are those of :func:`submit_grpo_job`, which also returns the submitit job.
     """
     job, out = submit_grpo_job(config, run_dir, site, gpus=gpus, cluster=cluster, max_requeues=max_requeues,
-                               save_wait_s=save_wait_s, module=module, validate=validate)
+                               save_wait_s=save_wait_s, module=module, validate=validate, sim_ranks=sim_ranks)
     if wait:
         out["result"] = job.result()
     return out
@@ -237,11 +265,13 @@ def submit_grpo(config: str | Path, run_dir: str | Path, site: SiteSettings, *, 
 
 def submit_grpo_job(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0,
                     cluster: str | None = None, max_requeues: int = 3, save_wait_s: float = 540.0,
-                    module: str = GRPO_MODULE, validate: bool = True) -> tuple[Any, dict[str, Any]]:
+                    module: str = GRPO_MODULE, validate: bool = True, sim_ranks: int = 0
+                    ) -> tuple[Any, dict[str, Any]]:
     """Submit one GRPO run as one task; return ``(submitit job, summary)``.
 
     ``gpus``: 0 (train on CPU: tiny models) or 1 (the trainer uses one GPU); the task's
-    ``site.cpus_per_task`` CPUs run the trainer and its simulation threads. ``max_requeues``
+    ``site.cpus_per_task`` CPUs run the trainer and its simulation threads, or, with ``sim_ranks``
+    R > 0, the trainer and R MPI simulation ranks (the task gets at least R + 1 CPUs). ``max_requeues``
     time-limit requeues; on Slurm the warning signal comes ``save_wait_s + 60`` seconds before the
     limit. Logs go to ``RUN/logs/<job id>/``; ``RUN/submit.json`` records the submission.
     """
@@ -262,13 +292,16 @@ def submit_grpo_job(config: str | Path, run_dir: str | Path, site: SiteSettings,
     run = Path(run_dir).resolve()
     logs = run / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    ex = make_executor(logs, site.with_(gpus_per_node=gpus, ntasks=1), cluster, name=f"hydroagent-grpo-{cfg.stem}",
-                       max_num_timeout=max_requeues)
+    job_cmd = GRPOJob(cfg, run, save_wait_s=save_wait_s, module=module, sim_ranks=sim_ranks)
+    cpus = max(site.cpus_per_task or 1, sim_ranks + 1) if sim_ranks else site.cpus_per_task
+    ex = make_executor(logs, site.with_(gpus_per_node=gpus, ntasks=1, cpus_per_task=cpus), cluster,
+                       name=f"hydroagent-grpo-{cfg.stem}", max_num_timeout=max_requeues)
     if ex.cluster == "slurm":
         ex.update_parameters(slurm_signal_delay_s=int(save_wait_s) + 60)
-    job = ex.submit(GRPOJob(cfg, run, save_wait_s=save_wait_s, module=module))
+    job = ex.submit(job_cmd)
     record = {"command": "submit grpo", "config": str(cfg), "run_dir": str(run), "job_id": str(job.job_id),
-              "cluster": ex.cluster, "gpus_per_node": gpus, "pool": "threads", "max_requeues": max_requeues,
+              "cluster": ex.cluster, "gpus_per_node": gpus, "pool": "mpi" if sim_ranks else "threads",
+              "sim_ranks": sim_ranks, "max_requeues": max_requeues,
               "site": site.as_dict(), "submitted_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     _write_record(run, record)
     log.info("submitted GRPO job %s (%s); logs in %s", job.job_id, ex.cluster, logs)
