@@ -53,7 +53,8 @@ def test_the_pipeline_as_slurm_jobs_a_failed_stage_resubmitted_and_a_resubmit_th
     data["sft"]["max_seq_len"] = 64  # shorter than every teacher trajectory: the SFT trainer refuses, its job fails
     spec = write(tmp_path / "demo.yaml", data)
     site = tmp_path / "site.yaml"
-    site.write_text(yaml.safe_dump({"gpus": 0, "cpus_per_task": 1, "time_min": {"default": 15}}))
+    # grpo_sim_ranks: GRPO's simulations on an MPI rank beside the trainer, inside its Slurm job
+    site.write_text(yaml.safe_dump({"gpus": 0, "cpus_per_task": 1, "grpo_sim_ranks": 1, "time_min": {"default": 15}}))
     run = tmp_path / "run"
 
     first = submit_pipeline(spec, run, load_site(site), cluster="slurm", wait=True)
@@ -83,6 +84,9 @@ def test_the_pipeline_as_slurm_jobs_a_failed_stage_resubmitted_and_a_resubmit_th
     for before, after in zip(chain, chain[1:]):
         assert _dependency(run, after.split("_")[0]) == f"afterok:{before.split('_')[0]}"
     assert (run / "report" / "report.md").read_text().startswith("# Pipeline demo")
+    grpo_logs = "".join(p.read_text(errors="replace") for p in (run / "logs").glob(f"{second['jobs']['grpo'][0]}_*/*")
+                        if p.is_file())
+    assert "-launcher fork -n 2" in grpo_logs and "--pool mpi" in grpo_logs  # the trainer and one simulation rank
     stage_s = sum(records[s]["wall_s"] or 0.0 for s in STAGES[4:])
     (tmp_path / "timing.json").write_text(json.dumps({"submit_to_report_s": wall, "stages_s": stage_s}))
     print(f"sft..report: submit to report {wall:.0f} s, stages {stage_s:.0f} s")
