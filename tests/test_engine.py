@@ -84,6 +84,36 @@ def test_forcing_cache_hit_and_invalidation(tiny, tmp_path):
     assert c.precip[step].max() == 50.0 and a.precip[step].max() == 10.0
 
 
+def test_forcing_cache_skips_reading_unchanged_files_and_sees_a_disguised_edit(tiny, tmp_path, monkeypatch):
+    """The content checksum is remembered under the files' stat fingerprint: a second simulator reads no
+    forcing file to build its key; an edit of the same size with the old mtime put back still changes
+    the file's ctime, so the cache reads it again."""
+    import os
+
+    from hydroagent_hpc.sim import cache as fcache
+
+    cache = tmp_path / "cache"
+    a = EmbeddedSimulator(tiny / "control_b.txt", cache_dir=cache)
+    assert len(list(cache.glob("forcing-stat-*.key"))) == 2  # precip and PET
+
+    def no_hashing(*args, **kwargs):
+        raise AssertionError("the content was hashed although no file changed")
+
+    with monkeypatch.context() as m:
+        m.setattr(fcache, "forcing_checksum", no_hashing)
+        b = EmbeddedSimulator(tiny / "control_b.txt", cache_dir=cache)
+    assert np.array_equal(a.precip, b.precip)
+    f = tiny / "precip" / "rain.2020060108.asc"
+    before = f.stat()
+    text = f.read_text()
+    edited = text.replace(" 10", " 20", 1)
+    assert edited != text and len(edited) == len(text)
+    f.write_text(edited)
+    os.utime(f, ns=(before.st_atime_ns, before.st_mtime_ns))  # the old modification time, the same size
+    c = EmbeddedSimulator(tiny / "control_b.txt", cache_dir=cache)
+    assert not np.array_equal(a.precip, c.precip)
+
+
 def test_missing_negative_and_nodata_forcing_are_zero(tiny):
     f = tiny / "precip" / "rain.2020060107.asc"
     g = read_asc(f)

@@ -108,3 +108,29 @@ def test_clamps(reference_dir):
     assert np.all(npar.w0 == 0)  # IWU x WM/100 with the negative WM, then clipped at 0 (EF5's order)
     npar = sim.node_params({"leaki": -1, "im": -3})
     assert np.all(npar.leaki == 0) and np.all(npar.im == 0)
+
+
+def test_render_name_template_equals_the_character_rule():
+    """The precompiled template gives what EF5's first-place, character-by-character rule gives,
+    including patterns whose fields overlap or repeat."""
+    from datetime import datetime
+
+    from hydroagent_hpc.sim.controlfile import NAME_FIELDS
+    from hydroagent_hpc.sim.forcing import render_name
+
+    def by_characters(pattern, t, finest):
+        values = (f"{t.year:04d}", f"{t.month:02d}", f"{t.day:02d}", f"{t.hour:02d}", f"{t.minute:02d}",
+                  f"{t.second:02d}")
+        chars = list(pattern)
+        for field_, value in zip(NAME_FIELDS[:finest + 1], values):
+            at = pattern.find(field_)
+            if at >= 0:
+                chars[at:at + len(field_)] = value
+        return "".join(chars)
+
+    patterns = ["rain.YYYYMMDDHH.tif", "PET.YYYYMMDD.asc", "x_YYYY_YYYY_MM.tif", "MMMDDD.HHUUSS", "YYYYYMM",
+                "plain.tif", "SSUUHHDDMMYYYY", "q.YYYYMMDDHHUU"]
+    for pattern in patterns:
+        for finest in range(len(NAME_FIELDS)):
+            for t in (datetime(2020, 5, 20, 7, 30, 15), datetime(1999, 12, 31, 23, 0)):
+                assert render_name(pattern, t, finest) == by_characters(pattern, t, finest), (pattern, finest)

@@ -9,8 +9,9 @@ warm-up) and, on the 1,000-cell basin, for several window lengths, it measures i
 - the memory a run allocates (``tracemalloc`` peak: numpy arrays, which is what grows with the
   basin; the C kernel's own per-node scratch, a few arrays of n floats, is not traced), and the
   forcing the simulator holds once for all runs;
-- the whole ``hydroagent simulate`` process, and the EF5 binary's whole process on the same control
-  file (``$HYDROAGENT_EF5``, ``OMP_NUM_THREADS=1``), when one is configured;
+- the whole ``hydroagent simulate`` process (``--no-cache``: it reads every forcing file, as EF5
+  does), and the EF5 binary's whole process on the same control file (``$HYDROAGENT_EF5``,
+  ``OMP_NUM_THREADS=1``), when one is configured, both with the same multipliers as our runs;
 - runs per second per core in a pool of persistent worker processes (:mod:`hydroagent_hpc.bench.hpc`).
 
 Prints Markdown tables and writes ``OUT/scaling.json`` and ``OUT/scaling.png`` (time per run
@@ -55,6 +56,9 @@ def basin(out: Path, area_km2: int, days: int) -> Path:
 
 
 def _process(cmd: list[str], repeats: int, cwd: str | None = None, env: dict[str, str] | None = None) -> float:
+    # bytecode caching on, as an installed package runs (some shells set PYTHONDONTWRITEBYTECODE)
+    env = {k: v for k, v in (env or os.environ).items() if k != "PYTHONDONTWRITEBYTECODE"}
+
     def once() -> None:
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -62,24 +66,17 @@ def _process(cmd: list[str], repeats: int, cwd: str | None = None, env: dict[str
     return median_seconds(once, repeats, warm_up=True)
 
 
-def _ef5_process(control: Path, repeats: int) -> float | None:
-    binary = os.environ.get("HYDROAGENT_EF5")
-    if not binary:
+def _ef5_process(control: Path, params: dict[str, float], repeats: int) -> float | None:
+    if not os.environ.get("HYDROAGENT_EF5"):
         return None
-    from hydroagent_hpc.sim.controlfile import render_control
-    from hydroagent_hpc.sim.ef5 import EF5Simulator
+    from hydroagent_hpc.bench.simulator import ef5_process_time
 
-    esim = EF5Simulator(control)
-    run_dir = Path(tempfile.mkdtemp(prefix="hydroagent-scaling-ef5-"))
-    (run_dir / "output").mkdir()
-    (run_dir / "control.txt").write_text(render_control(esim.control, output=run_dir / "output"))
-    return _process([str(esim.binary), "control.txt"], repeats, cwd=str(run_dir),
-                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return ef5_process_time(control, params, repeats)
 
 
 def measure(control: Path, repeats: int = 3, process: bool = True) -> dict[str, Any]:
     """One basin: runs with each kernel, a batch of 8, memory, and whole processes."""
-    from hydroagent_hpc.bench.simulator import typical_params
+    from hydroagent_hpc.bench.simulator import set_flags, typical_params
     from hydroagent_hpc.sim import kernels
     from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
@@ -110,8 +107,8 @@ def measure(control: Path, repeats: int = 3, process: bool = True) -> dict[str, 
         out = tempfile.mkdtemp(prefix="hydroagent-scaling-out-")
         # --no-cache: the process reads every forcing file, as EF5 does
         row["process_s"] = _process([sys.executable, "-m", "hydroagent_hpc.cli", "-q", "simulate", str(control),
-                                     "--output", out, "--no-cache"], repeats)
-        row["ef5_process_s"] = _ef5_process(control, repeats)
+                                     "--output", out, "--no-cache", *set_flags(params)], repeats)
+        row["ef5_process_s"] = _ef5_process(control, params, repeats)
     return row
 
 

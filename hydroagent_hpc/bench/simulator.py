@@ -58,12 +58,16 @@ class CaseTiming:
         return self.batch8_s / self.run_s
 
 
-def _process_time(cmd: list[str], env: dict[str, str], repeats: int, cwd: str | None = None) -> float:
+def _process_time(cmd: list[str], env: dict[str, str], repeats: int, cwd: str | None = None,
+                  warm_up: bool = False) -> float:
+    # bytecode caching on, as an installed package runs (some shells set PYTHONDONTWRITEBYTECODE)
+    env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
     def once():
         proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cmd[0]} failed: {proc.stderr[-500:]}")
-    return median_seconds(once, repeats, warm_up=False)
+    return median_seconds(once, repeats, warm_up=warm_up)
 
 
 def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
@@ -90,8 +94,10 @@ def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
     batch = median_seconds(lambda: sim.run_batch(sets), max(3, repeats // 2), warm_up=False)
     out = tempfile.mkdtemp(prefix="hydroagent-bench-out-")
     env = {**os.environ, "HYDROAGENT_CACHE": cache}
-    proc = _process_time([sys.executable, "-m", "hydroagent_hpc.cli", "-q", "simulate", str(control), "--output", out],
-                         env, 3)
+    # the same calibration-like multipliers in every process (EF5 below too): the control file's
+    # defaults have alpha0 = 0, a shortcut that skips most of the routing work
+    proc = _process_time([sys.executable, "-m", "hydroagent_hpc.cli", "-q", "simulate", str(control), "--output", out,
+                          *set_flags(params)], env, 3, warm_up=True)
     timing = CaseTiming(label, sim.net.n, len(sim.steps), cold, warm, run, batch, proc,
                         (sim.precip.nbytes + sim.pet.nbytes) / 2**20, run_numba, chosen)
     ef5 = os.environ.get("HYDROAGENT_EF5")
@@ -99,16 +105,31 @@ def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
         from hydroagent_hpc.sim.ef5 import EF5Simulator
 
         esim = EF5Simulator(control)
-        esim.run()
-        timing.ef5_run_s = median_seconds(esim.run, 3, warm_up=False)
-        run_dir = Path(tempfile.mkdtemp(prefix="hydroagent-bench-ef5-"))
-        (run_dir / "output").mkdir()
-        from hydroagent_hpc.sim.controlfile import render_control
-
-        (run_dir / "control.txt").write_text(render_control(esim.control, output=run_dir / "output"))
-        timing.ef5_process_s = _process_time([str(esim.binary), "control.txt"], {**os.environ, "OMP_NUM_THREADS": "1"},
-                                             3, cwd=str(run_dir))
+        esim.run(params)
+        timing.ef5_run_s = median_seconds(lambda: esim.run(params), 3, warm_up=False)
+        timing.ef5_process_s = ef5_process_time(control, params, 3)
     return timing
+
+
+def set_flags(params: dict[str, float]) -> list[str]:
+    """``hydroagent simulate`` flags that apply ``params`` (``--set NAME=VALUE`` each)."""
+    return [a for k, v in params.items() for a in ("--set", f"{k}={v!r}")]
+
+
+def ef5_process_time(control: Path, params: dict[str, float], repeats: int) -> float:
+    """Median wall time of the EF5 binary as a whole process on ``control`` with ``params`` applied
+    (``OMP_NUM_THREADS=1``; one untimed run first)."""
+    from hydroagent_hpc.params import check_values
+    from hydroagent_hpc.sim.controlfile import render_control
+    from hydroagent_hpc.sim.ef5 import EF5Simulator
+
+    esim = EF5Simulator(control)
+    run_dir = Path(tempfile.mkdtemp(prefix="hydroagent-bench-ef5-"))
+    (run_dir / "output").mkdir()
+    over = check_values(params, "benchmark parameters", snow=bool(esim.task.snow))
+    (run_dir / "control.txt").write_text(render_control(esim.control, esim.task.name, over, run_dir / "output"))
+    return _process_time([str(esim.binary), "control.txt"], {**os.environ, "OMP_NUM_THREADS": "1"}, repeats,
+                         cwd=str(run_dir), warm_up=True)
 
 
 def typical_params(control: Path) -> dict[str, float]:

@@ -6,6 +6,14 @@ forcing section's unit, frequency and pattern, the content of every file the ste
 node locations and the DEM geometry; a changed file changes the key, so the cache never serves
 stale forcing. Entries are ``.npz`` files (no pickles), written atomically.
 
+Hashing the content means reading every forcing file (2,160 of them for a 90-day hourly run),
+which costs a drop-in ``hydroagent simulate`` process more than the simulation. So the content
+checksum is itself remembered under a stat fingerprint of the same files: name, size, inode,
+device, modification and change times in nanoseconds (``forcing-stat-<fingerprint>.key``, one line).
+Any write to a file, and any ``touch``, renaming or replacement, changes its change time (ctime,
+which no user-level tool can set back), so an unchanged fingerprint means unchanged files; a new
+fingerprint falls back to hashing the content (and remembers it).
+
 Location: ``$HYDROAGENT_CACHE``, else ``$XDG_CACHE_HOME/hydroagent-hpc``, else
 ``~/.cache/hydroagent-hpc``. Pass ``cache_dir=False`` to the simulator to bypass it.
 """
@@ -21,11 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from hydroagent_hpc.sim.controlfile import Forcing
-from hydroagent_hpc.sim.forcing import forcing_checksum
+from hydroagent_hpc.sim.forcing import forcing_checksum, forcing_file_names
 
 log = logging.getLogger(__name__)
 
-__all__ = ["cache_root", "make_key", "load", "store"]
+__all__ = ["cache_root", "stat_fingerprint", "content_checksum", "make_key", "load", "store"]
 
 
 def cache_root(cache_dir: str | Path | bool | None = None) -> Path:
@@ -40,10 +48,47 @@ def cache_root(cache_dir: str | Path | bool | None = None) -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "hydroagent-hpc"
 
 
-def make_key(f: Forcing, steps: list[datetime], begin: datetime, extra: tuple) -> str:
+def stat_fingerprint(f: Forcing, names: list[str]) -> str:
+    """A checksum of the forcing section's settings and of each file's name and ``os.stat`` identity
+    (size, inode, device, mtime and ctime in ns); see the module doc."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{f.unit}|{f.freq}|{f.pattern}|{f.loc}".encode())
+    loc = str(f.loc)
+    for name in names:
+        try:
+            st = os.stat(os.path.join(loc, name))
+        except FileNotFoundError:
+            h.update(f"{name}|<missing>\n".encode())
+            continue
+        h.update(f"{name}|{st.st_size}|{st.st_ino}|{st.st_dev}|{st.st_mtime_ns}|{st.st_ctime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def content_checksum(f: Forcing, steps: list[datetime], begin: datetime, cache_dir=None) -> str:
+    """:func:`~hydroagent_hpc.sim.forcing.forcing_checksum`, remembered under the files' stat fingerprint."""
+    names = sorted(set(forcing_file_names(f, steps, begin)))
+    index = cache_root(cache_dir) / f"forcing-stat-{stat_fingerprint(f, names)}.key"
+    try:
+        known = index.read_text().strip()
+        if len(known) == 32:
+            return known
+    except OSError:
+        pass
+    checksum = forcing_checksum(f, steps, begin)
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index.with_name(f"{index.name}.{os.getpid()}.tmp")
+        tmp.write_text(checksum + "\n")
+        os.replace(tmp, index)
+    except OSError as exc:  # a read-only or full cache must not fail the run
+        log.debug("could not remember the forcing checksum in %s: %s", index, exc)
+    return checksum
+
+
+def make_key(f: Forcing, steps: list[datetime], begin: datetime, extra: tuple, cache_dir=None) -> str:
     """The cache key of one forcing section read at these steps for these nodes."""
     h = hashlib.blake2b(digest_size=20)
-    h.update(forcing_checksum(f, steps, begin).encode())
+    h.update(content_checksum(f, steps, begin, cache_dir).encode())
     h.update(f"{begin:%Y%m%d%H%M%S}|{steps[0]:%Y%m%d%H%M%S}|{steps[-1]:%Y%m%d%H%M%S}|{len(steps)}".encode())
     for part in extra:
         h.update(part if isinstance(part, bytes) else str(part).encode())

@@ -212,7 +212,7 @@ class EmbeddedSimulator:
         key_parts = (rows.tobytes(), cols.tobytes(), str(self.dem.data.shape), str(self.dem.xll), str(self.dem.yll),
                      str(self.dem.cellsize))
         if cache_dir is not False:
-            key = fcache.make_key(f, self.steps, tk.time_begin, key_parts)
+            key = fcache.make_key(f, self.steps, tk.time_begin, key_parts, cache_dir)
             hit = fcache.load(key, (len(self.steps), rows.size), cache_dir)
             if hit is not None:
                 return hit

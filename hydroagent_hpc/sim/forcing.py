@@ -17,6 +17,7 @@ EF5 facts (``docs/ef5-crest-spec.md`` section 5):
 from __future__ import annotations
 
 import calendar
+import functools
 import hashlib
 import logging
 import math
@@ -134,11 +135,30 @@ def forcing_file_names(f: Forcing, steps: list[datetime], begin: datetime) -> li
     finest = NAME_FIELDS_BY_UNIT[unit] if f.kind == "precip" else len(NAME_FIELDS) - 1
     names = []
     ft = begin
+    last: tuple[datetime, str] | None = None
     for t in steps:
         while ft < t:
             ft = add_duration(ft, count, unit)
-        names.append(render_name(f.pattern, ft, finest))
+        if last is None or last[0] != ft:  # daily PET under hourly steps: one name for 24 steps
+            last = (ft, render_name(f.pattern, ft, finest))
+        names.append(last[1])
     return names
+
+
+@functools.lru_cache(maxsize=64)
+def _name_template(pattern: str, finest: int) -> tuple[tuple[str, int], ...] | None:
+    """``pattern`` split into (literal before, field index) pieces and a final (literal, -1), or None
+    when two fields overlap (then :func:`render_name` replaces character by character)."""
+    spans = sorted((at, len(field_), i) for i, field_ in enumerate(NAME_FIELDS[:finest + 1])
+                   if (at := pattern.find(field_)) >= 0)
+    pieces, pos = [], 0
+    for at, length, i in spans:
+        if at < pos:
+            return None
+        pieces.append((pattern[pos:at], i))
+        pos = at + length
+    pieces.append((pattern[pos:], -1))
+    return tuple(pieces)
 
 
 def render_name(pattern: str, t: datetime, finest: int = len(NAME_FIELDS) - 1) -> str:
@@ -151,6 +171,9 @@ def render_name(pattern: str, t: datetime, finest: int = len(NAME_FIELDS) - 1) -
     """
     values = (f"{t.year:04d}", f"{t.month:02d}", f"{t.day:02d}", f"{t.hour:02d}", f"{t.minute:02d}",
               f"{t.second:02d}")
+    template = _name_template(pattern, finest)
+    if template is not None:
+        return "".join(lit + (values[i] if i >= 0 else "") for lit, i in template)
     chars = list(pattern)
     for field_, value in zip(NAME_FIELDS[:finest + 1], values):
         at = pattern.find(field_)
