@@ -56,3 +56,20 @@ def test_bad_set_values(reference_dir, tmp_path, bad, words):
 def test_missing_control_file(tmp_path):
     proc = _run("simulate", str(tmp_path / "nope.txt"), check=False)
     assert proc.returncode == 2 and "control file not found" in proc.stderr
+
+
+def test_the_light_parser_for_basin_commands_matches_the_full_one():
+    """`hydroagent simulate|basin|data` build only their own subparsers; COMMANDS must list exactly those."""
+    import argparse
+
+    from hydroagent_hpc.cli import basins, build_parser
+
+    sub = argparse.ArgumentParser().add_subparsers(dest="command")
+    basins.add_parsers(sub)
+    assert tuple(sub.choices) == basins.COMMANDS
+    full = build_parser()
+    for argv in (["simulate", "c.txt", "--set", "wm=1.5"], ["data", "verify", "b"],
+                 ["-q", "basin", "synth", "--out", "o", "--name", "x", "--area-km2", "50"]):
+        light = build_parser(argv)
+        assert vars(light.parse_args(argv)) == vars(full.parse_args(argv))
+    assert "calibrate" in build_parser(["calibrate", "--help"])._subparsers._group_actions[0].choices

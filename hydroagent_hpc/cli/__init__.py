@@ -22,7 +22,18 @@ from hydroagent_hpc.errors import HydroAgentError, one_line
 __all__ = ["build_parser", "main"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command(argv: list[str] | None) -> str | None:
+    """The subcommand ``argv`` names (its first word that is not an option), if any."""
+    for word in sys.argv[1:] if argv is None else argv:
+        if not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; given ``argv`` whose subcommand is one of :data:`basins.COMMANDS`, only
+    those (``hydroagent simulate`` then starts without importing the agents, presets and pools that
+    the other subcommands' choices list)."""
     p = argparse.ArgumentParser(prog="hydroagent",
                                 description="Calibrate CREST/EF5 with agents, on a laptop or a Slurm cluster.")
     p.add_argument("--version", action="version", version=f"hydroagent-hpc {__version__}")
@@ -31,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = p.add_subparsers(dest="command", required=True)
     basins.add_parsers(sub)
+    if argv is not None and _command(argv) in basins.COMMANDS:
+        return p
     runs.add_parsers(sub)
     store.add_parsers(sub)
     train.add_parsers(sub)
@@ -39,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

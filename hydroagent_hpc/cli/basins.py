@@ -150,8 +150,12 @@ def cmd_data_verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+#: The subcommands :func:`add_parsers` adds.
+COMMANDS = ("simulate", "basin", "data")
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """The simulate, basin and data subcommands."""
+    """The simulate, basin and data subcommands (:data:`COMMANDS`)."""
     s = sub.add_parser("simulate", help="run an EF5 control file (drop-in for `ef5 control.txt`)",
                        description="Run an EF5 control file's SIMU task and write what EF5 writes: "
                                    "ts.<gauge>.crest.csv, results.json and state grids.")
