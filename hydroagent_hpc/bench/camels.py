@@ -230,6 +230,10 @@ def basin_facts(case: dict, split: Split) -> dict[str, Any]:
         facts[f"{key}_period"] = computed[key]
     facts["attribute_source"] = src
     facts["water_balance"] = wb
+    fd = f.dates[fw]
+    for part, (c0, c1) in (("cal", split.cal), ("val", split.val)):
+        pw = (fd >= np.datetime64(c0, "D")) & (fd <= np.datetime64(c1, "D"))
+        facts[f"water_balance_{part}"] = water_balance(f.prcp[fw][pw], pet_values[fw][pw], q[pw])
     if mo is not None:
         from hydroagent_hpc.datasets import model_output
 
@@ -386,7 +390,7 @@ def nse_figure(results: dict, path: Path) -> None:
     with _style():
         import matplotlib
 
-        fig = _new(max(6.0, 0.9 * len(labels) + 2.0), 4.2)
+        fig = _new(max(6.0, 0.9 * len(labels) + 2.0), 4.6)
         ax = fig.subplots()
         cmap = matplotlib.colormaps["tab10"]
         for j, m in enumerate(methods):
@@ -407,12 +411,14 @@ def nse_figure(results: dict, path: Path) -> None:
             ax.plot(sx, [max(facts[i]["sacsma_val_nse"], NSE_FLOOR) for i in sx], "*", color="black", ms=11,
                     label="SAC-SMA (published)")
         ax.axhline(0.0, color="grey", lw=0.8)
-        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
-        ax.set_ylim(NSE_FLOOR - 0.05, 1.0)
+        ax.set_xticks(range(len(labels)), [f"{b['label']}\nsnow {_f(b['frac_snow'], '.2f')}" for b in facts])
+        shown = [max(v, NSE_FLOOR) for r in rows for v in (r["val_nse_min"],) if v is not None]
+        shown += [max(b["sacsma_val_nse"], NSE_FLOOR) for b in facts if b.get("sacsma_val_nse") is not None]
+        ax.set_ylim(min([0.0, *shown]) - 0.05, 1.0)
         ax.set_ylabel(f"validation NSE (below {NSE_FLOOR} drawn at {NSE_FLOOR})")
         ax.set_xlim(-0.5, len(labels) - 0.5)
         ax.set_title(f"CAMELS-US validation NSE (split {results['split']['name']}; median and range over seeds)")
-        ax.legend(loc="lower left", ncol=3)
+        fig.legend(loc="outside lower center", ncol=min(len(methods) + 1, 5))
         _save(fig, path)
 
 
@@ -458,12 +464,18 @@ def report_blocks(results: dict) -> list:
     blocks.append(Heading("Water balance over the benchmark period", 2))
     wb_rows = []
     for b in facts:
-        w = b["water_balance"]
+        w, wc, wv = b["water_balance"], b.get("water_balance_cal"), b.get("water_balance_val")
+        text = w["explanation"]
+        for part, wp in (("calibration", wc), ("validation", wv)):
+            if wp and wp["status"] != w["status"]:
+                text += f"; {part} alone: {wp['explanation']}"
         wb_rows.append((b["label"], b["forcing"], _f(w["p"], ".2f"), _f(w["pet"], ".2f"), _f(w["q"], ".2f"),
-                        _f(w["runoff_ratio"], ".2f"), f"{_f(w['e_low'], '.2f')}..{_f(w['e_high'], '.2f')}",
-                        w["explanation"]))
-    blocks.append(Table(("basin", "forcing", "P mm/d", "PET mm/d", "Q mm/d", "Q/P", "CREST E mm/d", "explanation"),
-                        tuple(wb_rows), align=("l", "l", "r", "r", "r", "r", "r", "l"),
+                        _f(w["runoff_ratio"], ".2f"), _f(wc["runoff_ratio"] if wc else None, ".2f"),
+                        _f(wv["runoff_ratio"] if wv else None, ".2f"),
+                        f"{_f(w['e_low'], '.2f')}..{_f(w['e_high'], '.2f')}", text))
+    blocks.append(Table(("basin", "forcing", "P mm/d", "PET mm/d", "Q mm/d", "Q/P", "Q/P cal", "Q/P val",
+                         "CREST E mm/d", "explanation"),
+                        tuple(wb_rows), align=("l", "l", "r", "r", "r", "r", "r", "r", "r", "l"),
                         caption="over the benchmark's days with flow; PET as the model sees it (NLDAS: "
                                 "Priestley-Taylor computed here; model output: its PET column); CREST E: the mean "
                                 "evaporation CREST can give with KE in its bounds (hydroagent_hpc.bench.camels."
