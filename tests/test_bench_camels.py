@@ -16,8 +16,8 @@ from hydroagent_hpc.bench import camels as bench
 def test_water_balance_closes_within_the_ke_range():
     wb = bench.water_balance([3.0] * 10, [2.0] * 10, [1.0] * 10)
     assert wb["status"] == "closes"
-    assert wb["e_needed"] == pytest.approx(2.0)
-    assert (wb["e_low"], wb["e_high"]) == pytest.approx((1.6, 2.4))
+    assert wb["e_needed"] == pytest.approx(2.0) and wb["ke_needed"] == pytest.approx(1.0)
+    assert (wb["e_floor"], wb["e_high"]) == pytest.approx((1.6, 2.4))
     assert wb["runoff_ratio"] == pytest.approx(1 / 3)
     assert wb["explanation"].startswith("closes")
 
@@ -31,9 +31,9 @@ def test_water_balance_runoff_above_precipitation():
 def test_water_balance_evaporation_below_the_ke_range():
     # wet every day: CREST evaporates KE*PET >= 0.8*2 = 1.6 mm/d, the gauge leaves only 0.5
     wb = bench.water_balance([5.0] * 4, [2.0] * 4, [4.5] * 4)
-    assert wb["status"] == "evaporation_below_ke_range"
-    assert wb["e_low"] == pytest.approx(1.6)
-    assert "evaporation below the KE range" in wb["explanation"]
+    assert wb["status"] == "evaporation_below_ke_range" and not wb["closes_with_dry_soil"]
+    assert wb["e_floor"] == pytest.approx(1.6) and wb["ke_needed"] == pytest.approx(0.25)
+    assert "evaporation below the KE range" in wb["explanation"] and "cannot close" in wb["explanation"]
     assert "24% short" in wb["explanation"]  # (1.6 - 0.5) / 4.5
 
 
@@ -45,10 +45,12 @@ def test_water_balance_evaporation_above_the_ke_range():
 
 
 def test_water_balance_dry_days_lower_the_floor_and_missing_days_drop_out():
-    # a dry day evaporates at least its rain (0 here), a wet day KE*PET: floor = (0 + 1.6) / 2
+    # a dry day evaporates at least its rain (0 here), a wet day KE*PET: floor = (0 + 1.6) / 2;
+    # P - Q = 1.45 < 0.8 * PET: below the KE range, but a dry soil on the dry day can close it
     wb = bench.water_balance([0.0, 4.0, 9.0], [2.0, 2.0, 2.0], [0.1, 1.0, np.nan])
-    assert wb["days"] == 2 and wb["e_low"] == pytest.approx(0.8)
-    assert wb["status"] == "closes"
+    assert wb["days"] == 2 and wb["e_floor"] == pytest.approx(0.8) and wb["wet_days"] == pytest.approx(0.5)
+    assert wb["status"] == "evaporation_below_ke_range" and wb["closes_with_dry_soil"]
+    assert "dry soil" in wb["explanation"] and "cannot close" not in wb["explanation"]
     with pytest.raises(ValueError, match="differ in length"):
         bench.water_balance([1.0], [1.0, 2.0], [0.5])
     with pytest.raises(ValueError, match="no day"):
@@ -57,7 +59,8 @@ def test_water_balance_dry_days_lower_the_floor_and_missing_days_drop_out():
 
 def _rec(label, method, seed, val, cal=0.5):
     return {"label": label, "method": method, "simulations": 200, "snow": method.endswith("snow17"), "seed": seed,
-            "cal_nse": cal, "val_nse": val, "default_val_nse": 0.1, "val_period": "a..b", "seconds": 1.0}
+            "cal_nse": cal, "val_nse": val, "default_val_nse": 0.1, "val_period": "a..b", "seconds": 1.0,
+            "best_params": {"ke": 0.8 + seed / 10}}
 
 
 def test_aggregate_rows_over_seeds_and_medians_over_basins():
@@ -68,6 +71,7 @@ def test_aggregate_rows_over_seeds_and_medians_over_basins():
     a = rows[0]
     assert (a["val_nse_median"], a["val_nse_min"], a["val_nse_max"]) == pytest.approx((0.6, 0.5, 0.7))
     assert a["seeds"] == [0, 1, 2] and a["seconds"] == 3.0
+    assert a["ke_median"] == pytest.approx(0.9) and a["scf_median"] is None
     assert rows[1]["val_nse_median"] == pytest.approx(0.2)  # a failed (NaN) seed is left out, not a zero
     assert bench.method_medians(rows) == pytest.approx({"dds200": 0.4, "dds200+snow17": 0.8})
     assert bench.method_name(2000, True) == "dds2000+snow17"

@@ -99,18 +99,24 @@ def water_balance(p_mm_d: Sequence[float] | np.ndarray, pet_mm_d: Sequence[float
                   ke_range: tuple[float, float] = KE_RANGE) -> dict[str, Any]:
     """Can CREST's evaporation close this basin's long-term water balance? Pure; daily series in mm/d.
 
-    Over the days given (all three series finite; storage change neglected), the basin must
-    evaporate ``E = mean(P) - mean(Q)``. CREST evaporates ``KE*PET`` on a day with ``P > KE*PET``
-    and between ``P`` and ``KE*PET`` on a drier day (``P + (KE*PET - P)*W/WM``), so with KE in
-    ``ke_range`` its mean evaporation lies within
+    Over the days given (all three series finite; storage change neglected) the basin must
+    evaporate ``E = mean(P) - mean(Q)``, which is ``KE_needed = E / mean(PET)`` times its PET.
+    CREST evaporates ``KE*PET`` on every wet day (``P > KE*PET``) and ``P + (KE*PET - P)*W/WM``
+    on a drier one, so with KE within ``ke_range = (lo, hi)``:
 
-    * ``low = mean(min(P, ke_lo*PET))`` (a bone-dry soil on every dry day) and
-    * ``high = min(mean(ke_hi*PET), mean(P))`` (a full soil every day; never more than falls).
+    * ``runoff_above_precipitation``: ``Q > P``; no evaporation closes it.
+    * ``evaporation_below_ke_range``: ``E < lo*PET``. CREST reaches it only through a soil that
+      is dry on the dry days; ``e_floor = mean(min(P, lo*PET))`` is what a bone-dry soil gives.
+      Below the floor it cannot close at all (``closes_with_dry_soil`` False) and the simulated
+      runoff is short by at least ``(e_floor - E) / Q``; above it the calibration must keep the
+      soil small or dry (WM down), which also changes the runoff's timing.
+    * ``evaporation_above_ke_range``: ``E > hi*PET``; the simulated runoff is too high by at
+      least ``(E - hi*PET) / Q``.
+    * ``closes``: otherwise.
 
-    Returns ``{"status", "explanation", "p", "pet", "q", "e_needed", "e_low", "e_high",
-    "runoff_ratio", "days"}``; ``status`` is ``"closes"``, ``"runoff_above_precipitation"``,
-    ``"evaporation_below_ke_range"`` or ``"evaporation_above_ke_range"``, and ``explanation`` is
-    one line saying why (and by how much the simulated runoff must then be off).
+    Returns ``{"status", "explanation", "p", "pet", "q", "e_needed", "ke_needed", "e_floor",
+    "e_high", "closes_with_dry_soil", "wet_days", "runoff_ratio", "days"}`` (``wet_days``: the
+    share of days with ``P > lo*PET``); ``explanation`` is one line.
     """
     p, e, q = (np.asarray(x, dtype=float) for x in (p_mm_d, pet_mm_d, q_mm_d))
     if not p.shape == e.shape == q.shape:
@@ -122,28 +128,33 @@ def water_balance(p_mm_d: Sequence[float] | np.ndarray, pet_mm_d: Sequence[float
     lo, hi = ke_range
     pm, em, qm = float(p.mean()), float(e.mean()), float(q.mean())
     need = pm - qm
-    low = float(np.minimum(p, lo * e).mean())
-    high = min(float(hi * e.mean()), pm)
-    out = {"p": pm, "pet": em, "q": qm, "e_needed": need, "e_low": low, "e_high": high,
+    floor = float(np.minimum(p, lo * e).mean())
+    high = hi * em
+    ke_needed = need / em if em > 0 else float("inf")
+    out = {"p": pm, "pet": em, "q": qm, "e_needed": need, "ke_needed": ke_needed, "e_floor": floor, "e_high": high,
+           "closes_with_dry_soil": floor <= need, "wet_days": float(np.mean(p > lo * e)),
            "runoff_ratio": qm / pm if pm > 0 else float("nan"), "days": int(ok.sum())}
     if qm > pm:
         status = "runoff_above_precipitation"
         text = (f"runoff above precipitation: Q {qm:.2f} > P {pm:.2f} mm/d (ratio {qm / pm:.2f}); no evaporation "
                 "closes it (precipitation undercatch, groundwater or inter-basin inflow, or the drainage area)")
-    elif need < low:
+    elif need < lo * em:
         status = "evaporation_below_ke_range"
-        text = (f"evaporation below the KE range: P - Q = {need:.2f} mm/d, but CREST evaporates at least "
-                f"{low:.2f} mm/d (KE {lo} x PET {em:.2f}, dry soil): simulated runoff at least "
-                f"{(low - need) / qm:.0%} short of the observed")
+        text = (f"evaporation below the KE range: P - Q = {need:.2f} mm/d is {ke_needed:.2f} x PET {em:.2f}, "
+                f"under KE {lo}; CREST evaporates {lo} x PET on wet days ({out['wet_days']:.0%} of days)")
+        if floor > need:
+            text += (f" and at least {floor:.2f} mm/d even with a bone-dry soil: cannot close, simulated runoff "
+                     f"at least {(floor - need) / qm:.0%} short")
+        else:
+            text += f", so only a small, often dry soil closes it (a bone-dry soil gives {floor:.2f} mm/d)"
     elif need > high:
         status = "evaporation_above_ke_range"
-        text = (f"evaporation above the KE range: P - Q = {need:.2f} mm/d, but CREST evaporates at most "
-                f"{high:.2f} mm/d (KE {hi} x PET {em:.2f}): simulated runoff at least "
-                f"{(need - high) / qm:.0%} above the observed" if qm > 0 else
-                f"evaporation above the KE range: P - Q = {need:.2f} mm/d > {high:.2f} mm/d")
+        text = (f"evaporation above the KE range: P - Q = {need:.2f} mm/d is {ke_needed:.2f} x PET {em:.2f}, over "
+                f"KE {hi}: simulated runoff at least {(need - high) / qm:.0%} above the observed" if qm > 0 else
+                f"evaporation above the KE range: P - Q = {need:.2f} mm/d > {hi} x PET {em:.2f}")
     else:
         status = "closes"
-        text = f"closes: P - Q = {need:.2f} mm/d within CREST's {low:.2f}..{high:.2f} mm/d (KE {lo}-{hi} x PET)"
+        text = f"closes: P - Q = {need:.2f} mm/d is {ke_needed:.2f} x PET {em:.2f}, within KE {lo}-{hi}"
     return {"status": status, "explanation": text, **out}
 
 
@@ -251,14 +262,15 @@ def method_name(simulations: int, snow: bool) -> str:
     return f"dds{simulations}" + ("+snow17" if snow else "")
 
 
-def _nse(basin_dir: Path, params) -> tuple[float, int]:
+def _scores(basin_dir: Path, params) -> dict[str, Any]:
+    """NSE, KGE, PBIAS (%, positive = too much water) and scored days of one run of ``basin_dir``."""
     from hydroagent_hpc.metrics import evaluate
     from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
     s = EmbeddedSimulator(basin_dir / "control.txt")
     r = s.run(params)
     m = evaluate(r.observed, r.discharge, r.times, mask=r.evaluation_mask())
-    return float(m["NSE"]), int(m["n_points"])
+    return {"nse": float(m["NSE"]), "kge": float(m["KGE"]), "pbias": float(m["PBIAS"]), "n": int(m["n_points"])}
 
 
 def _write_basin(folder: Path, case: dict, first: date, last: date, warmup: int, snow: bool) -> None:
@@ -278,11 +290,14 @@ def _write_basin(folder: Path, case: dict, first: date, last: date, warmup: int,
                        spinup="repeat", snow=snow)
 
 
-def basin_pair(case: dict, split: Split, out: Path, warmup: int, snow: bool) -> tuple[Path, Path, str]:
+def basin_pair(case: dict, split: Split, out: Path, warmup: int, snow: bool,
+               write: bool = True) -> tuple[Path, Path, str]:
     """The calibration and validation basin folders (written if needed) and the validation period."""
-    *_, last = _records(case)
     tag = f"{case['label']}_{split.name}" + ("_snow" if snow else "")
     cal_dir, val_dir = out / "basins" / f"{tag}_cal", out / "basins" / f"{tag}_val"
+    if not write:
+        return cal_dir, val_dir, ""
+    *_, last = _records(case)
     v_last = min(np.datetime64(split.val[1], "D"), last).astype(date)
     _write_basin(cal_dir, case, split.cal[0], split.cal[1], warmup, snow)
     if split.val_continues:
@@ -311,6 +326,11 @@ def run_one(case: dict, split: Split, out: Path, simulations: int, snow: bool, s
         try:
             rec = json.loads(path.read_text())
             if rec.get("key") == key:
+                val_dir = basin_pair(case, split, out, warmup, snow, write=False)[1]
+                if "val_pbias" not in rec and (val_dir / "control.txt").is_file():  # a record of an earlier version
+                    sc = _scores(val_dir, rec["best_params"])
+                    rec.update(val_kge=sc["kge"], val_pbias=sc["pbias"])
+                    _save_record(path, rec)
                 rec["resumed"] = True
                 return rec
         except ValueError:
@@ -324,22 +344,30 @@ def run_one(case: dict, split: Split, out: Path, simulations: int, snow: bool, s
     ep = run_task(Task(f"camels/{case['label']}/{method}/{seed}", str(cal_dir), AgentSpec("dds", "dds", {}), seed,
                        env))
     best = dict(ep.best_params or {})
-    val_nse, val_days = _nse(val_dir, best)
-    default_val, _ = _nse(val_dir, None)
+    sc = _scores(val_dir, best)
     rec = {"key": key, "label": case["label"], "method": method, "simulations": int(ep.counters.get("simulations", 0)),
-           "snow": snow, "seed": seed, "cal_nse": ep.best_nse, "val_nse": val_nse, "default_val_nse": default_val,
-           "val_days": val_days, "val_period": val_period, "best_params": best,
-           "seconds": round(time.perf_counter() - t0, 1)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rec, indent=1) + "\n")
-    tmp.replace(path)
+           "snow": snow, "seed": seed, "cal_nse": ep.best_nse, "val_nse": sc["nse"], "val_kge": sc["kge"],
+           "val_pbias": sc["pbias"], "default_val_nse": _scores(val_dir, None)["nse"], "val_days": sc["n"],
+           "val_period": val_period, "best_params": best, "seconds": round(time.perf_counter() - t0, 1)}
+    _save_record(path, rec)
     rec["resumed"] = False
     return rec
 
 
+def _save_record(path: Path, rec: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({k: v for k, v in rec.items() if k != "resumed"}, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def _finite(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values if v is not None and np.isfinite(v)]
+
+
+def _median(values: Iterable[Any]) -> float | None:
+    v = _finite(values)
+    return float(np.median(v)) if v else None
 
 
 def aggregate(records: Iterable[dict]) -> list[dict]:
@@ -357,6 +385,10 @@ def aggregate(records: Iterable[dict]) -> list[dict]:
                      "val_nse_median": float(np.median(val)) if val else None,
                      "val_nse_min": min(val) if val else None, "val_nse_max": max(val) if val else None,
                      "cal_nse_median": float(np.median(cal)) if cal else None,
+                     "val_kge_median": _median(r.get("val_kge") for r in rs),
+                     "val_pbias_median": _median(r.get("val_pbias") for r in rs),
+                     **{f"{k}_median": _median(r.get("best_params", {}).get(k) for r in rs)
+                        for k in ("ke", "wm", "scf")},
                      "default_val_nse": rs[0]["default_val_nse"], "val_period": rs[0]["val_period"],
                      "seconds": round(sum(r["seconds"] for r in rs), 1)})
     return rows
@@ -472,24 +504,29 @@ def report_blocks(results: dict) -> list:
         wb_rows.append((b["label"], b["forcing"], _f(w["p"], ".2f"), _f(w["pet"], ".2f"), _f(w["q"], ".2f"),
                         _f(w["runoff_ratio"], ".2f"), _f(wc["runoff_ratio"] if wc else None, ".2f"),
                         _f(wv["runoff_ratio"] if wv else None, ".2f"),
-                        f"{_f(w['e_low'], '.2f')}..{_f(w['e_high'], '.2f')}", text))
+                        _f(w["ke_needed"], ".2f"), text))
     blocks.append(Table(("basin", "forcing", "P mm/d", "PET mm/d", "Q mm/d", "Q/P", "Q/P cal", "Q/P val",
-                         "CREST E mm/d", "explanation"),
+                         "KE needed", "explanation"),
                         tuple(wb_rows), align=("l", "l", "r", "r", "r", "r", "r", "r", "r", "l"),
                         caption="over the benchmark's days with flow; PET as the model sees it (NLDAS: "
-                                "Priestley-Taylor computed here; model output: its PET column); CREST E: the mean "
-                                "evaporation CREST can give with KE in its bounds (hydroagent_hpc.bench.camels."
+                                "Priestley-Taylor computed here; model output: its PET column); KE needed: "
+                                "(P - Q) / PET, against KE's bounds 0.8-1.2 (hydroagent_hpc.bench.camels."
                                 "water_balance); with Snow-17 the snowfall correction SCF (0.7-1.6) also scales "
                                 "the snowfall part of P"))
     blocks.append(Heading("Every row", 2))
     full = []
     for r in rows:
         full.append((r["label"], r["method"], str(len(r["seeds"])), _f(r["cal_nse_median"]), _f(r["val_nse_median"]),
-                     _f(r["val_nse_min"]), _f(r["val_nse_max"]), _f(r["default_val_nse"]), r["val_period"],
+                     _f(r["val_nse_min"]), _f(r["val_nse_max"]), _f(r.get("val_kge_median")),
+                     _f(r.get("val_pbias_median"), ".1f"), _f(r.get("ke_median"), ".2f"), _f(r.get("wm_median"), ".2f"),
+                     _f(r.get("scf_median"), ".2f"), _f(r["default_val_nse"]), r["val_period"],
                      _f(r["seconds"], ".0f")))
-    blocks.append(Table(("basin", "method", "seeds", "cal NSE (median)", "val NSE median", "min", "max",
-                         "val NSE defaults", "validation days", "s"), tuple(full),
-                        align=("l", "l", "r", "r", "r", "r", "r", "r", "l", "r")))
+    blocks.append(Table(("basin", "method", "seeds", "cal NSE (median)", "val NSE median", "min", "max", "val KGE",
+                         "val PBIAS %", "KE", "WM", "SCF", "val NSE defaults", "validation days", "s"), tuple(full),
+                        align=("l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "l", "r"),
+                        caption="KGE and PBIAS (positive: simulation too high): medians over seeds of the "
+                                "validation run; KE (bounds 0.8-1.2), WM (0.1-10) and SCF (Snow-17's snowfall "
+                                "correction, 0.7-1.6): medians of the best parameters; s: seconds of all seeds"))
     return blocks
 
 
