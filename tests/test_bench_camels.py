@@ -74,6 +74,8 @@ def test_aggregate_rows_over_seeds_and_medians_over_basins():
     assert a["ke_median"] == pytest.approx(0.9) and a["scf_median"] is None
     assert rows[1]["val_nse_median"] == pytest.approx(0.2)  # a failed (NaN) seed is left out, not a zero
     assert bench.method_medians(rows) == pytest.approx({"dds200": 0.4, "dds200+snow17": 0.8})
+    assert bench.common_basins(rows) == ["a"]  # b has no snow run
+    assert bench.method_medians(rows, ["a"]) == pytest.approx({"dds200": 0.6, "dds200+snow17": 0.8})
     assert bench.method_name(2000, True) == "dds2000+snow17"
 
 

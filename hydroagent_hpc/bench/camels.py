@@ -394,12 +394,25 @@ def aggregate(records: Iterable[dict]) -> list[dict]:
     return rows
 
 
-def method_medians(rows: Iterable[dict]) -> dict[str, float | None]:
-    """The median over basins of each method's per-basin median validation NSE."""
+def method_medians(rows: Iterable[dict], labels: Iterable[str] | None = None) -> dict[str, float | None]:
+    """The median over basins (all, or only ``labels``) of each method's per-basin median validation NSE."""
+    keep = None if labels is None else set(labels)
     by: dict[str, list[float]] = {}
     for r in rows:
-        by.setdefault(r["method"], []).extend(_finite([r["val_nse_median"]]))
+        if keep is None or r["label"] in keep:
+            by.setdefault(r["method"], []).extend(_finite([r["val_nse_median"]]))
     return {m: (float(np.median(v)) if v else None) for m, v in by.items()}
+
+
+def common_basins(rows: Iterable[dict]) -> list[str]:
+    """The basins that have a validation NSE for every method (in first-seen order)."""
+    rows = list(rows)
+    methods = {r["method"] for r in rows}
+    have: dict[str, set[str]] = {}
+    for r in rows:
+        if r["val_nse_median"] is not None:
+            have.setdefault(r["label"], set()).add(r["method"])
+    return [lab for lab, ms in have.items() if ms == methods]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,9 +483,13 @@ def report_blocks(results: dict) -> list:
         blocks.append(Paragraph(f"Not run (left out of every table and median): {'; '.join(results['missing'])}."))
     blocks.append(Heading("Median validation NSE over basins", 2))
     med = results["method_medians"]
-    blocks.append(Table(("method", "median val NSE", "basins"),
-                        tuple((m, _f(med.get(m)), str(sum(1 for r in rows if r["method"] == m))) for m in methods),
-                        align=("l", "r", "r")))
+    common = common_basins(rows)
+    paired = method_medians(rows, common)
+    blocks.append(Table(("method", "median val NSE", "basins", f"median on the {len(common)} basins every method has"),
+                        tuple((m, _f(med.get(m)), str(sum(1 for r in rows if r["method"] == m)), _f(paired.get(m)))
+                              for m in methods),
+                        align=("l", "r", "r", "r"),
+                        caption=f"the common basins: {', '.join(common) or 'none'}"))
     blocks.append(Heading("Validation NSE per basin and method", 2))
     cols = ("basin", "name", "snow frac", "aridity", "runoff ratio", *methods, "SAC-SMA")
     body = []
