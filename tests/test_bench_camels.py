@@ -123,6 +123,11 @@ def test_a_rerun_reads_finished_runs_back(tiny_run, monkeypatch):
     todo = [c for c in bench.cases(CAMELS) if c["label"] == "12010000"]
     again = bench.run_benchmark(todo, TINY, out, [3], [0, 1], [False, True], 30)
     assert again["rows"] == res["rows"]
+    # report only: a seed never run is listed, not computed
+    partial = bench.run_benchmark(todo, TINY, out, [3], [0, 5], [True], 30, compute=False)
+    assert partial["missing"] == [{"label": "12010000", "method": "dds3+snow17", "seed": 5}]
+    assert partial["rows"][0]["seeds"] == [0]
+    assert "Not run" in (out / "report.md").read_text()
 
 
 def test_a_split_the_record_does_not_cover_is_reported(tmp_path, capsys):

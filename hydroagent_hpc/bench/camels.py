@@ -431,7 +431,9 @@ def nse_figure(results: dict, path: Path) -> None:
     rows, facts = results["rows"], results["basins"]
     labels = [b["label"] for b in facts]
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    width = 0.8 / max(len(methods), 1)
+    sx = [i for i, b in enumerate(facts) if b.get("sacsma_val_nse") is not None]
+    slots = len(methods) + (1 if sx else 0)  # SAC-SMA in a slot of its own, right of the methods
+    width = 0.8 / max(slots, 1)
     with _style():
         import matplotlib
 
@@ -451,9 +453,9 @@ def nse_figure(results: dict, path: Path) -> None:
             med_a, lo_a, hi_a = np.array(med), np.array(lo), np.array(hi)
             ax.errorbar(xs, med_a, yerr=[med_a - lo_a, hi_a - med_a], fmt="o", ms=5, capsize=2, color=cmap(j % 10),
                         label=m)
-        sx = [i for i, b in enumerate(facts) if b.get("sacsma_val_nse") is not None]
         if sx:
-            ax.plot(sx, [max(facts[i]["sacsma_val_nse"], NSE_FLOOR) for i in sx], "*", color="black", ms=11,
+            ax.plot([i - 0.4 + width * (len(methods) + 0.5) for i in sx],
+                    [max(facts[i]["sacsma_val_nse"], NSE_FLOOR) for i in sx], "*", color="black", ms=11,
                     label="SAC-SMA (published)")
         ax.axhline(0.0, color="grey", lw=0.8)
         ax.set_xticks(range(len(labels)), [f"{b['label']}\nsnow {_f(b['frac_snow'], '.2f')}" for b in facts])
@@ -480,7 +482,12 @@ def report_blocks(results: dict) -> list:
     if results["not_covered"]:
         blocks.append(Bullets(tuple(f"{k}: left out, {v}" for k, v in results["not_covered"].items())))
     if results.get("missing"):
-        blocks.append(Paragraph(f"Not run (left out of every table and median): {'; '.join(results['missing'])}."))
+        by: dict[str, dict[str, list[str]]] = {}
+        for m in results["missing"]:
+            by.setdefault(m["method"], {}).setdefault(m["label"], []).append(str(m["seed"]))
+        blocks.append(Paragraph("Not run (left out of every table and median; drop `--report-only` to run them): "
+                                + "; ".join(f"{m} " + ", ".join(f"{lab} (seed {'/'.join(s)})" for lab, s in d.items())
+                                            for m, d in by.items()) + "."))
     blocks.append(Heading("Median validation NSE over basins", 2))
     med = results["method_medians"]
     common = common_basins(rows)
@@ -583,7 +590,7 @@ def run_benchmark(todo: list[dict], split: Split, out: Path, simulations: Sequen
                 for seed in (seeds_by_budget or {}).get(n, seeds):
                     rec = run_one(case, split, out, n, snow, seed, warmup, compute)
                     if rec is None:
-                        missing.append(f"{case['label']} {method_name(n, snow)} seed {seed}")
+                        missing.append({"label": case["label"], "method": method_name(n, snow), "seed": seed})
                         continue
                     records.append(rec)
                     if log:
