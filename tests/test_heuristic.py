@@ -45,3 +45,41 @@ def test_deterministic_for_a_seed(basin, small_sim):
 def test_works_with_released_observations(basin, small_sim):
     ep = _episode(basin, small_sim, name="released", max_simulations=25)
     assert ep.counters["parse_failures"] == 0 and ep.best_nse is not None and ep.best_nse > ep.sims[0].metrics["NSE"]
+
+
+def _run(basin, sim, agent, max_simulations=12):
+    cfg = preset("paper", max_simulations=max_simulations, max_turns=None, patience=None, target_nse=0.999,
+                 wall_clock_s=None)
+    return run_episode(agent, CalibrationEnv(basin, sim, cfg, agent="heuristic", seed=0))
+
+
+def test_overshoot_teacher_noise_asks_past_bounds_and_carries_on(basin, small_sim):
+    """overshoot=1: every move after the first evaluation asks past a bound; the environment clips it and
+    the hydrologist goes on from the clipped value; overshoot=0 leaves the episode unchanged."""
+
+    from hydroagent_hpc.params import spec_of
+
+    plain = _run(basin, small_sim, HeuristicHydrologist(seed=0))
+    assert [t.text for t in _run(basin, small_sim, HeuristicHydrologist(seed=0, overshoot=0.0)).turns] == \
+        [t.text for t in plain.turns]
+    noisy = _run(basin, small_sim, HeuristicHydrologist(seed=0, overshoot=1.0))
+    sets = [t for t in noisy.turns if t.tool == "set_parameters"][1:]
+    assert sets and noisy.counters["parse_failures"] == 0 and noisy.counters["simulations"] == 12
+    for t in sets:
+        asked = parse_message(t.text).calls[0].arguments
+        outside = [k for k, v in asked.items() if not spec_of(k).lower <= v <= spec_of(k).upper]
+        assert len(outside) == 1, asked
+        assert "clipped" in t.observation  # the environment said so
+    with pytest.raises(ValueError, match="overshoot"):
+        HeuristicHydrologist(overshoot=1.5)
+
+
+def test_digits_rounds_what_the_teacher_sets(basin, small_sim):
+    ep = _run(basin, small_sim, HeuristicHydrologist(seed=0, digits=3))
+    for t in ep.turns:
+        if t.tool == "set_parameters":
+            for v in parse_message(t.text).calls[0].arguments.values():
+                assert float(f"{v:.3g}") == v, v
+    assert ep.counters["parse_failures"] == 0 and ep.best_nse > ep.sims[0].metrics["NSE"]
+    with pytest.raises(ValueError, match="digits"):
+        HeuristicHydrologist(digits=0)

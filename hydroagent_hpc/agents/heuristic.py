@@ -32,6 +32,11 @@ the clipped value, which is what it assumed anyway. This is noise injection for 
 only on a teacher that never leaves the bounds has never seen a ``clipped`` observation, and a small
 model that writes one out-of-range value then derails on the unfamiliar reply. Measured in
 ``python -m hydroagent_hpc.bench.sft_learning --overshoot P``.
+
+``digits`` (default None: six decimals, as before) is for teacher data too: every value a move
+sets is rounded to that many significant digits, in the hydrologist's own state as well as in the
+call, so it writes ``0.549`` where it would write ``0.548812``. A small student repeats long digit
+strings badly (a greedy loop such as ``0.91105911059...`` runs past its token budget).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class HeuristicHydrologist:
     min_step: float = 0.02
     max_restarts: int = 3  # after the steps collapse, restart around the best with half the step
     overshoot: float = 0.0  # teacher data: probability that a move asks past its bound (see the module doc)
+    digits: int | None = None  # teacher data: significant digits of the values a move sets (None: 6 decimals)
     _rng: Any = None
     _noise: Any = None
     _phase: str = "start"
@@ -88,6 +94,9 @@ class HeuristicHydrologist:
     def __post_init__(self) -> None:
         if not 0.0 <= self.overshoot <= 1.0:
             raise ValueError(f"heuristic: overshoot must be a probability in [0, 1], got {self.overshoot!r}")
+        if self.digits is not None and (isinstance(self.digits, bool) or not isinstance(self.digits, int)
+                                        or not 1 <= self.digits <= 15):
+            raise ValueError(f"heuristic: digits must be a whole number from 1 to 15, got {self.digits!r}")
         self._rng = np.random.default_rng(self.seed)
         # a separate stream, so overshoot = 0 leaves the tie-breaking draws (and the episodes) unchanged
         self._noise = np.random.default_rng([self.seed, 0x0E5])
@@ -254,7 +263,7 @@ class HeuristicHydrologist:
         else:
             v = max(self._current.get(m.name, spec.default), _FLOOR.get(m.name, 0.0), 1e-6)
             new = v * math.exp(m.direction * self._steps[m.name])
-        self._current[m.name] = float(min(max(new, spec.lower), spec.upper))
+        self._current[m.name] = self._round(float(min(max(new, spec.lower), spec.upper)))
         self._tried[m.name] = self._evals
         self._last_move = m
         return dict(self._current)
@@ -265,8 +274,14 @@ class HeuristicHydrologist:
         bound = spec.upper if m.direction > 0 else spec.lower
         factor = math.exp(float(self._noise.uniform(0.1, 0.5)))
         if spec.lower < 0.0 or bound <= 0.0:  # signed or zero bound: step a quarter of the range past it
-            return float(bound + m.direction * (spec.upper - spec.lower) / 4.0)
-        return float(bound * factor if m.direction > 0 else bound / factor)
+            return self._round(float(bound + m.direction * (spec.upper - spec.lower) / 4.0))
+        return self._round(float(bound * factor if m.direction > 0 else bound / factor))
+
+    def _round(self, v: float) -> float:
+        """``v`` to :attr:`digits` significant digits (unchanged when ``digits`` is None)."""
+        if self.digits is None or v == 0.0 or not math.isfinite(v):
+            return v
+        return float(f"{v:.{self.digits}g}")
 
     def _say_set(self, text: str, params: dict[str, float]) -> str:
         shown = {k: round(float(v), 6) for k, v in params.items()}

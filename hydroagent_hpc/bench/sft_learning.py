@@ -29,7 +29,7 @@ __all__ = ["run", "main"]
 
 def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int = 12, teach: int = 2,
         lr: float = 3e-3, width: int | None = None, layers: int | None = None, heldout: int = 1,
-        overshoot: float = 0.0) -> dict[str, Any]:
+        overshoot: float = 0.0, digits: int | None = None) -> dict[str, Any]:
     from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
     from hydroagent_hpc.sim.synth.basins import synthesize_basin
     from hydroagent_hpc.store import read_episodes, read_turns
@@ -52,7 +52,8 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
     env = {"preset": "paper", "protocol": "turns", "max_simulations": sims, "patience": None, "stop_at_target": False}
     teacher = campaign_from_mapping({"name": "teacher", "basins": [basins[n] for n, _ in names[:teach]],
                                      "agents": [{"name": "heuristic", "kind": "heuristic",
-                                                 **({"overshoot": overshoot} if overshoot else {})}],
+                                                 **({"overshoot": overshoot} if overshoot else {}),
+                                                 **({"digits": digits} if digits else {})}],
                                      "seeds": list(range(seeds)), "env": env})
     run_campaign(teacher, out / "teacher.h5", progress=False)
     report = build_sft_data([out / "teacher.h5"], out / "sft.h5", preset="released", tokenizer="tiny",
@@ -100,7 +101,7 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
                                      "scored_episodes": len(nses),
                                      "stop_reason": ";".join(sorted(str(r) for r in eps.stop_reason))}
     result = {"teacher_episodes": report.kept, "sft_steps": steps, "model": model_line.split(": ", 1)[1],
-              "width": width, "layers": layers, "overshoot": overshoot,
+              "width": width, "layers": layers, "overshoot": overshoot, "digits": digits,
               "teach_basins": teach, "seeds": seeds, "heldout_basins": heldout,
               "loss_first": losses[0], "loss_last": losses[-1], "sft_s": round(sft_s, 1),
               "tokens_per_s": summary.get("tokens_per_s"), "policies": policies,
@@ -124,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, help="layers of a larger random model (default: train/tiny.py's 4)")
     ap.add_argument("--overshoot", type=float, default=0.0,
                     help="teacher noise: probability that a heuristic move asks past its bound (agents/heuristic.py)")
+    ap.add_argument("--digits", type=int, help="teacher: significant digits of its values (default 6 decimals)")
     args = ap.parse_args(argv)
     r = run(args.out, args.steps, args.seeds, args.sims, args.turns, args.teach, args.lr, args.width, args.layers,
-            args.heldout, args.overshoot)
+            args.heldout, args.overshoot, args.digits)
     print(f"SFT {r['sft_steps']} steps in {r['sft_s']} s: loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
     print(f"{'policy':<8} {'messages':>8} {'valid calls':>11} {'mean best NSE':>13}  stop")
     for name, p in r["policies"].items():
