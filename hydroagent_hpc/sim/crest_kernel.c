@@ -159,6 +159,16 @@ void hak_interflow_targets(long n, const int64_t *down, const double *dx, const 
     free(cross);
 }
 
+/* What the routing loop reads and writes per cell, in one record (the loop walks cells in order;
+ * one or two cache lines per cell instead of one line from each of two dozen arrays). */
+typedef struct {
+    long down, t0, t1;
+    double s0, s1, area, area_t0, area_t1; /* leak shares; the cell's area and its targets' */
+    float dx, alpha0, alpha, beta, leaki;
+    float pq, po, pq_pow, po_pow, ir; /* routing states */
+    int channel;
+} cellrec;
+
 /* All steps for one parameter set; see kernel.run_kernel. Returns 0, or -1 when out of memory. */
 int hak_run(long nt, long n, long ng, const double *precip, const double *pet, double dt_hours,
             const double *wm, const double *b, const double *im, const double *ke, const double *fc,
@@ -175,8 +185,7 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
     double *w = malloc(nn * sizeof(double)), *fast = calloc(nn, sizeof(double)), *slow = calloc(nn, sizeof(double));
     double *sm = calloc(nn, sizeof(double)), *in_over = calloc(nn, sizeof(double)), *in_chan = calloc(nn, sizeof(double));
     double *in_inter = calloc(nn, sizeof(double)), *inc_fast = calloc(nn, sizeof(double));
-    float *ir = malloc(nn * sizeof(float)), *pq = malloc(nn * sizeof(float)), *po = malloc(nn * sizeof(float));
-    float *pq_pow = malloc(nn * sizeof(float)), *po_pow = malloc(nn * sizeof(float));
+    cellrec *cell = malloc(nn * sizeof(cellrec));
     /* the gauges' nonzero weights, in index order (the same sums as a dense loop) */
     size_t nz = 0;
     for (long g = 0; g < ng; g++)
@@ -185,8 +194,8 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
     long *g_idx = malloc((nz > 0 ? nz : 1) * sizeof(long));
     double *g_w = malloc((nz > 0 ? nz : 1) * sizeof(double));
     int status = -1;
-    if (!w || !fast || !slow || !sm || !in_over || !in_chan || !in_inter || !inc_fast || !ir || !pq || !po ||
-        !pq_pow || !po_pow || !g_ptr || !g_idx || !g_w)
+    if (!w || !fast || !slow || !sm || !in_over || !in_chan || !in_inter || !inc_fast || !cell || !g_ptr || !g_idx ||
+        !g_w)
         goto done;
     g_ptr[0] = 0;
     for (long g = 0, j = 0; g < ng; g++) {
@@ -200,16 +209,31 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
         g_ptr[g + 1] = j;
     }
     for (long i = 0; i < n; i++) {
+        cellrec *c = &cell[i];
+        c->down = (long)down[i];
+        c->t0 = (long)t0[i];
+        c->t1 = (long)t1[i];
+        c->s0 = s0[i];
+        c->s1 = s1[i];
+        c->area = area[i];
+        c->area_t0 = c->t0 >= 0 ? area[c->t0] : 1.0;
+        c->area_t1 = c->t1 >= 0 ? area[c->t1] : 1.0;
+        c->dx = (float)dx[i];
+        c->alpha0 = (float)alpha0[i];
+        c->alpha = (float)alpha[i];
+        c->beta = (float)beta[i];
+        c->leaki = (float)leaki[i];
+        c->channel = channel[i] != 0;
         w[i] = w0[i];
-        ir[i] = (float)ir0[i];
-        pq[i] = (float)pq0[i];
-        po[i] = (float)po0[i];
-        pq_pow[i] = powf(pq[i], channel[i] ? (float)beta[i] : beta_over);
-        po_pow[i] = powf(po[i], beta_over);
+        c->ir = (float)ir0[i];
+        c->pq = (float)pq0[i];
+        c->po = (float)po0[i];
+        c->pq_pow = powf(c->pq, c->channel ? c->beta : beta_over);
+        c->po_pow = powf(c->po, beta_over);
         st_w[i] = w[i]; /* the states "after step state_step": the initial ones until it is reached */
-        st_ir[i] = ir[i];
-        st_pq[i] = pq[i];
-        st_po[i] = po[i];
+        st_ir[i] = c->ir;
+        st_pq[i] = c->pq;
+        st_po[i] = c->po;
     }
     for (long t = 0; t < nt; t++) {
         water_balance(precip, pet, t, n, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm);
@@ -226,34 +250,32 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
             sf_out[t * ng + g] = acc_sf;
         }
         for (long i = n - 1; i >= 0; i--) {
-            long dn = (long)down[i];
-            float dxi = (float)dx[i];
+            cellrec *c = &cell[i];
+            long dn = c->down;
             float fast_m = (float)((double)(float)fast[i] / 1000.0); /* mm to m */
-            if (!channel[i]) {
+            if (!c->channel) {
                 float qp;
-                float q = kw_solve(in_over[i], pq[i], pq_pow[i], fast_m, (float)alpha0[i], beta_over, dt32, dxi, &qp);
-                pq_pow[i] = qp;
-                pq[i] = q;
+                float q = kw_solve(in_over[i], c->pq, c->pq_pow, fast_m, c->alpha0, beta_over, dt32, c->dx, &qp);
+                c->pq_pow = qp;
+                c->pq = q;
                 if (dn >= 0) in_over[dn] += q;
                 inc_fast[i] = q;
-                ir[i] = ir[i] + (float)slow[i];
-                double leak = (double)(ir[i] * (float)leaki[i]);
-                ir[i] = (float)((double)ir[i] - leak);
-                if (ir[i] < 0.0f) ir[i] = 0.0f;
-                long k = (long)t0[i];
-                if (k >= 0) in_inter[k] += leak * s0[i] * area[i] / area[k];
-                k = (long)t1[i];
-                if (k >= 0) in_inter[k] += leak * s1[i] * area[i] / area[k];
+                c->ir = c->ir + (float)slow[i];
+                double leak = (double)(c->ir * c->leaki);
+                c->ir = (float)((double)c->ir - leak);
+                if (c->ir < 0.0f) c->ir = 0.0f;
+                if (c->t0 >= 0) in_inter[c->t0] += leak * c->s0 * c->area / c->area_t0;
+                if (c->t1 >= 0) in_inter[c->t1] += leak * c->s1 * c->area / c->area_t1;
             } else {
                 float slow_m = (float)((double)(float)((double)(float)slow[i] + in_inter[i]) / 1000.0);
                 float lateral = fast_m + slow_m;
                 float op, qp;
-                float q = kw_solve(in_over[i], po[i], po_pow[i], lateral, (float)alpha0[i], beta_over, dt32, dxi, &op);
-                po_pow[i] = op;
-                po[i] = q;
-                float qc = kw_solve(in_chan[i], pq[i], pq_pow[i], q, (float)alpha[i], (float)beta[i], dt32, dxi, &qp);
-                pq_pow[i] = qp;
-                pq[i] = qc;
+                float q = kw_solve(in_over[i], c->po, c->po_pow, lateral, c->alpha0, beta_over, dt32, c->dx, &op);
+                c->po_pow = op;
+                c->po = q;
+                float qc = kw_solve(in_chan[i], c->pq, c->pq_pow, q, c->alpha, c->beta, dt32, c->dx, &qp);
+                c->pq_pow = qp;
+                c->pq = qc;
                 if (dn >= 0) in_chan[dn] += qc;
                 inc_fast[i] = qc;
                 in_inter[i] = 0.0;
@@ -264,7 +286,7 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
             q_out[t * ng + g] = channel[k] ? inc_fast[k] : inc_fast[k] * dx[k] + in_inter[k] * area[k] / 3.6;
         }
         for (long i = 0; i < n; i++) {
-            ir[i] = (float)((double)ir[i] + in_inter[i]);
+            cell[i].ir = (float)((double)cell[i].ir + in_inter[i]);
             in_inter[i] = 0.0;
             in_over[i] = 0.0;
             in_chan[i] = 0.0;
@@ -272,15 +294,15 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
         if (t == state_step || (state_step < 0 && t == nt - 1)) {
             for (long i = 0; i < n; i++) {
                 st_w[i] = w[i];
-                st_ir[i] = ir[i];
-                st_pq[i] = pq[i];
-                st_po[i] = po[i];
+                st_ir[i] = cell[i].ir;
+                st_pq[i] = cell[i].pq;
+                st_po[i] = cell[i].po;
             }
         }
     }
     status = 0;
 done:
     free(w); free(fast); free(slow); free(sm); free(in_over); free(in_chan); free(in_inter); free(inc_fast);
-    free(ir); free(pq); free(po); free(pq_pow); free(po_pow); free(g_ptr); free(g_idx); free(g_w);
+    free(cell); free(g_ptr); free(g_idx); free(g_w);
     return status;
 }
