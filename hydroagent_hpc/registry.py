@@ -8,7 +8,8 @@ and says how to add one), and listed in registration order with :meth:`Registry.
 
 Each extension point owns exactly one instance, defined beside the code it extends
 (:data:`hydroagent_hpc.agents.factory.AGENT_KINDS`, :data:`hydroagent_hpc.sim.BACKENDS`,
-:data:`hydroagent_hpc.hpc.pool.BACKENDS`, :data:`hydroagent_hpc.config.PRESETS`); everything that
+:data:`hydroagent_hpc.hpc.pool.BACKENDS`, :data:`hydroagent_hpc.config.PRESETS`,
+:data:`hydroagent_hpc.sim.kernels.KERNELS`); everything that
 validates, builds or offers a choice of that kind reads that one table. There is no global index of
 registries and no import-time discovery.
 """
