@@ -360,9 +360,10 @@ def test_the_grpo_job_command_line():
     assert job.checkpoints == str(Path("R") / "checkpoints") and job.save_wait_s == 540.0 and job.name == "grpo"
 
 
-def test_submit_grpo_on_the_local_executor_requeues_on_preemption_and_resumes(tmp_path, monkeypatch):
-    """submitit's local backend: the job is interrupted (its preemption signal), GRPOJob.checkpoint has the
-    trainer save and stop, submitit requeues, and the second attempt resumes from the checkpoint."""
+def _preempted_local_grpo(tmp_path, monkeypatch, ready, **submit):
+    """Submit the stand-in trainer on submitit's local backend, wait until ``ready(log)``, deliver the
+    preemption signal to the job's task as Slurm would, and wait for the requeued job's result.
+    Returns (cfg, run, submit summary, submit.json record, result)."""
     from submitit.local.local import LocalJobEnvironment
 
     from hydroagent_hpc.hpc.jobs import child_pids
@@ -375,18 +376,26 @@ def test_submit_grpo_on_the_local_executor_requeues_on_preemption_and_resumes(tm
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("basins: [b]\n")
     run = tmp_path / "run"
-    job, out = submit_grpo_job(cfg, run, SiteSettings(time_min=30), cluster="local", module=module, save_wait_s=20)
-    assert out["cluster"] == "local" and out["final"] == str(run / "final")
+    job, out = submit_grpo_job(cfg, run, SiteSettings(time_min=30), cluster="local", module=module, save_wait_s=20,
+                               **submit)
     record = json.loads((run / "submit.json").read_text())
-    assert record["command"] == "submit grpo" and record["pool"] == "threads" and record["max_requeues"] == 3
     try:
-        wait_until(lambda: "ready" in _log(run), 120, "the stand-in trainer to start under submitit")
+        wait_until(lambda: ready(_log(run)), 120, "the stand-in trainer to start under submitit")
         (task, _), = child_pids(job._process.pid)
         os.kill(task, LocalJobEnvironment._usr_sig())  # preemption as Slurm delivers it, to the job's task
         result = job.result()
     finally:
         if not job.done():
             job.cancel(check=False)
+    return cfg, run, out, record, result
+
+
+def test_submit_grpo_on_the_local_executor_requeues_on_preemption_and_resumes(tmp_path, monkeypatch):
+    """submitit's local backend: the job is interrupted (its preemption signal), GRPOJob.checkpoint has the
+    trainer save and stop, submitit requeues, and the second attempt resumes from the checkpoint."""
+    cfg, run, out, record, result = _preempted_local_grpo(tmp_path, monkeypatch, lambda log: "ready" in log)
+    assert out["cluster"] == "local" and out["final"] == str(run / "final")
+    assert record["command"] == "submit grpo" and record["pool"] == "threads" and record["max_requeues"] == 3
     assert result["attempts"] == 2 and result["returncode"] == 0 and result["run_dir"] == str(run)
     log = _log(run).splitlines()
     assert log[:4] == [f"start config={cfg} resume=True pool=threads found=", "ready", "usr1", "term"]
@@ -421,32 +430,10 @@ def test_submit_grpo_with_simulation_ranks_signals_rank_0_only_and_resumes(tmp_p
     """--sim-ranks 1 on submitit's local backend: mpiexec starts the trainer (rank 0) and a simulation
     rank; on preemption only rank 0 gets SIGUSR1 and SIGTERM (a worker would die of SIGUSR1), the job
     requeues, and the second attempt resumes from the checkpoint."""
-    from submitit.local.local import LocalJobEnvironment
-
-    from hydroagent_hpc.hpc.jobs import child_pids
-    from hydroagent_hpc.hpc.slurm import SiteSettings
-    from hydroagent_hpc.train.submit import submit_grpo_job
-
     mpiexec_or_skip()
-    module, pythonpath = _standin(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", pythonpath)
-    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text("basins: [b]\n")
-    run = tmp_path / "run"
-    job, out = submit_grpo_job(cfg, run, SiteSettings(time_min=30), cluster="local", module=module, save_wait_s=20,
-                               sim_ranks=1)
-    record = json.loads((run / "submit.json").read_text())
+    cfg, run, _, record, result = _preempted_local_grpo(
+        tmp_path, monkeypatch, lambda log: "ready" in log and "worker 1" in log, sim_ranks=1)
     assert record["pool"] == "mpi" and record["sim_ranks"] == 1
-    try:
-        wait_until(lambda: "ready" in _log(run) and "worker 1" in _log(run), 120,
-                   "the stand-in trainer and its simulation rank to start under mpiexec")
-        (task, _), = child_pids(job._process.pid)
-        os.kill(task, LocalJobEnvironment._usr_sig())
-        result = job.result()
-    finally:
-        if not job.done():
-            job.cancel(check=False)
     assert result["attempts"] == 2 and result["returncode"] == 0
     lines = _log(run).splitlines()
     trainer = [ln for ln in lines if not ln.startswith("worker")]
