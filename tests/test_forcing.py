@@ -117,16 +117,7 @@ def test_render_name_template_equals_the_character_rule():
 
     from hydroagent_hpc.sim.controlfile import NAME_FIELDS
     from hydroagent_hpc.sim.forcing import render_name
-
-    def by_characters(pattern, t, finest):
-        values = (f"{t.year:04d}", f"{t.month:02d}", f"{t.day:02d}", f"{t.hour:02d}", f"{t.minute:02d}",
-                  f"{t.second:02d}")
-        chars = list(pattern)
-        for field_, value in zip(NAME_FIELDS[:finest + 1], values):
-            at = pattern.find(field_)
-            if at >= 0:
-                chars[at:at + len(field_)] = value
-        return "".join(chars)
+    from hydroagent_hpc.sim.forcing import render_name_by_characters as by_characters
 
     patterns = ["rain.YYYYMMDDHH.tif", "PET.YYYYMMDD.asc", "x_YYYY_YYYY_MM.tif", "MMMDDD.HHUUSS", "YYYYYMM",
                 "plain.tif", "SSUUHHDDMMYYYY", "q.YYYYMMDDHHUU"]

@@ -45,7 +45,8 @@ from hydroagent_hpc.sim.limits import current_limits
 log = logging.getLogger(__name__)
 
 __all__ = ["ForcingSeries", "step_times", "load_forcing", "load_temperature", "unit_factor", "read_observations",
-           "add_duration", "forcing_file_names", "render_name", "check_frequency", "count_steps"]
+           "add_duration", "forcing_file_names", "render_name", "render_name_by_characters", "check_frequency",
+           "count_steps"]
 
 _UNIT_SECONDS = {"s": 1, "u": 60, "h": 3600, "d": 86400, "m": 30 * 86400, "y": 365 * 86400}
 
@@ -169,13 +170,23 @@ def render_name(pattern: str, t: datetime, finest: int = len(NAME_FIELDS) - 1) -
     ``finest``, stay literal. Precipitation's ``finest`` is FREQ's unit (``rain.YYYYMMDDHH.tif``
     with FREQ=1d reads ``rain.20200520HH.tif``); PET and temperature fill every field.
     """
-    values = (f"{t.year:04d}", f"{t.month:02d}", f"{t.day:02d}", f"{t.hour:02d}", f"{t.minute:02d}",
-              f"{t.second:02d}")
     template = _name_template(pattern, finest)
-    if template is not None:
-        return "".join(lit + (values[i] if i >= 0 else "") for lit, i in template)
+    if template is None:
+        return render_name_by_characters(pattern, t, finest)
+    values = _field_values(t)
+    return "".join(lit + (values[i] if i >= 0 else "") for lit, i in template)
+
+
+def _field_values(t: datetime) -> tuple[str, ...]:
+    return (f"{t.year:04d}", f"{t.month:02d}", f"{t.day:02d}", f"{t.hour:02d}", f"{t.minute:02d}", f"{t.second:02d}")
+
+
+def render_name_by_characters(pattern: str, t: datetime, finest: int = len(NAME_FIELDS) - 1) -> str:
+    """:func:`render_name` by EF5's rule taken literally, one field at a time over the characters; the
+    reference :func:`render_name`'s precompiled template is tested against, and its fallback when two
+    fields overlap."""
     chars = list(pattern)
-    for field_, value in zip(NAME_FIELDS[:finest + 1], values):
+    for field_, value in zip(NAME_FIELDS[:finest + 1], _field_values(t)):
         at = pattern.find(field_)
         if at >= 0:
             chars[at:at + len(field_)] = value
