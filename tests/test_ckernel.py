@@ -75,6 +75,69 @@ def test_c_kernel_equals_numba_on_golden_cases(control):
     _assert_identical(*_both(sim, None))
 
 
+def _float_midpoints(rng, n):
+    """Doubles exactly halfway between two adjacent floats (where rounding to float is a tie)."""
+    f = rng.uniform(1e-3, 1e3, n).astype(np.float32)
+    up = np.nextafter(f, np.float32(np.inf))
+    return (f.astype(np.float64) + up.astype(np.float64)) / 2.0
+
+
+@needs_c
+def test_vectorised_power_equals_the_double_power_rounded_to_float():
+    """fpow_array is exact: bit for bit float32(pow(x, y)) (libm's pow, through math.pow), on the
+    arguments routing sees, on ties and near-ties where the fast value must fall back to pow, and on
+    every special value (zero, negative, subnormal, huge, inf, nan, |y| beyond the fast range)."""
+    import ctypes
+    import ctypes.util
+
+    from hydroagent_hpc.sim import ckernel
+
+    rng = np.random.default_rng(7)
+    n = 60_000
+    flows = np.exp(rng.uniform(-25, 14, n)).astype(np.float32).astype(np.float64)
+    x = np.concatenate([
+        flows, flows,                                   # Q^beta and ((Q_in + Q_old)/2)^(beta - 1)
+        np.exp(rng.uniform(-700, 700, 5000)),           # the whole double range
+        _float_midpoints(rng, 3000), _float_midpoints(rng, 3000) ** 2, np.sqrt(_float_midpoints(rng, 3000)),
+        [0.0, -0.0, -1.0, -2.5, 5e-324, 2.2e-308, 1e308, np.inf, -np.inf, np.nan, 1.0, 2.0, 4.0, 0.25],
+    ])
+    betas = rng.uniform(0.3, 1.5, n).astype(np.float32).astype(np.float64)
+    y = np.concatenate([
+        betas, betas - 1.0, rng.uniform(-3, 3, 5000),
+        np.ones(3000), np.full(3000, 0.5), np.full(3000, 2.0),
+        [0.6, 0.6, 0.6, -0.4, 0.6, 0.6, -1.0, 0.6, 0.6, 0.6, 1e6, 0.5, 0.5, 17.0],
+    ])
+    got = ckernel.fpow_array(x, y)
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))  # the C library's own pow, overflow and domain included
+    libm.pow.restype = ctypes.c_double
+    libm.pow.argtypes = [ctypes.c_double, ctypes.c_double]
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = np.array([libm.pow(a, b) for a, b in zip(x.tolist(), y.tolist())]).astype(np.float32)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    bad = np.flatnonzero(~same)
+    assert bad.size == 0, [(x[i], y[i], got[i], want[i]) for i in bad[:5]]
+    assert ckernel.fpow_lanes() in (0, 4, 8)
+
+
+@needs_c
+def test_c_kernel_refuses_a_network_out_of_routing_order():
+    """Cell 0 draining into cell 1 breaks the upstream-last order the level schedule relies on."""
+    from hydroagent_hpc.sim import ckernel
+
+    n, nt = 2, 3
+    z = np.zeros(n)
+    one = np.ones(n)
+    args = (np.ones((nt, n)), np.zeros((nt, n)), 1.0, one * 100, one * 0.3, z, one, one * 0.5, one * 50, one * 0.1,
+            one, one * 0.6, one, np.array([0, 1], np.uint8), z, z, z, np.array([1, -1]), one * 1000, one * 1e6,
+            np.array([-1, -1]), np.array([-1, -1]), z, z, np.array([1]), np.array([[0.0, 1.0]]), -1)
+    with pytest.raises(ValueError, match="routing order"):
+        ckernel.run_kernel(*args)
+    ok = list(args)
+    ok[17] = np.array([-1, 0])  # cell 1 drains into cell 0: fine
+    q = ckernel.run_kernel(*ok)[0]
+    assert q.shape == (nt, 1) and np.all(np.isfinite(q))
+
+
 @needs_c
 def test_c_batch_equals_single_runs_and_numba_batch(tmp_path, monkeypatch):
     monkeypatch.setattr(kernels, "_THREADS", None)  # restored after the test

@@ -5,12 +5,19 @@ for a drop-in simulator: a process loads a shared library in milliseconds instea
 numba and loading its cache (~0.7 s), and C's ``float``/``double`` arithmetic is EF5's own.
 
 Building: the first use compiles ``crest_kernel.c`` with ``$CC`` (default ``cc``) and
-``-O2 -ffp-contract=off -fno-fast-math`` into ``<cache>/ckernel-<hash>.so`` (the hash covers the
-source, the flags and the compiler's version line; ``<cache>`` is the forcing cache's folder,
-:func:`hydroagent_hpc.sim.cache.cache_root`). It writes a temporary file and renames it, so pool
+``-O2 -ffp-contract=off -fno-fast-math -march=native`` (without ``-march=native`` where the
+compiler refuses it) into ``<cache>/ckernel-<hash>.so``. The hash covers the source, the flags, the
+compiler's version line and this CPU's model and feature flags, so nodes of different CPU types
+that share a cache folder (a home directory on a cluster) each build their own library and never
+load one built for instructions they lack. ``<cache>`` is the forcing cache's folder,
+:func:`hydroagent_hpc.sim.cache.cache_root`. It writes a temporary file and renames it, so pool
 workers and MPI ranks that start together never load half a library. :func:`load` raises
 :class:`CKernelUnavailable` (with the compiler's message) when no compiler works; the kernel
 selector (:mod:`hydroagent_hpc.sim.kernels`) then falls back to numba.
+
+``-march=native`` only widens the vectorised float power (:func:`fpow_array`, 8 lanes with
+AVX-512, 4 with AVX2 and FMA); its results are exact whatever the width, so a run gives the same
+bits on every machine. Nothing else may fuse or reorder operations (``-ffp-contract=off``).
 
 The library releases nothing to Python while it runs (ctypes drops the GIL for the call), so
 several members of a batch can run on several threads.
@@ -31,12 +38,14 @@ import numpy as np
 
 from hydroagent_hpc.errors import HydroAgentError
 
-__all__ = ["SOURCE", "FLAGS", "CKernelUnavailable", "load", "library_path", "interflow_targets", "run_kernel"]
+__all__ = ["SOURCE", "FLAGS", "CKernelUnavailable", "load", "library_path", "interflow_targets", "run_kernel",
+           "fpow_array", "fpow_lanes"]
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("crest_kernel.c")
-FLAGS = ("-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=c99")
+FLAGS = ("-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=c99", "-Wno-psabi")
+NATIVE = "-march=native"  # added when the compiler accepts it (see the module doc)
 
 _LIB: ctypes.CDLL | None = None
 _F64 = np.ctypeslib.ndpointer(np.float64, flags="C_CONTIGUOUS")
@@ -65,18 +74,36 @@ def library_path(cache: Path | None = None) -> Path:
                                  fix="install a C compiler (gcc or clang) or set CC; the numba kernel is used "
                                      "meanwhile") from None
     h = hashlib.blake2b(digest_size=12)
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), (version[0] if version else cc).encode()):
+    for part in (SOURCE.read_bytes(), " ".join((*FLAGS, NATIVE)).encode(), (version[0] if version else cc).encode(),
+                 _cpu_identity().encode()):
         h.update(part)
     return (cache or cache_root()) / f"ckernel-{h.hexdigest()}.so"
+
+
+def _cpu_identity() -> str:
+    """This CPU's model and feature flags (Linux ``/proc/cpuinfo``; elsewhere what ``platform`` knows)."""
+    import platform
+
+    keep = ("model name", "flags", "features", "cpu part", "cpu implementer")
+    try:
+        lines = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0].splitlines()
+    except OSError:
+        lines = []
+    found = [ln.strip() for ln in lines if ln.split(":", 1)[0].strip().lower() in keep]
+    return "\n".join([platform.machine(), platform.processor(), *found])
 
 
 def _build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
-    cmd = [_compiler(), *FLAGS, "-o", tmp, str(SOURCE), "-lm"]
+    cmd = [_compiler(), *FLAGS, NATIVE, "-o", tmp, str(SOURCE), "-lm"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:  # a compiler without -march=native (some clang targets): the portable build
+            log.info("the C kernel builds without %s (%s)", NATIVE, proc.stderr.strip()[-200:])
+            cmd.remove(NATIVE)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise CKernelUnavailable(f"C kernel: {' '.join(cmd)} failed: {proc.stderr.strip()[-600:]}",
                                      fix="install a working C compiler or set CC; HYDROAGENT_KERNEL=numba uses the "
@@ -107,6 +134,10 @@ def load(cache: Path | None = None) -> ctypes.CDLL:
     args: list[Any] = ([_L, _L, _L, _F64, _F64, _D] + [_F64] * 10 + [_U8, _F64, _F64, _F64, _I64, _F64, _F64,
                        _I64, _I64, _F64, _F64, _I64, _F64, _L] + [_F64] * 8)
     lib.hak_run.argtypes = args
+    lib.hak_fpow_array.restype = None
+    lib.hak_fpow_array.argtypes = [_L, _F64, _F64, np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")]
+    lib.hak_fpow_lanes.restype = ctypes.c_int
+    lib.hak_fpow_lanes.argtypes = []
     _LIB = lib
     return lib
 
@@ -148,6 +179,23 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
                      _f64(w0), _f64(leaki), _f64(alpha), _f64(beta), _f64(alpha0), _u8(channel), _f64(ir0), _f64(pq0),
                      _f64(po0), _i64(down), _f64(dx), _f64(area), _i64(t0), _i64(t1), _f64(s0), _f64(s1), gauge_nodes,
                      _f64(weights), int(state_step), *outs, *states)
+    if rc == -2:
+        raise ValueError("C kernel: the network is not in routing order (every cell's downstream cell and interflow "
+                         "targets must come before it)")
     if rc != 0:
         raise MemoryError(f"C kernel: out of memory for {n} cells")
     return (*outs, *states)
+
+
+def fpow_array(x: Any, y: Any) -> np.ndarray:
+    """``float32(float64(x) ** float64(y))`` elementwise, by the kernel's vectorised power (bit for bit)."""
+    x, y = np.broadcast_arrays(_f64(x), _f64(y))
+    x, y = _f64(x).ravel(), _f64(y).ravel()
+    out = np.empty(x.size, np.float32)
+    load().hak_fpow_array(x.size, x, y, out)
+    return out
+
+
+def fpow_lanes() -> int:
+    """How many powers the built library computes at once (0: each by ``pow``)."""
+    return int(load().hak_fpow_lanes())
