@@ -340,6 +340,7 @@ typedef struct {
     float dx, alpha0, alpha, beta, leaki;
     float pq, po, pq_pow, po_pow, ir; /* routing states */
     int channel;
+    long orig; /* the cell's index in the caller's arrays (the record array is in level order) */
 } cellrec;
 
 /* Lists in compressed rows: the entries of row i are idx[ptr[i]] .. idx[ptr[i + 1] - 1]. */
@@ -457,6 +458,40 @@ static int schedule_build(schedule *sc, long n, const cellrec *cell) {
     return 0;
 }
 
+/* Renumbers the schedule's lists into level order: row p is the list of the cell at position p, and every
+ * entry is a position (the lists' order, EF5's order of the sums, is kept). -1 when out of memory. */
+static int schedule_to_positions(schedule *sc, long n, const long *pos) {
+    rows *lists[3] = {&sc->over, &sc->chan, &sc->inter};
+    const long *perm = sc->level.idx;
+    uint8_t *which = NULL;
+    for (int k = 0; k < 3; k++) {
+        rows *r = lists[k], q;
+        long nent = r->ptr[n];
+        if (rows_alloc(&q, n, nent) != 0) {
+            rows_free(&q);
+            return -1;
+        }
+        if (k == 2 && !(which = malloc((size_t)(nent > 0 ? nent : 1)))) {
+            rows_free(&q);
+            return -1;
+        }
+        q.ptr[0] = 0;
+        for (long p = 0; p < n; p++) {
+            long i = perm[p], e0 = r->ptr[i], len = r->ptr[i + 1] - e0;
+            for (long e = 0; e < len; e++) {
+                q.idx[q.ptr[p] + e] = pos[r->idx[e0 + e]];
+                if (k == 2) which[q.ptr[p] + e] = sc->inter_which[e0 + e];
+            }
+            q.ptr[p + 1] = q.ptr[p] + len;
+        }
+        rows_free(r);
+        *r = q;
+    }
+    free(sc->inter_which);
+    sc->inter_which = which;
+    return 0;
+}
+
 static void schedule_free(schedule *sc) {
     rows_free(&sc->level);
     rows_free(&sc->over);
@@ -490,7 +525,7 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
     const float beta_over = 0.6f;
     size_t nn = (size_t)(n > 0 ? n : 1);
     double *w = malloc(nn * sizeof(double)), *fast = calloc(nn, sizeof(double)), *slow = calloc(nn, sizeof(double));
-    double *sm = calloc(nn, sizeof(double)), *inc_fast = calloc(nn, sizeof(double));
+    double *sm = calloc(nn, sizeof(double));
     double *inter_in = calloc(nn, sizeof(double)); /* interflow gathered into hillslope cells this step */
     double *leak0 = calloc(nn, sizeof(double)), *leak1 = calloc(nn, sizeof(double)); /* per source, to t0 / t1 */
     float *outflow = calloc(nn, sizeof(float)); /* this step's outflow of each cell (overland or channel) */
@@ -499,7 +534,8 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
     float *sf[16]; /* per-solve float arrays: 8 inputs and outputs, 8 of scratch */
     for (int k = 0; k < 16; k++) sf[k] = malloc(nn * sizeof(float));
     long *s_cell = malloc(nn * sizeof(long)), *s_who = malloc(nn * sizeof(long));
-    cellrec *cell = malloc(nn * sizeof(cellrec));
+    cellrec *cell = malloc(nn * sizeof(cellrec)), *lc = malloc(nn * sizeof(cellrec));
+    long *pos = malloc(nn * sizeof(long));
     schedule sc;
     memset(&sc, 0, sizeof sc);
     /* the gauges' nonzero weights, in index order (the same sums as a dense loop) */
@@ -512,8 +548,8 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
     int status = -1;
     int scratch_ok = 1;
     for (int k = 0; k < 16; k++) scratch_ok &= sf[k] != NULL;
-    if (!w || !fast || !slow || !sm || !inc_fast || !inter_in || !leak0 || !leak1 || !outflow || !s_qin || !s_x ||
-        !s_y || !scratch_ok || !s_cell || !s_who || !cell || !g_ptr || !g_idx || !g_w)
+    if (!w || !fast || !slow || !sm || !inter_in || !leak0 || !leak1 || !outflow || !s_qin || !s_x ||
+        !s_y || !scratch_ok || !s_cell || !s_who || !cell || !lc || !pos || !g_ptr || !g_idx || !g_w)
         goto done;
     float *s_qold = sf[0], *s_qpow = sf[1], *s_lat = sf[2], *s_al = sf[3], *s_be = sf[4], *s_dx = sf[5];
     float *s_q = sf[6], *s_qp = sf[7];
@@ -561,6 +597,14 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
         status = rc;
         goto done;
     }
+    /* the records and every routing array in level order: a level is a contiguous range of positions */
+    for (long p = 0; p < n; p++) {
+        long i = sc.level.idx[p];
+        pos[i] = p;
+        lc[p] = cell[i];
+        lc[p].orig = i;
+    }
+    if (schedule_to_positions(&sc, n, pos) != 0) goto done;
     for (long t = 0; t < nt; t++) {
         water_balance(precip, pet, t, n, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm);
         for (long g = 0; g < ng; g++) {
@@ -577,15 +621,15 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
         }
         for (long l = 0; l < sc.nlev; l++) {
             long first = sc.level.ptr[l], m = sc.level.ptr[l + 1] - first;
-            const long *cells = sc.level.idx + first;
+            cellrec *cl = lc + first;
             /* overland flow of every cell of the level (a channel cell's own overland store included) */
             long mc = 0;
             for (long j = 0; j < m; j++) {
-                long i = cells[j];
-                cellrec *c = &cell[i];
+                long p = first + j;
+                cellrec *c = &cl[j];
                 double qin = 0.0;
-                for (long e = sc.over.ptr[i]; e < sc.over.ptr[i + 1]; e++) qin += outflow[sc.over.idx[e]];
-                float fast_m = (float)((double)(float)fast[i] / 1000.0); /* mm to m */
+                for (long e = sc.over.ptr[p]; e < sc.over.ptr[p + 1]; e++) qin += outflow[sc.over.idx[e]];
+                float fast_m = (float)((double)(float)fast[c->orig] / 1000.0); /* mm to m */
                 s_qin[j] = qin;
                 s_al[j] = c->alpha0;
                 s_be[j] = beta_over;
@@ -595,8 +639,8 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
                     s_qpow[j] = c->pq_pow;
                     s_lat[j] = fast_m;
                 } else {
-                    float slow_m = (float)((double)(float)((double)(float)slow[i] + gather_inter(&sc, i, leak0, leak1)) /
-                                           1000.0);
+                    double inter = gather_inter(&sc, p, leak0, leak1);
+                    float slow_m = (float)((double)(float)((double)(float)slow[c->orig] + inter) / 1000.0);
                     s_qold[j] = c->po;
                     s_qpow[j] = c->po_pow;
                     s_lat[j] = fast_m + slow_m;
@@ -605,8 +649,8 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
             }
             kw_solve_many(m, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
             for (long j = 0; j < m; j++) {
-                long i = cells[j];
-                cellrec *c = &cell[i];
+                long p = first + j;
+                cellrec *c = &cl[j];
                 if (c->channel) {
                     c->po_pow = s_qp[j];
                     c->po = s_q[j];
@@ -615,22 +659,21 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
                 float q = s_q[j];
                 c->pq_pow = s_qp[j];
                 c->pq = q;
-                outflow[i] = q;
-                inc_fast[i] = q;
-                c->ir = c->ir + (float)slow[i];
+                outflow[p] = q;
+                c->ir = c->ir + (float)slow[c->orig];
                 double leak = (double)(c->ir * c->leaki);
                 c->ir = (float)((double)c->ir - leak);
                 if (c->ir < 0.0f) c->ir = 0.0f;
-                leak0[i] = c->t0 >= 0 ? leak * c->s0 * c->area / c->area_t0 : 0.0;
-                leak1[i] = c->t1 >= 0 ? leak * c->s1 * c->area / c->area_t1 : 0.0;
+                leak0[p] = c->t0 >= 0 ? leak * c->s0 * c->area / c->area_t0 : 0.0;
+                leak1[p] = c->t1 >= 0 ? leak * c->s1 * c->area / c->area_t1 : 0.0;
             }
             if (mc == 0) continue;
             /* channel flow of the level's channel cells, their overland flow as lateral inflow */
             for (long k = 0; k < mc; k++) {
-                long j = s_cell[k], i = cells[j];
-                cellrec *c = &cell[i];
+                long j = s_cell[k], p = first + j;
+                cellrec *c = &cl[j];
                 double qin = 0.0;
-                for (long e = sc.chan.ptr[i]; e < sc.chan.ptr[i + 1]; e++) qin += outflow[sc.chan.idx[e]];
+                for (long e = sc.chan.ptr[p]; e < sc.chan.ptr[p + 1]; e++) qin += outflow[sc.chan.idx[e]];
                 s_qin[k] = qin;
                 s_qold[k] = c->pq;
                 s_qpow[k] = c->pq_pow;
@@ -641,36 +684,32 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
             }
             kw_solve_many(mc, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
             for (long k = 0; k < mc; k++) {
-                long i = cells[s_cell[k]];
-                cellrec *c = &cell[i];
+                cellrec *c = &cl[s_cell[k]];
                 c->pq_pow = s_qp[k];
                 c->pq = s_q[k];
-                outflow[i] = s_q[k];
-                inc_fast[i] = s_q[k];
+                outflow[first + s_cell[k]] = s_q[k];
             }
         }
-        for (long i = 0; i < n; i++) inter_in[i] = cell[i].channel ? 0.0 : gather_inter(&sc, i, leak0, leak1);
+        for (long p = 0; p < n; p++) inter_in[p] = lc[p].channel ? 0.0 : gather_inter(&sc, p, leak0, leak1);
         for (long g = 0; g < ng; g++) {
-            long k = (long)gauge_nodes[g];
-            q_out[t * ng + g] = channel[k] ? inc_fast[k] : inc_fast[k] * dx[k] + inter_in[k] * area[k] / 3.6;
+            long k = (long)gauge_nodes[g], p = pos[k];
+            q_out[t * ng + g] = channel[k] ? (double)outflow[p] : (double)outflow[p] * dx[k] + inter_in[p] * area[k] / 3.6;
         }
-        for (long i = 0; i < n; i++) {
-            cell[i].ir = (float)((double)cell[i].ir + inter_in[i]);
-            inter_in[i] = 0.0;
-        }
+        for (long p = 0; p < n; p++) lc[p].ir = (float)((double)lc[p].ir + inter_in[p]);
         if (t == state_step || (state_step < 0 && t == nt - 1)) {
-            for (long i = 0; i < n; i++) {
+            for (long p = 0; p < n; p++) {
+                long i = lc[p].orig;
                 st_w[i] = w[i];
-                st_ir[i] = cell[i].ir;
-                st_pq[i] = cell[i].pq;
-                st_po[i] = cell[i].po;
+                st_ir[i] = lc[p].ir;
+                st_pq[i] = lc[p].pq;
+                st_po[i] = lc[p].po;
             }
         }
     }
     status = 0;
 done:
-    free(w); free(fast); free(slow); free(sm); free(inc_fast); free(inter_in); free(leak0); free(leak1);
-    free(outflow); free(s_qin); free(s_x); free(s_y); free(s_cell); free(s_who); free(cell); free(g_ptr);
+    free(w); free(fast); free(slow); free(sm); free(inter_in); free(leak0); free(leak1);
+    free(outflow); free(s_qin); free(s_x); free(s_y); free(s_cell); free(s_who); free(cell); free(lc); free(pos); free(g_ptr);
     free(g_idx); free(g_w);
     for (int k = 0; k < 16; k++) free(sf[k]);
     schedule_free(&sc);
