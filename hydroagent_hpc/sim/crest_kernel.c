@@ -144,7 +144,13 @@ FPOW_FAST void hak_fpow_array(long n, const double *x, const double *y, float *o
             }
         }
         vi64 ok;
-        vflt f = __builtin_convertvector(pow_approx(xv, yv, &ok), vflt);
+        vdbl a = pow_approx(xv, yv, &ok);
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 9)
+        vflt f = __builtin_convertvector(a, vflt);
+#else /* GCC 8 (RHEL 8's default) has no __builtin_convertvector */
+        vflt f;
+        for (int l = 0; l < FPOW_W; l++) f[l] = (float)a[l];
+#endif
         int64_t all = -1;
         for (int l = 0; l < FPOW_W; l++) all &= ok[l];
         for (int l = 0; l < w; l++) out[j + l] = all || ok[l] ? f[l] : (float)pow(x[j + l], y[j + l]);
