@@ -45,13 +45,13 @@ import time
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Sampling", "Sample", "BatchedSampler", "GenerationServer"]
+__all__ = ["Sampling", "Sample", "RolloutSampler", "BatchedSampler", "GenerationServer"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,20 @@ class Sample:
     logprobs: list[float]
 
 
+class RolloutSampler(Protocol):
+    """What :class:`GenerationServer` drives: :class:`BatchedSampler` (in-process) or
+    :class:`~hydroagent_hpc.train.engine.EngineSampler` (an external inference engine)."""
+
+    max_batch: int
+    stats: dict[str, Any]
+
+    def sample(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None],
+               keys: Sequence[Hashable | None] | None = None,
+               forced: Sequence[Sequence[int] | None] | None = None) -> list[Sample]: ...
+
+    def forget(self) -> None: ...
+
+
 def _filter(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     """Per-row next-token probabilities after temperature, top-k and top-p (rows of ``logits``)."""
     scaled = logits / s.temperature
@@ -107,7 +121,7 @@ class BatchedSampler:
         self.model = model
         self.prefix_cache = bool(prefix_cache)
         self._prefix: dict[Hashable, tuple[list[int], list[Any]]] = {}
-        self.stats = {"prefix_hits": 0, "prefix_misses": 0, "prefix_tokens": 0}
+        self.stats: dict[str, Any] = {"prefix_hits": 0, "prefix_misses": 0, "prefix_tokens": 0}
         self.stop_ids = tuple(int(i) for i in stop_ids)
         self.pad_id = int(pad_id)
         self.sampling = sampling
@@ -290,7 +304,7 @@ class GenerationServer:
     batch). ``stats`` counts batches, rows and the time spent sampling.
     """
 
-    def __init__(self, sampler: BatchedSampler, linger_s: float = 0.002) -> None:
+    def __init__(self, sampler: RolloutSampler, linger_s: float = 0.002) -> None:
         self.sampler = sampler
         self.linger_s = float(linger_s)
         self._queue: queue.Queue[_Request | None] = queue.Queue()
