@@ -58,6 +58,8 @@ from hydroagent_hpc.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from hydroagent_hpc.train.engine import EngineSampler, EngineSettings
+from hydroagent_hpc.train.engine_process import EngineWeights
 from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError
 from hydroagent_hpc.train.grpo_loss import grpo_loss, token_logprobs
 from hydroagent_hpc.train.rollout import (
@@ -70,7 +72,7 @@ from hydroagent_hpc.train.rollout import (
     run_rollouts,
 )
 from hydroagent_hpc.train.rundir import MetricsCSV, prepare_run_dir, write_run_config
-from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sampling
+from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, RolloutSampler, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ METRICS_COLUMNS = ("step", "reward_mean", "reward_std", "turn_reward_mean", "ter
                    "clip_fraction", "grad_norm", "lr", "tokens", "logprob_mismatch_mean", "logprob_mismatch_max",
                    "tis_weight_mean", "generation_s", "simulation_s", "training_s",
                    "step_s", "sim_peak_in_flight", "shared_run_hits", "stop_reasons", "val_reward_mean",
-                   "val_best_nse_mean")
+                   "val_best_nse_mean", "weight_sync_s")
 
 
 def rollout_seed(seed: int, step: int, group: int, member: int) -> int:
@@ -158,7 +160,10 @@ class _Metrics(MetricsCSV):
             with h5py.File(self.h5, "a") as f:
                 keep = int(np.sum(f["metrics/step"][:] <= resumed_step))
                 for name in METRICS_COLUMNS:
+                    if name not in f["metrics"]:  # a column added since the run started: NaN so far
+                        f["metrics"].create_dataset(name, data=np.full(keep, np.nan), maxshape=(None,), chunks=(256,))
                     f[f"metrics/{name}"].resize((keep,))
+                f.attrs["columns"] = list(METRICS_COLUMNS)
             return
         tmp = self.h5.with_suffix(".h5.tmp")
         with h5py.File(tmp, "w") as f:
@@ -212,7 +217,7 @@ class _Episodes:
 
 def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpec], sims: dict[str, Any],
           basins: dict[str, Any], *, greedy: bool = False, agent: str = "grpo",
-          runner: Any = None) -> tuple[list[Rollout], dict[str, Any]]:
+          runner: Any = None, engine: EngineWeights | None = None) -> tuple[list[Rollout], dict[str, Any]]:
     from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
     from hydroagent_hpc.config import preset
     from hydroagent_hpc.env.environment import CalibrationEnv
@@ -221,8 +226,12 @@ def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpe
     sampling = Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                         max_new_tokens=config.max_new_tokens, greedy=greedy)
     probe = HFLocalPolicy(model, tokenizer)  # stop and pad ids as evaluation uses them
-    sampler = BatchedSampler(model, probe.stop_ids, probe.pad_id, sampling, max_batch=config.generation_batch,
-                             prefix_cache=config.prefix_cache)
+    sampler: RolloutSampler
+    if engine is not None:  # an external engine serving the current weights (engine.push after each step)
+        sampler = EngineSampler(engine.api, probe.stop_ids, sampling, max_batch=config.generation_batch)
+    else:
+        sampler = BatchedSampler(model, probe.stop_ids, probe.pad_id, sampling, max_batch=config.generation_batch,
+                                 prefix_cache=config.prefix_cache)
     slots = SimulationSlots(config.max_simulations_in_flight)
     shared = SharedRuns() if config.share_runs else None
     was_training = model.training
@@ -280,7 +289,6 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     """
     from hydroagent_hpc.sim import open_simulator
     from hydroagent_hpc.sim.basin import load_basin
-    from hydroagent_hpc.train.sft import _Signals
 
     started = time.perf_counter()
     run_dir = Path(run_dir)
@@ -321,91 +329,113 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
              "%s on %s", len(config.basins), config.group_size, config.prompts_per_step, config.max_steps,
              config.advantage, config.kl_coef, config.entropy_coef, dtype, device)
 
+    engine = None
+    if config.generator == "engine":
+        assert config.engine is not None  # checked with the config
+        engine = EngineWeights(EngineSettings.from_mapping(config.engine), run_dir)
+    try:
+        return _run(config, run_dir, model, tokenizer, reference, optimizer, scheduler, state, resume_from, metrics,
+                    store, sims, basins, runner, pad_id, device, engine, started)
+    finally:
+        store.close()
+        if engine is not None:
+            engine.close()
+
+
+def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any, reference: Any,
+         optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState, resume_from: Path | None,
+         metrics: _Metrics, store: _Episodes, sims: dict[str, Any], basins: dict[str, Any], runner: Any, pad_id: int,
+         device: torch.device, engine: EngineWeights | None, started: float) -> dict[str, Any]:
+    """The step loop of :func:`train_grpo` (its setup done; the caller closes the store and the engine)."""
+    from hydroagent_hpc.train.sft import _Signals
+
+    if engine is not None:  # the engine serves the current (initial or resumed) weights before any rollout
+        engine.push(model, tokenizer, state.step)
     last_val: dict[str, Any] = {}
     if config.validation_basins and config.validate_every and resume_from is None:
-        last_val = _validate(config, model, tokenizer, sims, basins, store, state.step, runner)
+        last_val = _validate(config, model, tokenizer, sims, basins, store, state.step, runner, engine)
     summary_rows: list[dict[str, Any]] = []
     stopped = None
     saved_at = state.step if resume_from is not None else -1
-    try:
-        with _Signals() as signals:
-            while state.step < config.max_steps:
-                step = state.step + 1
-                t_step = time.perf_counter()
-                # 2. prompts and rollouts
-                idx, epoch, index = plan_prompts(len(config.basins), config.prompts_per_step, config.seed,
-                                                 state.epoch, state.index)
-                specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k),
-                                     f"grpo-s{step:05d}-g{g}-k{k}")
-                         for g, b in enumerate(idx) for k in range(config.group_size)]
-                rollouts, gen_stats = _play(config, model, tokenizer, specs, sims, basins, runner=runner)
-                store.write(rollouts)
-                fault("kill_after_rollouts", step)
-                t_rollout = time.perf_counter() - t_step
-                # 3. advantages per group, from the ledger
-                per_turn: dict[int, np.ndarray] = {}
-                degenerate = 0
-                for g in range(len(idx)):
-                    members = [i for i, r in enumerate(rollouts) if r.spec.group == g and r.trainable]
-                    if not members:
-                        degenerate += 1
-                        continue
-                    ga = group_advantages([rollouts[i].turn_rewards for i in members],
-                                          [rollouts[i].terminal for i in members], mode=config.advantage,
-                                          gamma=config.gamma, std=config.std_normalise)
-                    degenerate += bool(ga.degenerate)
-                    for i, adv in zip(members, ga.per_turn):
-                        per_turn[i] = np.asarray(adv, dtype=np.float64)
-                # 4. loss and one optimizer step
-                t_train = time.perf_counter()
-                parts = _optimise(config, model, reference, optimizer, rollouts, per_turn, pad_id, device)
-                lr = float(scheduler.get_last_lr()[0])
-                with warnings.catch_warnings():
-                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
-                    scheduler.step()
-                training_s = time.perf_counter() - t_train
-                state.step, state.epoch, state.index = step, epoch, index
-                state.tokens += int(parts["tokens"])
-                # 5. record
-                if config.validation_basins and config.validate_every and step % config.validate_every == 0:
-                    last_val = _validate(config, model, tokenizer, sims, basins, store, step, runner)
-                advs = np.concatenate(list(per_turn.values())) if per_turn else np.zeros(1)
-                row = {"step": step, **_episode_summary(rollouts), "rollouts": len(rollouts),
-                       "trainable": sum(r.trainable for r in rollouts), "degenerate_groups": degenerate,
-                       "adv_mean": float(advs.mean()), "adv_std": float(advs.std()),
-                       "adv_abs_max": float(np.abs(advs).max()), **parts, "lr": lr,
-                       "generation_s": float(gen_stats["busy_s"]),
-                       "simulation_s": float(gen_stats["sim_busy_s"]), "training_s": training_s,
-                       "step_s": time.perf_counter() - t_step, "sim_peak_in_flight": int(gen_stats["sim_peak"]),
-                       "shared_run_hits": int(gen_stats.get("shared_hits", 0)),
-                       "val_reward_mean": last_val.get("reward_mean", float("nan")),
-                       "val_best_nse_mean": last_val.get("best_nse_mean", float("nan"))}
-                metrics.write(row)
-                summary_rows.append(row)
-                log.info("step %d/%d reward %.3f (turn %.3f, terminal %.3f) best NSE %.3f | loss %.4f kl %.4f "
-                         "entropy %.3f | %d/%d trainable, %d degenerate groups | rollouts %.1f s train %.1f s",
-                         step, config.max_steps, row["reward_mean"], row.get("turn_reward_mean", float("nan")),
-                         row.get("terminal_mean", float("nan")), row["best_nse_mean"], row["loss"], row["kl"],
-                         row["entropy"], row["trainable"], len(rollouts), degenerate, t_rollout, training_s)
-                # 6. checkpoints
-                fault("usr1", step)
-                fault("term", step)
-                if signals.save or signals.stop or (config.save_every and step % config.save_every == 0):
-                    save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
-                    saved_at = step
-                    signals.save = False
-                fault("kill", step)
-                if signals.stop:
-                    stopped = "SIGTERM"
-                    log.warning("SIGTERM: saved checkpoint step-%d and stopping", step)
-                    break
-        final = run_dir / "final"
-        if stopped is None:
-            if saved_at != state.step:
+    with _Signals() as signals:
+        while state.step < config.max_steps:
+            step = state.step + 1
+            t_step = time.perf_counter()
+            # 2. prompts and rollouts
+            idx, epoch, index = plan_prompts(len(config.basins), config.prompts_per_step, config.seed,
+                                             state.epoch, state.index)
+            specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k),
+                                 f"grpo-s{step:05d}-g{g}-k{k}")
+                     for g, b in enumerate(idx) for k in range(config.group_size)]
+            rollouts, gen_stats = _play(config, model, tokenizer, specs, sims, basins, runner=runner, engine=engine)
+            store.write(rollouts)
+            fault("kill_after_rollouts", step)
+            t_rollout = time.perf_counter() - t_step
+            # 3. advantages per group, from the ledger
+            per_turn: dict[int, np.ndarray] = {}
+            degenerate = 0
+            for g in range(len(idx)):
+                members = [i for i, r in enumerate(rollouts) if r.spec.group == g and r.trainable]
+                if not members:
+                    degenerate += 1
+                    continue
+                ga = group_advantages([rollouts[i].turn_rewards for i in members],
+                                      [rollouts[i].terminal for i in members], mode=config.advantage,
+                                      gamma=config.gamma, std=config.std_normalise)
+                degenerate += bool(ga.degenerate)
+                for i, adv in zip(members, ga.per_turn):
+                    per_turn[i] = np.asarray(adv, dtype=np.float64)
+            # 4. loss and one optimizer step
+            t_train = time.perf_counter()
+            parts = _optimise(config, model, reference, optimizer, rollouts, per_turn, pad_id, device)
+            lr = float(scheduler.get_last_lr()[0])
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+                scheduler.step()
+            training_s = time.perf_counter() - t_train
+            state.step, state.epoch, state.index = step, epoch, index
+            state.tokens += int(parts["tokens"])
+            # the engine serves the new weights before anything samples again (validation included)
+            weight_sync_s = engine.push(model, tokenizer, step) if engine is not None else float("nan")
+            # 5. record
+            if config.validation_basins and config.validate_every and step % config.validate_every == 0:
+                last_val = _validate(config, model, tokenizer, sims, basins, store, step, runner, engine)
+            advs = np.concatenate(list(per_turn.values())) if per_turn else np.zeros(1)
+            row = {"step": step, **_episode_summary(rollouts), "rollouts": len(rollouts),
+                   "trainable": sum(r.trainable for r in rollouts), "degenerate_groups": degenerate,
+                   "adv_mean": float(advs.mean()), "adv_std": float(advs.std()),
+                   "adv_abs_max": float(np.abs(advs).max()), **parts, "lr": lr,
+                   "generation_s": float(gen_stats["busy_s"]),
+                   "simulation_s": float(gen_stats["sim_busy_s"]), "training_s": training_s,
+                   "step_s": time.perf_counter() - t_step, "sim_peak_in_flight": int(gen_stats["sim_peak"]),
+                   "shared_run_hits": int(gen_stats.get("shared_hits", 0)),
+                   "val_reward_mean": last_val.get("reward_mean", float("nan")),
+                   "val_best_nse_mean": last_val.get("best_nse_mean", float("nan")),
+                   "weight_sync_s": weight_sync_s}
+            metrics.write(row)
+            summary_rows.append(row)
+            log.info("step %d/%d reward %.3f (turn %.3f, terminal %.3f) best NSE %.3f | loss %.4f kl %.4f "
+                     "entropy %.3f | %d/%d trainable, %d degenerate groups | rollouts %.1f s train %.1f s",
+                     step, config.max_steps, row["reward_mean"], row.get("turn_reward_mean", float("nan")),
+                     row.get("terminal_mean", float("nan")), row["best_nse_mean"], row["loss"], row["kl"],
+                     row["entropy"], row["trainable"], len(rollouts), degenerate, t_rollout, training_s)
+            # 6. checkpoints
+            fault("usr1", step)
+            fault("term", step)
+            if signals.save or signals.stop or (config.save_every and step % config.save_every == 0):
                 save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
-            _save_final(final, model, tokenizer)
-    finally:
-        store.close()
+                saved_at = step
+                signals.save = False
+            fault("kill", step)
+            if signals.stop:
+                stopped = "SIGTERM"
+                log.warning("SIGTERM: saved checkpoint step-%d and stopping", step)
+                break
+    final = run_dir / "final"
+    if stopped is None:
+        if saved_at != state.step:
+            save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
+        _save_final(final, model, tokenizer)
     return {"run_dir": str(run_dir), "steps": state.step, "stopped": stopped,
             "final": str(final) if stopped is None else None,
             "first_reward": summary_rows[0]["reward_mean"] if summary_rows else None,
@@ -473,10 +503,11 @@ def _optimise(config: GRPOConfig, model: Any, reference: Any, optimizer: torch.o
 
 
 def _validate(config: GRPOConfig, model: Any, tokenizer: Any, sims: dict[str, Any], basins: dict[str, Any],
-              store: _Episodes, step: int, runner: Any = None) -> dict[str, Any]:
+              store: _Episodes, step: int, runner: Any = None, engine: EngineWeights | None = None) -> dict[str, Any]:
     specs = [RolloutSpec(g, 0, d, config.seed, f"grpo-val-s{step:05d}-g{g}")
              for g, d in enumerate(config.validation_basins)]
-    rollouts, _ = _play(config, model, tokenizer, specs, sims, basins, greedy=True, agent="grpo-val", runner=runner)
+    rollouts, _ = _play(config, model, tokenizer, specs, sims, basins, greedy=True, agent="grpo-val", runner=runner,
+                        engine=engine)
     store.write(rollouts)
     summary = _episode_summary(rollouts)
     log.info("validation at step %d: reward %.3f, best NSE %.3f on %d held-out basins", step,

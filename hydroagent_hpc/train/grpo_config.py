@@ -25,6 +25,26 @@ advantage              episode         released
 ``tis_cap`` (default 0 = off): truncated importance weights ``min(p_trainer / p_generator, cap)`` on
 each token's advantage, for generators whose numbers differ from the trainer's.
 
+Generation (``docs/grpo.md``, "Generation by an engine"):
+
+=====================  ==============================================================================
+key                    meaning
+=====================  ==============================================================================
+generator              ``local`` (default: in-process transformers) or ``engine`` (an HTTP server)
+engine.api             ``sglang`` or ``vllm`` (:data:`hydroagent_hpc.train.engine.ENGINE_APIS`)
+engine.url             the server's base URL, e.g. ``http://node12:30000`` (required)
+engine.launch          null (a server you started) or the argument list that starts one; ``{model}``
+                       is replaced by the weights folder (required in it), ``{api_key}`` by the key.
+                       ``vllm`` needs it: the trainer restarts vLLM on each new checkpoint
+engine.api_key_env     the environment variable holding the API key (null: no key); the key itself
+                       is never written to the config, the logs or the run folder
+engine.model_name      vLLM's served model name (null: the first of ``/v1/models``)
+engine.timeout_s       seconds one generation request may take (600)
+engine.start_timeout_s seconds a launched server may take to answer ``/health`` (900)
+engine.weights_dir     where the pushed weights are written; the engine must see it (null:
+                       ``RUN/engine-weights``)
+=====================  ==============================================================================
+
 Both: lr 1e-6 with ``warmup_steps`` linear warm-up then constant, weight decay 0, gradient clip
 1.0, entropy 0.01, clip 0.2 / 0.2, ``token-mean`` aggregation, temperature 1.0, top-p 0.95,
 at most 32 simulations in flight. Unknown keys, wrong types and out-of-range values are refused
@@ -34,6 +54,7 @@ with the file and line of the key; relative paths are resolved against the confi
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +120,8 @@ class GRPOConfig:
     keep_checkpoints: int = 2
     validate_every: int = 0
     simulator: str = "embedded"
+    generator: str = "local"
+    engine: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -113,7 +136,7 @@ _FLOAT = ("gamma", "lr", "weight_decay", "max_grad_norm", "clip_low", "clip_high
           "temperature", "top_p", "tis_cap")
 _BOOL = ("std_normalise", "share_runs", "prefix_cache")
 _CHOICES = {"preset": tuple(PRESET_DEFAULTS), "advantage": ADVANTAGES, "aggregation": AGGREGATIONS,
-            "dtype": ("auto", "bf16", "fp32")}
+            "dtype": ("auto", "bf16", "fp32"), "generator": ("local", "engine")}
 
 
 def _check(data: dict[str, Any], where: Any) -> dict[str, Any]:
@@ -135,6 +158,8 @@ def _check(data: dict[str, Any], where: Any) -> dict[str, Any]:
         elif key == "env":
             if not isinstance(value, dict):
                 raise GRPOConfigError(f"{at}: env: expected a mapping of environment settings, got {brief(value)}")
+        elif key == "engine":
+            value = _check_engine(value, at)
         elif key in _INT:
             if value is None and key == "norm_length":
                 pass
@@ -171,10 +196,62 @@ def _check(data: dict[str, Any], where: Any) -> dict[str, Any]:
     if overlap:
         raise GRPOConfigError(f"{where('validation_basins')}: validation_basins: {sorted(overlap)} are also "
                               f"training basins", "validate on held-out basins only")
+    if out.get("generator") == "engine" and not out.get("engine"):
+        raise GRPOConfigError(f"{where('generator')}: generator: engine needs an engine mapping",
+                              "add engine: {api: sglang, url: http://HOST:PORT} (docs/grpo.md)")
+    if out.get("engine") and out.get("generator", "local") != "engine":
+        raise GRPOConfigError(f"{where('engine')}: engine: given, but generator is local",
+                              "set generator: engine, or remove the engine mapping")
     if out.get("aggregation") == "seq-mean-token-sum-norm" and out.get("norm_length") is None:
         raise GRPOConfigError(f"{where('aggregation')}: seq-mean-token-sum-norm needs norm_length",
                               "set norm_length to the episode token budget (e.g. max_context_tokens)")
     return out
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_engine(value: Any, at: str) -> dict[str, Any] | None:
+    """The ``engine`` mapping, checked (see the table in the module doc)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise GRPOConfigError(f"{at}: engine: expected a mapping (api, url, ...), got {brief(value)}")
+    from hydroagent_hpc.train.engine import ENGINE_APIS, ENGINE_KEYS
+
+    for key in value:
+        if key not in ENGINE_KEYS:
+            raise GRPOConfigError(f"{at}: engine.{key}: unknown key", f"use one of {', '.join(ENGINE_KEYS)}")
+    api = value.get("api")
+    if not isinstance(api, str) or api not in ENGINE_APIS:
+        raise GRPOConfigError(f"{at}: engine.api: {brief(api)} is not one of {', '.join(ENGINE_APIS.names())}")
+    url = value.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise GRPOConfigError(f"{at}: engine.url: expected an http(s) URL, got {brief(url)}",
+                              "e.g. http://127.0.0.1:30000 (the server's base URL, without /v1)")
+    launch = value.get("launch")
+    if launch is not None:
+        if not isinstance(launch, list) or not launch or not all(isinstance(a, str) and a for a in launch):
+            raise GRPOConfigError(f"{at}: engine.launch: expected a list of arguments, got {brief(launch)}",
+                                  "e.g. [python, -m, sglang.launch_server, --model-path, '{model}', --port, '30000']")
+        if not any("{model}" in a for a in launch):
+            raise GRPOConfigError(f"{at}: engine.launch: no {{model}} argument",
+                                  "write {model} where the server takes its model folder")
+    elif not ENGINE_APIS[api].live_reload:
+        raise GRPOConfigError(f"{at}: engine: api {api} cannot reload weights from disk while it runs",
+                              "give engine.launch so the trainer restarts the engine on each new checkpoint")
+    for key in ("api_key_env", "model_name", "weights_dir"):
+        v = value.get(key)
+        if v is not None and (not isinstance(v, str) or not v):
+            raise GRPOConfigError(f"{at}: engine.{key}: expected a name or null, got {brief(v)}")
+    if value.get("api_key_env") is not None and not _ENV_NAME.fullmatch(value["api_key_env"]):
+        raise GRPOConfigError(f"{at}: engine.api_key_env: {brief(value['api_key_env'])} is not a variable name",
+                              "name the environment variable that holds the key, never the key itself")
+    for key in ("timeout_s", "start_timeout_s"):
+        v = value.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise GRPOConfigError(f"{at}: engine.{key}: expected a positive number of seconds, got {brief(v)}")
+    return dict(value)
 
 
 def grpo_config_from_mapping(data: Any, *, source: str = "<config>", base_dir: Path | None = None,
@@ -194,6 +271,8 @@ def grpo_config_from_mapping(data: Any, *, source: str = "<config>", base_dir: P
         values["validation_basins"] = tuple(resolve(v) for v in values.get("validation_basins", ()))
         if values.get("model", "tiny") != "tiny":
             values["model"] = resolve(values["model"])
+        if values.get("engine") and values["engine"].get("weights_dir"):
+            values["engine"] = {**values["engine"], "weights_dir": resolve(values["engine"]["weights_dir"])}
     _check_env(values.get("env", {}), preset, where)
     return GRPOConfig(**values)
 
