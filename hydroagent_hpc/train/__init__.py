@@ -5,7 +5,10 @@
   :mod:`~hydroagent_hpc.train.sft` (the trainer), :mod:`~hydroagent_hpc.train.checkpoint` (exact
   resume, shared with GRPO).
 - GRPO (docs/grpo.md): :mod:`~hydroagent_hpc.train.sampler` (batched, seeded, prefix-cached
-  generation), :mod:`~hydroagent_hpc.train.rollout` (one thread per episode, the cap on
+  generation), :mod:`~hydroagent_hpc.train.engine` (generation by an SGLang or vLLM server instead),
+  :mod:`~hydroagent_hpc.train.engine_process` (its launcher and the weight push after each step),
+  :mod:`~hydroagent_hpc.train.engine_server` (a loopback engine of our own, for tests and small
+  models), :mod:`~hydroagent_hpc.train.rollout` (one thread per episode, the cap on
   simulations in flight, shared runs), :mod:`~hydroagent_hpc.train.advantages`,
   :mod:`~hydroagent_hpc.train.grpo_loss`, :mod:`~hydroagent_hpc.train.grpo_config`,
   :mod:`~hydroagent_hpc.train.grpo` (the trainer) and :mod:`~hydroagent_hpc.train.grpo_launch`

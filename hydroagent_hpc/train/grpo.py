@@ -32,6 +32,11 @@ One step, top to bottom (:func:`train_grpo`):
    twice: a step is either complete in the checkpoint or redone from its start. ``RUN/final`` is a
    ``save_pretrained`` folder the ``hf_local`` agent loads.
 
+With ``generator: engine`` the rollouts (and validation) are sampled by an SGLang or vLLM server
+(:mod:`hydroagent_hpc.train.engine`); the trainer pushes its weights to it before the first rollout
+and after every optimizer step (:mod:`hydroagent_hpc.train.engine_process`), timed as
+``weight_sync_s``.
+
 Validation (``validate_every`` > 0): one greedy episode per validation basin before the first
 step and every ``validate_every`` steps, stored in the same file (agent ``grpo-val``).
 """
