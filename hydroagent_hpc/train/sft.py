@@ -62,9 +62,8 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -76,11 +75,11 @@ from hydroagent_hpc.errors import HydroAgentError, one_line
 from hydroagent_hpc.train.checkpoint import (
     TrainerState,
     fault,
-    full_model_state,
     load_checkpoint,
     save_checkpoint,
 )
 from hydroagent_hpc.train.config import SFTConfig, SFTConfigError, load_sft_config
+from hydroagent_hpc.train.distributed import Signals, agree, all_reduce_sum, grad_sync, pretrained_copy, shard
 from hydroagent_hpc.train.rundir import MetricsCSV, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sft_data import SFTDataError, SFTDataset
 
@@ -223,53 +222,7 @@ def _check_data_fits(ds: SFTDataset, config: SFTConfig, model: Any) -> np.ndarra
 
 
 # ---------------------------------------------------------------------------------------------
-# Signals, distribution helpers
-
-
-class _Signals:
-    """SIGUSR1 -> save at the next step boundary; SIGTERM -> save and stop. Handlers only set flags."""
-
-    def __init__(self) -> None:
-        self.save = False
-        self.stop = False
-        self._old: dict[int, Any] = {}
-
-    def _handler(self, signum: int, frame: FrameType | None) -> None:
-        self.save = True
-        if signum == signal.SIGTERM:
-            self.stop = True
-
-    def __enter__(self) -> _Signals:
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGUSR1, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
-def _all_reduce_sum(value: torch.Tensor, distributed: bool) -> torch.Tensor:
-    if distributed:
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    return value
-
-
-@contextlib.contextmanager
-def _grad_sync(model: torch.nn.Module, sync: bool) -> Iterator[None]:
-    """Skip the gradient all-reduce on all but the last micro-batch of a step (DDP / FSDP2)."""
-    wrapped: Any = model
-    if hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2
-        wrapped.set_requires_gradient_sync(sync)
-        yield
-    elif hasattr(wrapped, "no_sync") and not sync:  # DDP
-        with wrapped.no_sync():
-            yield
-    else:
-        yield
+# Helpers
 
 
 def _peak_mem_mb(device: torch.device) -> float:
@@ -282,17 +235,6 @@ def _compute_dtype(config: SFTConfig, device: torch.device) -> torch.dtype:
     if config.dtype == "bf16" or (config.dtype == "auto" and device.type == "cuda"):
         return torch.bfloat16
     return torch.float32
-
-
-def _shard(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """FSDP2: each decoder layer, then the root (embeddings, final norm, head) as one unit."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    for layer in layers or []:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
 
 
 def _optimizer(model: torch.nn.Module, config: SFTConfig) -> torch.optim.Optimizer:
@@ -337,7 +279,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     model.train()
     model.to(device)
     if use_fsdp:
-        _shard(model, dtype)
+        shard(model, dtype)
         autocast: Any = contextlib.nullcontext
     else:
         if distributed:
@@ -386,7 +328,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     from tqdm.auto import tqdm
 
     bar = tqdm(total=max_steps, initial=state.step, disable=rank != 0, desc="sft", unit="step", leave=False)
-    with _Signals() as signals:
+    with Signals() as signals:
         while state.step < max_steps:
             t0 = time.perf_counter()
             # 4. this rank's micro-batches of the step, and the step's denominator
@@ -401,18 +343,18 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
             totals = torch.tensor([sum(float(loss_denominator(b)) for b in batches),
                                    sum(float(b["attention_mask"].sum()) for b in batches)],
                                   dtype=torch.float64, device=device)
-            denominator, tokens = (float(v) for v in _all_reduce_sum(totals, distributed))
+            denominator, tokens = (float(v) for v in all_reduce_sum(totals, distributed))
 
             # 5. forward/backward per micro-batch, then one optimizer step
             loss_sum = torch.zeros((), dtype=torch.float64, device=device)
             for a, b in enumerate(batches):
-                with _grad_sync(model, a == len(batches) - 1):
+                with grad_sync(model, a == len(batches) - 1):
                     with autocast():
                         logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
                         part = weighted_token_loss(logits, b) / max(denominator, 1e-30)
                     (part * world).backward()
                 loss_sum += part.detach().double()
-            loss = float(_all_reduce_sum(loss_sum, distributed))
+            loss = float(all_reduce_sum(loss_sum, distributed))
             grad_norm_t = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             grad_norm = float(grad_norm_t.full_tensor() if hasattr(grad_norm_t, "full_tensor") else grad_norm_t)
             lr = float(scheduler.get_last_lr()[0])
@@ -445,8 +387,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
             # 6. checkpoints: periodic, SIGUSR1 (save, go on), SIGTERM (save, stop)
             fault("usr1", state.step)
             fault("term", state.step)
-            flags = torch.tensor([signals.save, signals.stop], dtype=torch.float64, device=device)
-            want_save, want_stop = (bool(v > 0) for v in _all_reduce_sum(flags, distributed))
+            want_save, want_stop = agree(signals, distributed, device)
             if want_save or (config.save_every and state.step % config.save_every == 0):
                 save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
                 saved_at = state.step
@@ -462,7 +403,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     if stopped is None:
         if saved_at != state.step:
             save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
-        _save_final(final, model, tokenizer, dtype, rank)
+        _save_final(final, model, tokenizer, dtype)
     if distributed:
         dist.barrier()
     summary = {"run_dir": str(run_dir), "steps": state.step, "max_steps": max_steps, "epoch": state.epoch,
@@ -476,26 +417,11 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     return summary
 
 
-def _save_final(final: Path, model: torch.nn.Module, tokenizer: Any, dtype: torch.dtype, rank: int) -> None:
+def _save_final(final: Path, model: torch.nn.Module, tokenizer: Any, dtype: torch.dtype) -> None:
     """``final/``: a save_pretrained folder, written beside and renamed into place by rank 0."""
-    state_dict = full_model_state(model)  # collective
-    if rank != 0:
+    fresh = pretrained_copy(model, dtype)  # collective
+    if fresh is None:
         return
-    from transformers import AutoModelForCausalLM
-
-    inner = getattr(model, "module", model)
-    with torch.device("meta"):
-        fresh = AutoModelForCausalLM.from_config(inner.config)
-    result = fresh.load_state_dict(state_dict, assign=True, strict=False)
-    tied = {"lm_head.weight"} if getattr(inner.config, "tie_word_embeddings", False) else set()
-    if set(result.missing_keys) - tied or result.unexpected_keys:
-        raise RuntimeError(f"final model: state dict does not match the architecture (missing "
-                           f"{sorted(set(result.missing_keys) - tied)[:5]}, unexpected {result.unexpected_keys[:5]})")
-    fresh.tie_weights()
-    fresh.to(dtype)
-    fresh.config.use_cache = True
-    fresh.generation_config = inner.generation_config
-    fresh.eval()
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     fresh.save_pretrained(tmp)
