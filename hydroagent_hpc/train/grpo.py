@@ -50,11 +50,13 @@ import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from hydroagent_hpc.train.advantages import group_advantages, token_advantages
 from hydroagent_hpc.train.checkpoint import (
@@ -63,10 +65,19 @@ from hydroagent_hpc.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from hydroagent_hpc.train.distributed import (
+    Signals,
+    agree,
+    all_reduce_max,
+    all_reduce_sum,
+    grad_sync,
+    pretrained_copy,
+    shard,
+)
 from hydroagent_hpc.train.engine import EngineSampler, EngineSettings
 from hydroagent_hpc.train.engine_process import EngineWeights
-from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError
-from hydroagent_hpc.train.grpo_loss import grpo_loss, token_logprobs
+from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError, check_world_size
+from hydroagent_hpc.train.grpo_loss import LogprobModel, grpo_loss
 from hydroagent_hpc.train.rollout import (
     RemoteRunner,
     Rollout,
@@ -81,7 +92,7 @@ from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Rollo
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train_grpo", "rollout_seed", "plan_prompts", "METRICS_COLUMNS", "main"]
+__all__ = ["train_grpo", "rollout_seed", "plan_prompts", "rank_passes", "METRICS_COLUMNS", "main"]
 
 METRICS_COLUMNS = ("step", "reward_mean", "reward_std", "turn_reward_mean", "terminal_mean", "best_nse_mean",
                    "simulations_mean", "turns_mean", "parse_failures_mean", "rollouts", "trainable",
@@ -285,28 +296,75 @@ def _compute_dtype(config: GRPOConfig, device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
+@dataclass
+class _Ranks:
+    """The training processes: ``world`` ranks, this one ``rank``; ``scorer`` and ``reference`` compute
+    the policy's and the frozen reference's token log-probs (:class:`LogprobModel`, sharded with FSDP2,
+    wrapped in DDP, or plain)."""
+
+    world: int
+    rank: int
+    device: torch.device
+    dtype: torch.dtype
+    fsdp: bool
+    scorer: torch.nn.Module
+    reference: torch.nn.Module | None
+
+    @property
+    def lead(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def _decoder_layers(model: Any) -> list[torch.nn.Module]:
+    return list(getattr(getattr(model, "model", None), "layers", None) or [])
+
+
 def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool = True,
                pool: Any = None) -> dict[str, Any]:
     """Run GRPO as configured into ``run_dir``; returns a summary (see the module docstring).
 
     ``pool``: run the simulations on this pool's workers (the root rank's
     :class:`~hydroagent_hpc.hpc.mpi.MPIPool`); None runs them in the rollout threads.
+
+    Under ``torchrun``/``accelerate launch`` (``WORLD_SIZE`` > 1) every process calls this; rank 0
+    alone plays the rollouts (through the engine), stores them and writes the run folder, and every
+    rank trains on its share of each step (:func:`_optimise`). See docs/grpo.md, "Several GPUs".
     """
     from hydroagent_hpc.sim import open_simulator
     from hydroagent_hpc.sim.basin import load_basin
 
     started = time.perf_counter()
     run_dir = Path(run_dir)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        check_world_size(config, world)
+        if pool is not None:
+            raise GRPOConfigError(f"an MPI simulation pool with {world} training processes",
+                                  "run the simulations in rank 0's threads (--pool threads)")
+        from accelerate import Accelerator
+
+        accelerator: Any = Accelerator(cpu=not torch.cuda.is_available())  # the process group: gloo or NCCL
+        world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
+    else:
+        accelerator, rank = None, 0
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    lead = rank == 0
     runner = RemoteRunner(pool, config.simulator) if pool is not None else None
-    # 1. checks before anything is written: basins, model, run folder
+    # 1. checks before anything is written: basins, model, run folder (basins and simulators on rank 0
+    # only: it alone plays rollouts)
     all_dirs = list(config.basins) + list(config.validation_basins)
-    basins = {d: load_basin(d) for d in all_dirs}
-    sims = {d: open_simulator(Path(d) / "control.txt", config.simulator) for d in all_dirs}
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    basins = {d: load_basin(d) for d in all_dirs} if lead else {}
+    sims = {d: open_simulator(Path(d) / "control.txt", config.simulator) for d in all_dirs} if lead else {}
     dtype = _compute_dtype(config, device)
     torch.manual_seed(config.seed)
     model, tokenizer = _load_policy(config, device, dtype)
     resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, GRPOConfigError)
+    if world > 1:
+        dist.barrier()  # every rank has read the run folder before rank 0 writes to it
     reference = None
     if config.kl_coef > 0:
         import copy
@@ -314,8 +372,24 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
         reference = copy.deepcopy(model).eval()
         for p in reference.parameters():
             p.requires_grad_(False)
+    if config.activation_checkpointing:  # non-reentrant: the form that composes with FSDP2 and DDP
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x names it so
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = True
     model.train()
+    use_fsdp = world > 1 and config.fsdp is not False
+    scorer: torch.nn.Module = LogprobModel(model)
+    ref_scorer = LogprobModel(reference).eval() if reference is not None else None
+    if use_fsdp:
+        shard(scorer, dtype, layers=_decoder_layers(model))
+        if ref_scorer is not None:
+            shard(ref_scorer, dtype, layers=_decoder_layers(reference))
+    elif world > 1:
+        scorer = accelerator.prepare(scorer)  # DDP; the reference is a full replica on every rank
+    ranks = _Ranks(world, rank, device, dtype, use_fsdp, scorer, ref_scorer)
+    # after sharding: the optimizer holds (and the checkpoints name) the parameters of the model itself
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
                                   betas=(0.9, 0.999), eps=1e-8, weight_decay=config.weight_decay)
     warm = config.warmup_steps
@@ -324,75 +398,105 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     if resume_from is not None:
         # the reference was copied above: it stays the initial policy, not the resumed one
         state = load_checkpoint(resume_from, model, optimizer, scheduler)
-    write_run_config(run_dir, config.to_dict(), {"device": str(device), "compute_dtype": str(dtype),
-                                    "resumed_from_step": state.step or None})
-    metrics = _Metrics(run_dir / "metrics.csv", state.step if resume_from is not None else None)
-    store = _Episodes(run_dir / "rollouts.h5")
-    store.basins = basins
+    metrics: _Metrics | None = None
+    store: _Episodes | None = None
+    engine = None
+    if lead:
+        write_run_config(run_dir, config.to_dict(), {"device": str(device), "compute_dtype": str(dtype),
+                                                     "world_size": world, "fsdp": use_fsdp,
+                                                     "resumed_from_step": state.step or None})
+        metrics = _Metrics(run_dir / "metrics.csv", state.step if resume_from is not None else None)
+        store = _Episodes(run_dir / "rollouts.h5")
+        store.basins = basins
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     log.info("GRPO: %d training basins x K=%d, %d prompts/step, %d steps, %s advantages, kl %.3g, entropy %.3g, "
-             "%s on %s", len(config.basins), config.group_size, config.prompts_per_step, config.max_steps,
-             config.advantage, config.kl_coef, config.entropy_coef, dtype, device)
+             "%s on %s, %d process(es)%s", len(config.basins), config.group_size, config.prompts_per_step,
+             config.max_steps, config.advantage, config.kl_coef, config.entropy_coef, dtype, device, world,
+             " FSDP2" if use_fsdp else (" DDP" if world > 1 else ""))
 
-    engine = None
-    if config.generator == "engine":
-        assert config.engine is not None  # checked with the config
-        engine = EngineWeights(EngineSettings.from_mapping(config.engine), run_dir)
     try:
-        return _run(config, run_dir, model, tokenizer, reference, optimizer, scheduler, state, resume_from, metrics,
-                    store, sims, basins, runner, pad_id, device, engine, started)
+        if lead and config.generator == "engine":
+            assert config.engine is not None  # checked with the config
+            engine = EngineWeights(EngineSettings.from_mapping(config.engine), run_dir)
+        return _run(config, run_dir, model, tokenizer, optimizer, scheduler, state, resume_from, metrics,
+                    store, sims, basins, runner, pad_id, ranks, engine, started)
     finally:
-        store.close()
+        if store is not None:
+            store.close()
         if engine is not None:
             engine.close()
 
 
-def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any, reference: Any,
-         optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState, resume_from: Path | None,
-         metrics: _Metrics, store: _Episodes, sims: dict[str, Any], basins: dict[str, Any], runner: Any, pad_id: int,
-         device: torch.device, engine: EngineWeights | None, started: float) -> dict[str, Any]:
-    """The step loop of :func:`train_grpo` (its setup done; the caller closes the store and the engine)."""
-    from hydroagent_hpc.train.sft import _Signals
+def _push(engine: EngineWeights | None, model: Any, tokenizer: Any, step: int, ranks: _Ranks) -> float:
+    """Make the engine serve ``model``'s weights; the seconds it took (NaN without an engine).
 
-    if engine is not None:  # the engine serves the current (initial or resumed) weights before any rollout
-        engine.push(model, tokenizer, state.step)
+    With several processes the whole model is first gathered onto rank 0 (a collective: every rank
+    calls this), which then pushes that copy; the gather counts in the seconds.
+    """
+    if not ranks.distributed:
+        return engine.push(model, tokenizer, step) if engine is not None else float("nan")
+    t0 = time.perf_counter()
+    full = pretrained_copy(model, ranks.dtype)
+    if engine is None or full is None:
+        return float("nan")
+    engine.push(full, tokenizer, step)
+    return time.perf_counter() - t0
+
+
+def _share(batch: list[_Sequence] | None, ranks: _Ranks) -> list[_Sequence]:
+    """Rank 0's training batch on every rank (``broadcast_object_list``: pickled, sent from rank 0)."""
+    if not ranks.distributed:
+        assert batch is not None
+        return batch
+    box: list[Any] = [batch]
+    dist.broadcast_object_list(box, src=0)
+    return list(box[0])
+
+
+def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any,
+         optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState, resume_from: Path | None,
+         metrics: _Metrics | None, store: _Episodes | None, sims: dict[str, Any], basins: dict[str, Any],
+         runner: Any, pad_id: int, ranks: _Ranks, engine: EngineWeights | None, started: float) -> dict[str, Any]:
+    """The step loop of :func:`train_grpo` (its setup done; the caller closes the store and the engine).
+
+    On rank 0 only: rollouts, advantages, episodes, metrics, validation, the engine. On every rank:
+    the weight gather for the engine push, the training step, checkpoints and the final model.
+    """
+    # the engine serves the current (initial or resumed) weights before any rollout
+    if engine is not None or ranks.distributed:
+        _push(engine, model, tokenizer, state.step, ranks)
     last_val: dict[str, Any] = {}
-    if config.validation_basins and config.validate_every and resume_from is None:
+    if ranks.lead and config.validation_basins and config.validate_every and resume_from is None:
+        assert store is not None
         last_val = _validate(config, model, tokenizer, sims, basins, store, state.step, runner, engine)
     summary_rows: list[dict[str, Any]] = []
     stopped = None
     saved_at = state.step if resume_from is not None else -1
-    with _Signals() as signals:
+    with Signals() as signals:
         while state.step < config.max_steps:
             step = state.step + 1
             t_step = time.perf_counter()
             # 2. prompts and rollouts
             idx, epoch, index = plan_prompts(len(config.basins), config.prompts_per_step, config.seed,
                                              state.epoch, state.index)
-            specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k),
-                                 f"grpo-s{step:05d}-g{g}-k{k}")
-                     for g, b in enumerate(idx) for k in range(config.group_size)]
-            rollouts, gen_stats = _play(config, model, tokenizer, specs, sims, basins, runner=runner, engine=engine)
-            store.write(rollouts)
-            fault("kill_after_rollouts", step)
-            t_rollout = time.perf_counter() - t_step
-            # 3. advantages per group, from the ledger
-            per_turn: dict[int, np.ndarray] = {}
-            degenerate = 0
-            for g in range(len(idx)):
-                members = [i for i, r in enumerate(rollouts) if r.spec.group == g and r.trainable]
-                if not members:
-                    degenerate += 1
-                    continue
-                ga = group_advantages([rollouts[i].turn_rewards for i in members],
-                                      [rollouts[i].terminal for i in members], mode=config.advantage,
-                                      gamma=config.gamma, std=config.std_normalise)
-                degenerate += bool(ga.degenerate)
-                for i, adv in zip(members, ga.per_turn):
-                    per_turn[i] = np.asarray(adv, dtype=np.float64)
+            batch: list[_Sequence] | None = None
+            if ranks.lead:
+                assert store is not None
+                specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k),
+                                     f"grpo-s{step:05d}-g{g}-k{k}")
+                         for g, b in enumerate(idx) for k in range(config.group_size)]
+                rollouts, gen_stats = _play(config, model, tokenizer, specs, sims, basins, runner=runner,
+                                            engine=engine)
+                store.write(rollouts)
+                fault("kill_after_rollouts", step)
+                t_rollout = time.perf_counter() - t_step
+                # 3. advantages per group, from the ledger
+                per_turn, degenerate = _advantages(config, rollouts, len(idx))
+                batch = _training_batch(rollouts, per_turn)
+            batch = _share(batch, ranks)
             # 4. loss and one optimizer step
             t_train = time.perf_counter()
-            parts = _optimise(config, model, reference, optimizer, rollouts, per_turn, pad_id, device)
+            parts = _optimise(config, model, optimizer, batch, pad_id, ranks)
             lr = float(scheduler.get_last_lr()[0])
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
@@ -401,38 +505,42 @@ def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any, referenc
             state.step, state.epoch, state.index = step, epoch, index
             state.tokens += int(parts["tokens"])
             # the engine serves the new weights before anything samples again (validation included)
-            weight_sync_s = engine.push(model, tokenizer, step) if engine is not None else float("nan")
+            weight_sync_s = _push(engine, model, tokenizer, step, ranks) \
+                if engine is not None or ranks.distributed else float("nan")
             # 5. record
-            if config.validation_basins and config.validate_every and step % config.validate_every == 0:
-                last_val = _validate(config, model, tokenizer, sims, basins, store, step, runner, engine)
-            advs = np.concatenate(list(per_turn.values())) if per_turn else np.zeros(1)
-            row = {"step": step, **_episode_summary(rollouts), "rollouts": len(rollouts),
-                   "trainable": sum(r.trainable for r in rollouts), "degenerate_groups": degenerate,
-                   "adv_mean": float(advs.mean()), "adv_std": float(advs.std()),
-                   "adv_abs_max": float(np.abs(advs).max()), **parts, "lr": lr,
-                   "generation_s": float(gen_stats["busy_s"]),
-                   "simulation_s": float(gen_stats["sim_busy_s"]), "training_s": training_s,
-                   "step_s": time.perf_counter() - t_step, "sim_peak_in_flight": int(gen_stats["sim_peak"]),
-                   "shared_run_hits": int(gen_stats.get("shared_hits", 0)),
-                   "val_reward_mean": last_val.get("reward_mean", float("nan")),
-                   "val_best_nse_mean": last_val.get("best_nse_mean", float("nan")),
-                   "weight_sync_s": weight_sync_s}
-            metrics.write(row)
-            summary_rows.append(row)
-            log.info("step %d/%d reward %.3f (turn %.3f, terminal %.3f) best NSE %.3f | loss %.4f kl %.4f "
-                     "entropy %.3f | %d/%d trainable, %d degenerate groups | rollouts %.1f s train %.1f s",
-                     step, config.max_steps, row["reward_mean"], row.get("turn_reward_mean", float("nan")),
-                     row.get("terminal_mean", float("nan")), row["best_nse_mean"], row["loss"], row["kl"],
-                     row["entropy"], row["trainable"], len(rollouts), degenerate, t_rollout, training_s)
-            # 6. checkpoints
+            if ranks.lead:
+                assert metrics is not None and store is not None
+                if config.validation_basins and config.validate_every and step % config.validate_every == 0:
+                    last_val = _validate(config, model, tokenizer, sims, basins, store, step, runner, engine)
+                advs = np.concatenate(list(per_turn.values())) if per_turn else np.zeros(1)
+                row = {"step": step, **_episode_summary(rollouts), "rollouts": len(rollouts),
+                       "trainable": sum(r.trainable for r in rollouts), "degenerate_groups": degenerate,
+                       "adv_mean": float(advs.mean()), "adv_std": float(advs.std()),
+                       "adv_abs_max": float(np.abs(advs).max()), **parts, "lr": lr,
+                       "generation_s": float(gen_stats["busy_s"]),
+                       "simulation_s": float(gen_stats["sim_busy_s"]), "training_s": training_s,
+                       "step_s": time.perf_counter() - t_step, "sim_peak_in_flight": int(gen_stats["sim_peak"]),
+                       "shared_run_hits": int(gen_stats.get("shared_hits", 0)),
+                       "val_reward_mean": last_val.get("reward_mean", float("nan")),
+                       "val_best_nse_mean": last_val.get("best_nse_mean", float("nan")),
+                       "weight_sync_s": weight_sync_s}
+                metrics.write(row)
+                summary_rows.append(row)
+                log.info("step %d/%d reward %.3f (turn %.3f, terminal %.3f) best NSE %.3f | loss %.4f kl %.4f "
+                         "entropy %.3f | %d/%d trainable, %d degenerate groups | rollouts %.1f s train %.1f s",
+                         step, config.max_steps, row["reward_mean"], row.get("turn_reward_mean", float("nan")),
+                         row.get("terminal_mean", float("nan")), row["best_nse_mean"], row["loss"], row["kl"],
+                         row["entropy"], row["trainable"], len(rollouts), degenerate, t_rollout, training_s)
+            # 6. checkpoints (every rank agrees on a signal that reached any of them)
             fault("usr1", step)
             fault("term", step)
-            if signals.save or signals.stop or (config.save_every and step % config.save_every == 0):
+            want_save, want_stop = agree(signals, ranks.distributed, ranks.device)
+            if want_save or (config.save_every and step % config.save_every == 0):
                 save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
                 saved_at = step
                 signals.save = False
             fault("kill", step)
-            if signals.stop:
+            if want_stop:
                 stopped = "SIGTERM"
                 log.warning("SIGTERM: saved checkpoint step-%d and stopping", step)
                 break
@@ -440,64 +548,158 @@ def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any, referenc
     if stopped is None:
         if saved_at != state.step:
             save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
-        _save_final(final, model, tokenizer)
+        if ranks.distributed:
+            full = pretrained_copy(model, ranks.dtype)  # collective
+            if full is not None:
+                _save_final(final, full, tokenizer)
+            dist.barrier()
+        else:
+            _save_final(final, model, tokenizer)
     return {"run_dir": str(run_dir), "steps": state.step, "stopped": stopped,
             "final": str(final) if stopped is None else None,
             "first_reward": summary_rows[0]["reward_mean"] if summary_rows else None,
             "last_reward": summary_rows[-1]["reward_mean"] if summary_rows else None,
-            "wall_s": time.perf_counter() - started}
+            "world_size": ranks.world, "fsdp": ranks.fsdp, "wall_s": time.perf_counter() - started}
 
 
-def _optimise(config: GRPOConfig, model: Any, reference: Any, optimizer: torch.optim.Optimizer,
-              rollouts: Sequence[Rollout], per_turn: dict[int, np.ndarray], pad_id: int,
-              device: torch.device) -> dict[str, float]:
-    """One optimizer step over the trainable rollouts (one sequence per backward pass)."""
-    chosen = [i for i in per_turn if rollouts[i].trainable]
-    total_tokens = float(sum(sum(rollouts[i].mask) for i in chosen))
-    n_seq = float(len(chosen))
+def _advantages(config: GRPOConfig, rollouts: Sequence[Rollout], groups: int) -> tuple[dict[int, np.ndarray], int]:
+    """Per-turn advantages of the trainable rollouts (by index) and the number of degenerate groups."""
+    per_turn: dict[int, np.ndarray] = {}
+    degenerate = 0
+    for g in range(groups):
+        members = [i for i, r in enumerate(rollouts) if r.spec.group == g and r.trainable]
+        if not members:
+            degenerate += 1
+            continue
+        ga = group_advantages([rollouts[i].turn_rewards for i in members],
+                              [rollouts[i].terminal for i in members], mode=config.advantage,
+                              gamma=config.gamma, std=config.std_normalise)
+        degenerate += bool(ga.degenerate)
+        for i, adv in zip(members, ga.per_turn):
+            per_turn[i] = np.asarray(adv, dtype=np.float64)
+    return per_turn, degenerate
+
+
+@dataclass
+class _Sequence:
+    """What the loss needs of one trainable rollout (and what rank 0 sends the other ranks): the ids,
+    the 0/1 mask of sampled ids, the assistant spans, the generator's log-probs of the mask-1 ids and
+    the advantage of each assistant turn."""
+
+    ids: list[int]
+    mask: list[int]
+    spans: list[tuple[int, int]]
+    sample_logprobs: list[float]
+    advantages: np.ndarray
+
+
+def _training_batch(rollouts: Sequence[Rollout], per_turn: dict[int, np.ndarray]) -> list[_Sequence]:
+    return [_Sequence(list(r.ids), list(r.mask), list(r.spans), list(r.sample_logprobs), per_turn[i])
+            for i in per_turn if (r := rollouts[i]).trainable]
+
+
+def rank_passes(n: int, world: int, rank: int) -> list[int | None]:
+    """The sequences (indices into a batch of ``n``) that ``rank`` of ``world`` trains on, in order.
+
+    Rank ``r`` takes ``r, r + W, r + 2W, ...``: the ranks' shares are disjoint and together the
+    whole batch. Each list is padded with None to ``ceil(n / W)`` entries, so every rank runs the same
+    number of forward and backward passes (under FSDP each pass is a collective of all ranks); a
+    None pass back-propagates zero times a real sequence's loss.
+    """
+    mine: list[int | None] = list(range(rank, n, world))
+    return mine + [None] * (-(-n // world) - len(mine))
+
+
+def _local_counts(batch: Sequence[_Sequence], passes: Sequence[int | None]) -> tuple[float, float]:
+    """Mask-1 tokens and sequences of this rank's share (summed over the ranks: the step's totals)."""
+    mine = [batch[k] for k in passes if k is not None]
+    return float(sum(sum(s.mask) for s in mine)), float(len(mine))
+
+
+def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn.Module | None,
+                batch: Sequence[_Sequence], passes: Sequence[int | None], total_tokens: float, n_seq: float,
+                world: int, device: torch.device) -> dict[str, float]:
+    """Forward and backward passes over this rank's share of ``batch``; the gradients stay in ``.grad``.
+
+    Every pass's loss is aggregated with the step's global ``total_tokens`` and ``n_seq``
+    (:func:`~hydroagent_hpc.train.grpo_loss.aggregate`), so summing the passes of all ranks gives the
+    loss of the whole batch whatever the split; each backward is of ``W * weight * loss``
+    (``weight`` 0 on a padding pass) because DDP/FSDP average the ranks' gradients
+    (:mod:`hydroagent_hpc.train.distributed`). Gradients are reduced across ranks in the last pass
+    only. Returns this rank's sums of the diagnostics (loss, parts, mismatch, TIS weights).
+    """
     sums: dict[str, float] = collections.defaultdict(float)
-    optimizer.zero_grad(set_to_none=True)
-    for i in chosen:
-        r = rollouts[i]
-        ids = torch.tensor([r.ids], dtype=torch.long, device=device)
+    for j, k in enumerate(passes):
+        seq, weight = (batch[k], 1.0) if k is not None else (batch[0], 0.0)
+        ids = torch.tensor([seq.ids], dtype=torch.long, device=device)
         attn = torch.ones_like(ids)
-        mask = torch.tensor([r.mask], dtype=torch.float32, device=device)
-        adv = torch.from_numpy(token_advantages(per_turn[i], r.spans, len(r.ids)))[None].to(device)
-        logp, entropy = token_logprobs(model, ids, attn, chunk_size=config.logprob_chunk,
-                                       with_entropy=True)
-        ref_logp = None
-        if reference is not None:
-            with torch.no_grad():
-                ref_logp, _ = token_logprobs(reference, ids, attn, chunk_size=config.logprob_chunk,
-                                             with_entropy=False)
-        # the generator's log-probs of the sampled ids against the trainer's: the engine mismatch
-        gen = torch.zeros_like(mask)
-        if len(r.sample_logprobs) == int(mask.sum()):
-            gen[mask.bool()] = torch.tensor(r.sample_logprobs, dtype=gen.dtype, device=device)
-            delta = (logp.detach().float() - gen)[mask.bool()]
-            sums["mismatch_abs_sum"] += float(delta.abs().sum())
-            sums["mismatch_max"] = max(sums["mismatch_max"], float(delta.abs().max()) if delta.numel() else 0.0)
-            if config.tis_cap > 0:  # truncated importance weights min(p_trainer / p_generator, cap)
-                weight = torch.exp(delta).clamp(max=config.tis_cap)
-                adv = adv.clone()
-                adv[mask.bool()] = adv[mask.bool()] * weight.to(adv.dtype)
-                sums["tis_weight_sum"] += float(weight.sum())
-        parts = grpo_loss(logp, logp.detach(), ref_logp, entropy, adv, mask, clip_low=config.clip_low,
-                          clip_high=config.clip_high, kl_coef=config.kl_coef, entropy_coef=config.entropy_coef,
-                          aggregation=config.aggregation, norm_length=config.norm_length,
-                          total_tokens=total_tokens, num_sequences=n_seq)
-        parts.loss.backward()
+        mask = torch.tensor([seq.mask], dtype=torch.float32, device=device)
+        adv = torch.from_numpy(token_advantages(seq.advantages, seq.spans, len(seq.ids)))[None].to(device)
+        with grad_sync(scorer, j == len(passes) - 1):
+            logp, entropy = scorer(ids, attn, chunk_size=config.logprob_chunk, with_entropy=True)
+            ref_logp = None
+            if reference is not None:
+                with torch.no_grad():
+                    ref_logp, _ = reference(ids, attn, chunk_size=config.logprob_chunk, with_entropy=False)
+            # the generator's log-probs of the sampled ids against the trainer's: the engine mismatch
+            gen = torch.zeros_like(mask)
+            if len(seq.sample_logprobs) == int(mask.sum()):
+                gen[mask.bool()] = torch.tensor(seq.sample_logprobs, dtype=gen.dtype, device=device)
+                delta = (logp.detach().float() - gen)[mask.bool()]
+                if weight:
+                    sums["mismatch_abs_sum"] += float(delta.abs().sum())
+                    sums["mismatch_max"] = max(sums["mismatch_max"],
+                                               float(delta.abs().max()) if delta.numel() else 0.0)
+                if config.tis_cap > 0:  # truncated importance weights min(p_trainer / p_generator, cap)
+                    tis = torch.exp(delta).clamp(max=config.tis_cap)
+                    adv = adv.clone()
+                    adv[mask.bool()] = adv[mask.bool()] * tis.to(adv.dtype)
+                    if weight:
+                        sums["tis_weight_sum"] += float(tis.sum())
+            parts = grpo_loss(logp, logp.detach(), ref_logp, entropy, adv, mask, clip_low=config.clip_low,
+                              clip_high=config.clip_high, kl_coef=config.kl_coef, entropy_coef=config.entropy_coef,
+                              aggregation=config.aggregation, norm_length=config.norm_length,
+                              total_tokens=total_tokens, num_sequences=n_seq)
+            (parts.loss * (world * weight)).backward()
+        reshard = getattr(reference, "reshard", None)  # FSDP2 keeps a root's parameters gathered after forward
+        if reshard is not None:
+            reshard()
+        if not weight:
+            continue
         sums["loss"] += float(parts.loss.detach())
         share = float(mask.sum()) / max(total_tokens, 1.0)  # token-weighted means of the diagnostics
         for key in ("pg", "kl", "entropy", "clip_fraction"):
             value = getattr(parts, key)
             sums[key] += float(value) * (share if key == "clip_fraction" else 1.0)
-    if not chosen:
+    return sums
+
+
+_SUMMED = ("loss", "pg", "kl", "entropy", "clip_fraction", "mismatch_abs_sum", "tis_weight_sum")
+
+
+def _optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, batch: Sequence[_Sequence],
+              pad_id: int, ranks: _Ranks) -> dict[str, float]:
+    """One optimizer step over the trainable rollouts (one sequence per backward pass), this rank's
+    share (:func:`rank_passes`) of them; the step's token and sequence counts are summed over the
+    ranks before any backward pass, so the gradient is the single-process one (:func:`_accumulate`)."""
+    passes = rank_passes(len(batch), ranks.world, ranks.rank)
+    counts = torch.tensor(_local_counts(batch, passes), dtype=torch.float64, device=ranks.device)
+    total_tokens, n_seq = (float(v) for v in all_reduce_sum(counts, ranks.distributed))
+    if n_seq == 0:  # the same on every rank: the batch is rank 0's
         log.warning("no trainable rollout in this batch: the optimizer does not step")
         return {"loss": 0.0, "pg": 0.0, "kl": 0.0, "entropy": float("nan"), "clip_fraction": 0.0,
                 "grad_norm": 0.0, "tokens": 0.0, "logprob_mismatch_mean": float("nan"),
                 "logprob_mismatch_max": float("nan"), "tis_weight_mean": float("nan")}
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
+    optimizer.zero_grad(set_to_none=True)
+    local = _accumulate(config, ranks.scorer, ranks.reference, batch, passes, total_tokens, n_seq, ranks.world,
+                        ranks.device)
+    summed = all_reduce_sum(torch.tensor([local[k] for k in _SUMMED], dtype=torch.float64, device=ranks.device),
+                            ranks.distributed)
+    sums = dict(zip(_SUMMED, (float(v) for v in summed)))
+    sums["mismatch_max"] = float(all_reduce_max(torch.tensor([local["mismatch_max"]], dtype=torch.float64,
+                                                             device=ranks.device), ranks.distributed))
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     tokens = max(total_tokens, 1.0)

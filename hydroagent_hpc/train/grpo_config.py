@@ -45,6 +45,20 @@ engine.weights_dir     where the pushed weights are written; the engine must see
                        ``RUN/engine-weights``)
 =====================  ==============================================================================
 
+Several training processes (``torchrun``/``accelerate launch``; ``docs/grpo.md``, "Several GPUs"):
+
+=======================  ============================================================================
+key                      meaning
+=======================  ============================================================================
+fsdp                     ``auto`` (default: FSDP2 whenever there is more than one process), ``true``
+                         (the same; with one process it trains a plain module), ``false`` (DDP: every
+                         rank holds the whole model)
+activation_checkpointing recompute each decoder layer's activations in the backward pass (false)
+=======================  ============================================================================
+
+With more than one process the policy is trained on every rank but only rank 0 generates, so
+``generator: engine`` is required (checked by :func:`load_grpo_config` when ``world_size`` > 1).
+
 Both: lr 1e-6 with ``warmup_steps`` linear warm-up then constant, weight decay 0, gradient clip
 1.0, entropy 0.01, clip 0.2 / 0.2, ``token-mean`` aggregation, temperature 1.0, top-p 0.95,
 at most 32 simulations in flight. Unknown keys, wrong types and out-of-range values are refused
@@ -62,7 +76,8 @@ from typing import Any
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.yamlio import brief, load_strict
 
-__all__ = ["GRPOConfig", "GRPOConfigError", "load_grpo_config", "grpo_config_from_mapping", "PRESET_DEFAULTS"]
+__all__ = ["GRPOConfig", "GRPOConfigError", "load_grpo_config", "grpo_config_from_mapping", "check_world_size",
+           "PRESET_DEFAULTS"]
 
 ADVANTAGES = ("episode", "turn", "released")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -122,6 +137,8 @@ class GRPOConfig:
     simulator: str = "embedded"
     generator: str = "local"
     engine: dict[str, Any] | None = None
+    fsdp: bool | str = "auto"
+    activation_checkpointing: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -134,7 +151,7 @@ _INT = {"group_size": 1, "prompts_per_step": 1, "max_steps": 1, "warmup_steps": 
         "seed": None, "save_every": 0, "keep_checkpoints": 0, "validate_every": 0, "norm_length": 1}
 _FLOAT = ("gamma", "lr", "weight_decay", "max_grad_norm", "clip_low", "clip_high", "kl_coef", "entropy_coef",
           "temperature", "top_p", "tis_cap")
-_BOOL = ("std_normalise", "share_runs", "prefix_cache")
+_BOOL = ("std_normalise", "share_runs", "prefix_cache", "activation_checkpointing")
 _CHOICES = {"preset": tuple(PRESET_DEFAULTS), "advantage": ADVANTAGES, "aggregation": AGGREGATIONS,
             "dtype": ("auto", "bf16", "fp32"), "generator": ("local", "engine")}
 
@@ -160,6 +177,9 @@ def _check(data: dict[str, Any], where: Any) -> dict[str, Any]:
                 raise GRPOConfigError(f"{at}: env: expected a mapping of environment settings, got {brief(value)}")
         elif key == "engine":
             value = _check_engine(value, at)
+        elif key == "fsdp":
+            if value not in (True, False, "auto"):
+                raise GRPOConfigError(f"{at}: fsdp: expected auto, true or false, got {brief(value)}")
         elif key in _INT:
             if value is None and key == "norm_length":
                 pass
@@ -254,9 +274,26 @@ def _check_engine(value: Any, at: str) -> dict[str, Any] | None:
     return dict(value)
 
 
+def check_world_size(config: GRPOConfig, world_size: int, where: str = "<config>") -> None:
+    """Refuse what does not work with ``world_size`` training processes (``where``: the file:line).
+
+    With more than one process the policy's parameters are sharded (FSDP2) or replicated (DDP) and
+    every forward pass of a sharded model is a collective of all ranks. Only rank 0 plays the
+    rollouts, so in-process generation (``generator: local``) would need the other ranks to follow
+    every one of rank 0's decoding steps; generation goes to an engine instead.
+    """
+    if world_size > 1 and config.generator != "engine":
+        raise GRPOConfigError(f"{where}: generator: {config.generator} with {world_size} training processes: only "
+                              f"rank 0 plays the rollouts, and in-process generation with a sharded policy would "
+                              f"need every rank in every decoding step",
+                              "set generator: engine (an SGLang/vLLM server, or our engine_server; docs/grpo.md), "
+                              "or train with one process")
+
+
 def grpo_config_from_mapping(data: Any, *, source: str = "<config>", base_dir: Path | None = None,
-                             where: Any = None) -> GRPOConfig:
-    """A :class:`GRPOConfig` from a parsed mapping (preset defaults filled, paths resolved)."""
+                             where: Any = None, world_size: int = 1) -> GRPOConfig:
+    """A :class:`GRPOConfig` from a parsed mapping (preset defaults filled, paths resolved, and
+    :func:`check_world_size` for ``world_size`` training processes)."""
     if not isinstance(data, dict):
         raise GRPOConfigError(f"{source}: expected a mapping of settings, got {brief(data)}")
     where = where or (lambda key: source)
@@ -274,7 +311,9 @@ def grpo_config_from_mapping(data: Any, *, source: str = "<config>", base_dir: P
         if values.get("engine") and values["engine"].get("weights_dir"):
             values["engine"] = {**values["engine"], "weights_dir": resolve(values["engine"]["weights_dir"])}
     _check_env(values.get("env", {}), preset, where)
-    return GRPOConfig(**values)
+    config = GRPOConfig(**values)
+    check_world_size(config, world_size, where("generator" if "generator" in values else None))
+    return config
 
 
 def _check_env(env: dict[str, Any], preset: str, where: Any) -> None:
@@ -287,9 +326,10 @@ def _check_env(env: dict[str, Any], preset: str, where: Any) -> None:
             from None
 
 
-def load_grpo_config(path: str | Path) -> GRPOConfig:
-    """Read a GRPO config file strictly (unknown keys, bad types and values name the file:line)."""
+def load_grpo_config(path: str | Path, world_size: int = 1) -> GRPOConfig:
+    """Read a GRPO config file strictly (unknown keys, bad types and values name the file:line);
+    ``world_size``: the number of training processes it will run with (:func:`check_world_size`)."""
     doc = load_strict(path, error=GRPOConfigError, what="GRPO config")
     p = Path(path)
     return grpo_config_from_mapping(doc.data, source=doc.source, base_dir=p.resolve().parent,
-                                    where=lambda key: doc.where([key]) if key else doc.source)
+                                    where=lambda key: doc.where([key]) if key else doc.source, world_size=world_size)

@@ -2,6 +2,8 @@
 
 ``python -m hydroagent_hpc.train.grpo_launch CONFIG --out RUN [--resume] [--pool threads|mpi]``
 (what ``slurm/grpo.sbatch`` runs on every rank) and ``hydroagent train grpo`` share :func:`run`.
+Under ``torchrun``/``accelerate launch`` (``WORLD_SIZE`` > 1) every process trains a part of each
+step (:mod:`hydroagent_hpc.train.grpo`); that needs ``generator: engine`` and ``--pool threads``.
 With ``--pool mpi`` every rank enters the MPI pool first; only rank 0 then imports the trainer
 (:mod:`hydroagent_hpc.train.grpo`, torch and transformers), while the simulation ranks serve
 :func:`hydroagent_hpc.sim.task.simulate_task` without ever loading torch (about 300 MB and 2 s
@@ -39,9 +41,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run from parsed arguments: rank 0 (or the only process) trains and gets the summary; MPI
     simulation ranks serve until training is done and get ``{"worker": True, "stopped": None}``."""
-    from hydroagent_hpc.train.grpo_config import load_grpo_config
+    from hydroagent_hpc.train.grpo_config import GRPOConfigError, load_grpo_config
 
-    config = load_grpo_config(args.config)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun / accelerate launch set it
+    config = load_grpo_config(args.config, world_size=world_size)
+    if world_size > 1 and getattr(args, "pool", "threads") == "mpi":
+        raise GRPOConfigError(f"--pool mpi with {world_size} training processes: the MPI simulation pool runs "
+                              f"beside one trainer process",
+                              "use --pool threads under torchrun/accelerate launch (rank 0 runs the simulations "
+                              "in its threads)")
     if getattr(args, "pool", "threads") != "mpi":
         from hydroagent_hpc.train.grpo import train_grpo
 

@@ -32,7 +32,8 @@ from torch.utils.checkpoint import checkpoint
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["AGGREGATIONS", "LossParts", "token_logprobs", "k3_kl", "clipped_pg", "aggregate", "grpo_loss"]
+__all__ = ["AGGREGATIONS", "LossParts", "LogprobModel", "token_logprobs", "k3_kl", "clipped_pg", "aggregate",
+           "grpo_loss"]
 
 #: verl's ``loss_agg_mode`` names (TRL: ``dapo``/``bnpo``, ``grpo``, ``dr_grpo``); see :func:`aggregate`.
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -70,8 +71,8 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     Works for a Hugging Face causal LM whose forward is ``lm_head(decoder(...).last_hidden_state)``
     (Qwen2/3, Llama, Mistral, ...); models that post-process the logits (Gemma 2's final logit
     soft-capping, Cohere's ``logit_scale``) are refused. The top-level ``forward`` is not called, so
-    hooks registered on the model itself do not run: under FSDP2, parameters sharded with the root
-    module (embeddings, final norm, lm_head) are not gathered by its hook (not tested here).
+    hooks registered on the model itself do not run: under FSDP2 (or DDP), wrap the model in
+    :class:`LogprobModel` and shard (or wrap) that, so the root's hooks run around this function.
 
     Raises:
         ValueError: ``chunk_size < 1``, ``input_ids`` not ``[B, T]``, a mask of another shape, or a
@@ -111,6 +112,27 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     if not with_entropy:
         return logp, None
     return logp, torch.where(valid, torch.cat(entropies, dim=1)[:, :n_pos], 0.0)
+
+
+class LogprobModel(torch.nn.Module):
+    """:func:`token_logprobs` of the causal LM ``lm`` as a module's ``forward``.
+
+    FSDP2 gathers the parameters of a sharded module in a hook around its ``forward`` (and DDP
+    prepares its gradient reduction there). :func:`token_logprobs` calls the decoder and the lm_head
+    directly, never the model's own ``forward``; with this module as the FSDP2 root (each decoder
+    layer its own unit), the root's hooks gather the embeddings, the final norm and the lm_head for
+    the call and reduce their gradients after the backward pass. ``lm``'s parameter names are
+    unchanged (``lm`` is a submodule), so checkpoints and state dicts are taken from ``lm`` itself.
+    """
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk_size: int = 1024,
+                with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        lm: PreTrainedModel = self.lm  # type: ignore[assignment]
+        return token_logprobs(lm, input_ids, attention_mask, chunk_size=chunk_size, with_entropy=with_entropy)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
