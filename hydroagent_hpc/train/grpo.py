@@ -310,6 +310,13 @@ class _Ranks:
     scorer: torch.nn.Module
     reference: torch.nn.Module | None
 
+    @classmethod
+    def one_process(cls, model: torch.nn.Module, reference: torch.nn.Module | None = None,
+                    device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> _Ranks:
+        """A single process training ``model`` (and scoring ``reference``) unwrapped."""
+        return cls(1, 0, device or torch.device("cpu"), dtype, False, LogprobModel(model),
+                   LogprobModel(reference).eval() if reference is not None else None)
+
     @property
     def lead(self) -> bool:
         return self.rank == 0
