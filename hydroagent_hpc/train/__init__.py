@@ -3,7 +3,8 @@
 - SFT: :mod:`~hydroagent_hpc.train.sft_data` (campaign stores -> weighted, token-exact
   trajectories), :mod:`~hydroagent_hpc.train.config` (the strict SFT config),
   :mod:`~hydroagent_hpc.train.sft` (the trainer), :mod:`~hydroagent_hpc.train.checkpoint` (exact
-  resume, shared with GRPO).
+  resume, shared with GRPO), :mod:`~hydroagent_hpc.train.distributed` (several processes: FSDP2
+  sharding, all-reduces, signals agreed across ranks, gathered weights; shared with GRPO).
 - GRPO (docs/grpo.md): :mod:`~hydroagent_hpc.train.sampler` (batched, seeded, prefix-cached
   generation), :mod:`~hydroagent_hpc.train.engine` (generation by an SGLang or vLLM server instead),
   :mod:`~hydroagent_hpc.train.engine_process` (its launcher and the weight push after each step),

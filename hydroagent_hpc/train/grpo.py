@@ -37,6 +37,13 @@ With ``generator: engine`` the rollouts (and validation) are sampled by an SGLan
 and after every optimizer step (:mod:`hydroagent_hpc.train.engine_process`), timed as
 ``weight_sync_s``.
 
+Several processes (``torchrun``/``accelerate launch``, ``WORLD_SIZE`` > 1; docs/grpo.md "Several
+GPUs"): rank 0 alone plays the rollouts through the engine, writes the run folder and broadcasts the
+trainable sequences with their advantages; rank ``r`` of ``W`` trains on sequences ``r, r + W, ...``
+(:func:`rank_passes`) with the step's token and sequence counts all-reduced first, so the gradient is
+the one-process gradient whatever ``W``; the policy and the reference are FSDP2-sharded (``fsdp``)
+or DDP replicas, and the weights are gathered onto rank 0 for the engine push and ``final/``.
+
 Validation (``validate_every`` > 0): one greedy episode per validation basin before the first
 step and every ``validate_every`` steps, stored in the same file (agent ``grpo-val``).
 """
