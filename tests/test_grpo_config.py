@@ -58,3 +58,31 @@ def test_the_shipped_configs_load_and_hold_their_recipes(name):
         assert c.max_simulations_in_flight == 32 and c.env["max_turns"] == 50 and len(c.basins) == 10
     if name == "grpo-released.yaml":
         assert (c.group_size, c.kl_coef, c.advantage, c.preset) == (6, 0.05, "released", "released")
+
+
+def test_a_run_started_before_a_key_existed_resumes_while_the_key_holds_its_default(tmp_path):
+    """config.yaml written by an older version lacks the newer keys (generator, engine, fsdp, ...):
+    resuming with those at their defaults is the same run; changing one is refused, naming it."""
+    import yaml
+
+    from hydroagent_hpc.train.grpo_config import GRPOConfig
+    from hydroagent_hpc.train.rundir import field_defaults, prepare_run_dir, write_run_config
+
+    cfg = tmp_path / "grpo.yaml"
+    cfg.write_text("basins: [a]\n")
+    config = load_grpo_config(cfg).to_dict()
+    run = tmp_path / "run"
+    write_run_config(run, config, {})
+    doc = yaml.safe_load((run / "config.yaml").read_text())
+    for key in ("generator", "engine", "fsdp", "activation_checkpointing"):
+        del doc["config"][key]  # as an older version wrote it
+    (run / "config.yaml").write_text(yaml.safe_dump(doc))
+    (run / "checkpoints" / "step-3").mkdir(parents=True)
+    (run / "checkpoints" / "step-3" / "trainer.pt").write_bytes(b"")
+    (run / "checkpoints" / "latest").write_text("step-3\n")
+    defaults = field_defaults(GRPOConfig)
+    assert prepare_run_dir(run, config, True, GRPOConfigError, defaults) == run / "checkpoints" / "step-3"
+    with pytest.raises(GRPOConfigError, match="differs in fsdp"):
+        prepare_run_dir(run, {**config, "fsdp": True}, True, GRPOConfigError, defaults)
+    with pytest.raises(GRPOConfigError, match="differs in activation_checkpointing, fsdp, generator"):
+        prepare_run_dir(run, config, True, GRPOConfigError)  # without the defaults: every new key differs

@@ -94,7 +94,7 @@ from hydroagent_hpc.train.rollout import (
     SimulationSlots,
     run_rollouts,
 )
-from hydroagent_hpc.train.rundir import MetricsCSV, prepare_run_dir, write_run_config
+from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, RolloutSampler, Sampling
 
 log = logging.getLogger(__name__)
@@ -376,7 +376,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     dtype = _compute_dtype(config, device)
     torch.manual_seed(config.seed)
     model, tokenizer = _load_policy(config, device, dtype)
-    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, GRPOConfigError)
+    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, GRPOConfigError, field_defaults(GRPOConfig))
     if world > 1:
         dist.barrier()  # every rank has read the run folder before rank 0 writes to it
     reference = None

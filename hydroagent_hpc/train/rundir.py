@@ -22,25 +22,46 @@ from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.provenance import provenance
 from hydroagent_hpc.train.checkpoint import latest_checkpoint
 
-__all__ = ["prepare_run_dir", "write_run_config", "package_version", "MetricsCSV"]
+__all__ = ["prepare_run_dir", "field_defaults", "write_run_config", "package_version", "MetricsCSV"]
 
 
 def prepare_run_dir(run_dir: Path, config: Mapping[str, Any], resume: bool,
-                    error: type[ConfigError] = ConfigError) -> Path | None:
-    """The checkpoint to resume from (or None); ``config`` is the run's config as a dict."""
+                    error: type[ConfigError] = ConfigError, defaults: Mapping[str, Any] | None = None) -> Path | None:
+    """The checkpoint to resume from (or None); ``config`` is the run's config as a dict.
+
+    A resumed run must have the config it started with. ``defaults`` (the config class's field
+    defaults, :func:`field_defaults`) lets a run started before a key existed resume: a key missing
+    from the stored config counts as unchanged while the new config holds its default.
+    """
     latest = latest_checkpoint(run_dir)
     if latest is not None and not resume:
         raise error(f"--out {run_dir}: holds checkpoints of a run (latest {latest.name})",
                     "pass --resume to continue it, or choose a new --out folder")
     saved = run_dir / "config.yaml"
     if latest is not None and saved.is_file():
-        old = (yaml.safe_load(saved.read_text()) or {}).get("config") or {}
+        old = dict((yaml.safe_load(saved.read_text()) or {}).get("config") or {})
+        for key, value in (defaults or {}).items():
+            if key not in old and key in config:  # a key added since the run started, at its default
+                old[key] = value
         if old != dict(config):
             changed = sorted(k for k in config if old.get(k) != config[k])
             raise error(f"--out {run_dir}: was started with another config (differs in {', '.join(changed)}); "
                         f"a resumed run must use the same one",
                         f"resume with the config in {saved}, or choose a new --out folder")
     return latest
+
+
+def field_defaults(cls: type) -> dict[str, Any]:
+    """The defaults of a config dataclass's fields, as its ``to_dict`` writes them (fields without one left out)."""
+    import dataclasses
+
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
 
 
 def package_version(name: str) -> str:

@@ -80,7 +80,7 @@ from hydroagent_hpc.train.checkpoint import (
 )
 from hydroagent_hpc.train.config import SFTConfig, SFTConfigError, load_sft_config
 from hydroagent_hpc.train.distributed import Signals, agree, all_reduce_sum, grad_sync, pretrained_copy, shard
-from hydroagent_hpc.train.rundir import MetricsCSV, prepare_run_dir, write_run_config
+from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sft_data import SFTDataError, SFTDataset
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     dataset = _open_data(config)
     model, tokenizer = _load_model(config)
     lengths = _check_data_fits(dataset, config, model)
-    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, SFTConfigError)
+    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, SFTConfigError, field_defaults(SFTConfig))
 
     # 2. processes and the model on them
     from accelerate import Accelerator
