@@ -64,29 +64,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return train_grpo(config, args.out, resume=args.resume, pool=pool)
 
 
-def _ignore_early_usr1() -> None:
-    """Slurm's warning signal may come while the model loads, before the trainer's handler is
-    installed (or after it is removed, during the final save): its default action would kill the
-    process. Ignore it until then; the handler replaces this while steps run."""
-    import signal
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The result and errors go to the log (stderr). Exit status 0 when the run reached
     ``max_steps``, 143 when SIGTERM stopped it after its checkpoint (Slurm requeues it and
     ``--resume`` continues), the error's own status on an error."""
     from hydroagent_hpc.errors import HydroAgentError, one_line
 
-    _ignore_early_usr1()
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from hydroagent_hpc.train.signals import early_usr1_ignored
+
     try:
-        summary = run(args)
+        with early_usr1_ignored():
+            summary = run(args)
     except HydroAgentError as exc:
         log.error("error: %s", one_line(exc))
         return exc.exit_code

@@ -58,7 +58,6 @@ import os
 import re
 import resource
 import shutil
-import signal
 import sys
 import time
 import warnings
@@ -465,17 +464,14 @@ def exit_status(summary: dict[str, Any]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hydroagent_hpc.train.sft``: the result line and errors go to the log (stderr)."""
-    args = build_parser().parse_args(argv)
-    import threading
+    from hydroagent_hpc.train.signals import early_usr1_ignored
 
-    if threading.current_thread() is threading.main_thread():
-        # Slurm's warning may come before the handler is installed (model loading) or after it is
-        # removed (final save); its default action would kill the process
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        summary = run_cli(args)
+        with early_usr1_ignored():  # Slurm's warning before the handler is installed would kill the process
+            summary = run_cli(args)
     except HydroAgentError as exc:
         log.error("error: %s", one_line(exc))
         return exc.exit_code
