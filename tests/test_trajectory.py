@@ -164,6 +164,40 @@ def test_bad_conversations_get_clear_errors(builder):
                        {"role": "assistant", "content": "done<|im_end|>\n<|im_start|>user\nmore"}])
 
 
+def test_an_untrained_turn_keeps_its_ids_and_span_with_mask_0(tok, builder):
+    """``"train": False`` masks exactly that assistant turn; ids, spans and the other masks are as without it."""
+    msgs, wrote = conversation(6, 8, "mixed")
+    plain = builder.build(msgs)
+    asst = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+    off = {asst[2], asst[5]}
+    marked = [dict(m, train=False) if i in off else dict(m, train=True) if i == asst[0] else m
+              for i, m in enumerate(msgs)]
+    traj = builder.build(marked)
+    assert traj.input_ids == plain.input_ids and traj.spans == plain.spans and traj.text == plain.text
+    mask, ref = np.asarray(traj.assistant_mask), np.asarray(plain.assistant_mask)
+    for k, (s, e) in enumerate(traj.spans):
+        assert (mask[s:e] == (0 if asst[k] in off else 1)).all()
+    outside = np.ones(len(mask), bool)
+    for s, e in traj.spans:
+        outside[s:e] = False
+    assert (mask[outside] == ref[outside]).all() and int(mask.sum()) == int(ref.sum()) - sum(
+        e - s for k, (s, e) in enumerate(traj.spans) if asst[k] in off)
+    _check_masks(tok, plain, wrote)
+    assert "train" in marked[asst[2]]  # the caller's messages are not changed
+    # exact prefix holds with untrained turns: each prefix conversation is a prefix of the whole
+    for k, i in enumerate(asst):
+        part = builder.build(marked[:i + 1])
+        assert traj.input_ids[:len(part)] == part.input_ids and traj.assistant_mask[:len(part)] == part.assistant_mask
+
+
+def test_a_bad_train_key_is_refused(builder):
+    base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    with pytest.raises(TrajectoryError, match=r"message 2 \('assistant'\): \"train\": 0 is only for assistant"):
+        builder.build(base + [{"role": "assistant", "content": "a", "train": 0}])
+    with pytest.raises(TrajectoryError, match=r"message 1 \('user'\)"):
+        builder.build([base[0], dict(base[1], train=False), {"role": "assistant", "content": "a"}])
+
+
 def test_builder_ids_equal_the_local_policy_sequence(tok, small_basin_dir, small_sim):
     """The policy's suffix logic is the builder's: for the same episode, same ids and same mask."""
     from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy

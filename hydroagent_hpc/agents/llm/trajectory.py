@@ -27,6 +27,13 @@ before the end token is the assistant content (and, for OpenAI-style ``tool_call
 policy's sampled ids follow the generation prompt ids. Glue after the end token goes to the next
 mask-0 suffix. Trailing messages after the last assistant turn carry no loss and are left out.
 
+Untrained turns. An assistant message with the key ``"train": False`` is rendered and tokenised
+like any other (same ids, same span, so the exact-prefix property holds), but its ids get mask 0:
+the model reads it as context and is never taught to write it. The SFT data builder's
+error-recovery turns use it for a deliberately corrupted call (:mod:`hydroagent_hpc.train.sft_data`).
+The key is removed before the template sees the messages; absent or ``True`` it changes nothing.
+Any other value, or the key on a message that is not an assistant message, is refused.
+
 Where this lives: ``agents/llm`` so :class:`~hydroagent_hpc.agents.llm.hf_local.HFLocalPolicy`
 uses it without ``agents`` importing ``train``; :mod:`hydroagent_hpc.train.trajectory` re-exports
 it for the trainers. It needs only a tokenizer object (``apply_chat_template``, ``encode``), so
@@ -71,7 +78,8 @@ class Trajectory:
 
     ``spans[j] = (start, end)``: the ids ``input_ids[start:end]`` the model wrote in assistant turn
     ``j`` (its content, tool-call blocks and end token); ``message_index[j]`` is that turn's
-    position in the messages. ``text`` is the rendered text the ids encode piecewise.
+    position in the messages. ``text`` is the rendered text the ids encode piecewise. A turn marked
+    ``"train": False`` keeps its span, but its ids are mask 0 (see the module doc).
     """
 
     input_ids: list[int] = field(default_factory=list)
@@ -150,11 +158,21 @@ class TrajectoryBuilder:
         """The token-exact :class:`Trajectory` of ``messages`` (see the module doc).
 
         Raises :class:`TrajectoryError` when there is no assistant message, when an assistant
-        message contains the end token itself, and :class:`TemplatePrefixError` when the template
-        rewrites history.
+        message contains the end token itself, when a ``train`` key is not a bool on an assistant
+        message, and :class:`TemplatePrefixError` when the template rewrites history.
         """
         enc = encode or self.encode
         msgs = [dict(m) for m in messages]
+        trained = [True] * len(msgs)
+        for i, m in enumerate(msgs):
+            if "train" not in m:
+                continue
+            flag = m.pop("train")
+            if m.get("role") != "assistant" or not isinstance(flag, bool):
+                raise TrajectoryError(f"message {i} ({m.get('role')!r}): \"train\": {flag!r} is only for assistant "
+                                      f"messages and must be true or false",
+                                      fix="mark only assistant messages, with \"train\": False to mask one")
+            trained[i] = flag
         turns = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
         if not turns:
             raise TrajectoryError("the conversation has no assistant message: nothing to learn from",
@@ -174,7 +192,7 @@ class TrajectoryBuilder:
             out.assistant_mask += [0] * len(prompt_ids)
             start = len(out.input_ids)
             out.input_ids += model_ids
-            out.assistant_mask += [1] * len(model_ids)
+            out.assistant_mask += [1 if trained[i] else 0] * len(model_ids)
             out.spans.append((start, len(out.input_ids)))
             out.message_index.append(i)
             out.text = rendered + model
