@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["positive_int", "nonnegative_int", "seed", "positive_float", "nse_target", "SEED_RANGE"]
+__all__ = ["positive_int", "nonnegative_int", "seed", "positive_float", "probability", "nse_target", "SEED_RANGE"]
 
 #: The seeds numpy's generators and the store's int64 column accept; the same bound as
 #: :data:`hydroagent_hpc.campaign.spec.SEED_RANGE` (not imported: the command starts without the campaign code).
@@ -47,6 +47,14 @@ def nonnegative_int(text: str) -> int:
     value = _int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
+def probability(text: str) -> float:
+    """A probability: a finite number from 0 to 1 (0 where the option's help says it turns a feature off)."""
+    value = _float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value:g} is not a probability; give a number from 0 to 1")
     return value
 
 

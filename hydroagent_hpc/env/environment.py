@@ -41,7 +41,17 @@ from hydroagent_hpc.types import Basin, Episode, SimRecord, SimulationResult, To
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CalibrationEnv", "StepResult", "ToolOutcome", "ObservedSeries"]
+__all__ = ["CalibrationEnv", "StepResult", "ToolOutcome", "ObservedSeries", "parse_failure_observation"]
+
+
+def parse_failure_observation(reason: str, detail: str) -> dict[str, Any]:
+    """The observation the environment answers one parse failure with (reason, detail, retry hint).
+
+    A function, not only a method, so the SFT data builder's error-recovery turns
+    (:mod:`hydroagent_hpc.train.sft_data`) show a model exactly the reply inference shows it.
+    """
+    return {"status": "error", "error": "parse_failure", "reason": reason, "detail": detail,
+            "hint": toolcalls.retry_hint([toolcalls.ParseFailure(reason, detail)])}
 
 
 @dataclass
@@ -222,8 +232,7 @@ class CalibrationEnv:
     def _parse_failure(self, reason: str, detail: str, args: Mapping[str, Any] | None = None) -> ToolOutcome:
         self.counters["parse_failures"] += 1
         self.parse_streak += 1
-        obs = {"status": "error", "error": "parse_failure", "reason": reason, "detail": detail,
-               "hint": toolcalls.retry_hint([toolcalls.ParseFailure(reason, detail)])}
+        obs = parse_failure_observation(reason, detail)
         return ToolOutcome(obs, self.ledger.parse_failure(), False, reason, None, _safe_args(args))
 
     def _tool_set(self, v: toolcalls.Validated) -> ToolOutcome:
