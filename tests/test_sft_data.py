@@ -333,3 +333,163 @@ def test_the_calls_renderer_turns_optimizer_episodes_into_the_calls_they_made(st
     # text episodes are left as they were: the mixed store's heuristic text is unchanged by the renderer
     mixed = build_sft_data([stores["mixed"]], tmp_path / "mixed.h5", preset="released", tokenizer=tok, render="calls")
     assert mixed.dropped == {} and mixed.kept == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Error-recovery turns (--recovery)
+
+
+def _h5(path: Path) -> tuple[dict[str, bytes], dict[str, object]]:
+    """Every dataset of a data file as bytes (strings: their UTF-8), and its attributes but the creation time."""
+    import h5py
+
+    def raw(a: np.ndarray) -> bytes:
+        return b"\0".join(a.tolist()) if a.dtype.kind == "O" else a.tobytes()
+
+    with h5py.File(path, "r") as f:
+        data = {k: raw(np.asarray(f[k][()])) for k in f}
+        attrs = {k: f.attrs[k] for k in f.attrs if k != "created_utc"}
+    return data, attrs
+
+
+@pytest.fixture
+def live_env(small_basin_dir, small_sim):
+    """A real environment configured as the stores' campaigns were (ENV), to compare replies with."""
+    from hydroagent_hpc.config import preset
+    from hydroagent_hpc.env.environment import CalibrationEnv
+    from hydroagent_hpc.sim.basin import load_basin
+
+    cfg = preset("paper", max_simulations=3, max_turns=None, patience=None, target_nse=0.99)
+    return CalibrationEnv(load_basin(small_basin_dir), small_sim, cfg, agent="recovery-test")
+
+
+def _live_reply(env, text: str) -> list[dict]:
+    """What the real environment answers ``text`` with, from a fresh episode."""
+    env.reset()
+    result = env.step(text)
+    assert env.counters["simulations"] == 0 and env.params == env._initial  # nothing ran
+    return result.observations
+
+
+@pytest.mark.parametrize("kind,reason", [("repeated_key", "malformed_json"), ("value_for_object", "bad_arguments"),
+                                         ("truncated", "malformed_json"), ("missing_brace", "malformed_json")])
+def test_every_corruption_fails_the_real_parser(stores, live_env, kind, reason):
+    """Each kind, on every teacher message of the store (calls with and without arguments), is one
+    parse failure in the real environment, and the builder's reply is that environment's reply."""
+    from hydroagent_hpc.env.toolcalls import render_tool_response
+    from hydroagent_hpc.train.sft_data import RECOVERY_KINDS, corrupt_call, failure_replies
+
+    assert kind in RECOVERY_KINDS and len(RECOVERY_KINDS) == 4
+    rng = np.random.default_rng(0)
+    texts = [t for ts in _assistant_texts(stores["mixed"]).values() for t in ts if t]
+    assert {"set_parameters", "run_simulation", "evaluate"} <= {t.split('"name": "')[1].split('"')[0] for t in texts}
+    for text in texts:
+        bad = corrupt_call(text, kind, rng)
+        assert bad != text and bad.split("<tool_call>")[0] == text.split("<tool_call>")[0]  # prose kept
+        obs = _live_reply(live_env, bad)
+        assert [(o["error"], o["reason"]) for o in obs] == [("parse_failure", reason)]
+        replies, failures = failure_replies(bad, live_env.config)
+        assert replies == [render_tool_response(o) for o in obs] and [f.reason for f in failures] == [reason]
+        if kind == "repeated_key":
+            assert "duplicate key" in obs[0]["detail"]
+    with pytest.raises(ValueError, match="unknown corruption 'swap'"):
+        corrupt_call(texts[0], "swap", rng)
+
+
+def test_recovery_turns_mask_the_corrupted_call_and_show_the_environments_reply(stores, tok, tmp_path, live_env):
+    """recovery=1: before every teacher message a mask-0 corrupted copy, then the real environment's
+    reply to it, then the teacher's message with mask 1; the teacher's turns are unchanged."""
+    from hydroagent_hpc.env.toolcalls import parse_message, render_tool_response
+    from hydroagent_hpc.train.sft_data import RECOVERY_KINDS
+
+    report = build_sft_data([stores["mixed"]], tmp_path / "rec.h5", preset="released", tokenizer=tok,
+                            max_tokens=100_000, recovery=1.0)
+    build_sft_data([stores["mixed"]], tmp_path / "plain.h5", preset="released", tokenizer=tok, max_tokens=100_000)
+    ds, ref = SFTDataset(tmp_path / "rec.h5"), SFTDataset(tmp_path / "plain.h5")
+    assert ds.episode_ids == ref.episode_ids and np.array_equal(ds.weights, ref.weights)
+    n_bad = 0
+    for i in range(len(ds)):
+        item, plain = ds[i], ref[i]
+        ids, mask, spans = item["input_ids"], item["assistant_mask"], item["spans"].tolist()
+        texts = [tok.decode(ids[s:e].tolist(), skip_special_tokens=False) for s, e in spans]
+        teacher = [tok.decode(plain["input_ids"][s:e].tolist(), skip_special_tokens=False)
+                   for s, e in plain["spans"].tolist()]
+        trained = [bool(mask[s:e].all()) for s, e in spans]
+        assert all(t or not mask[s:e].any() for t, (s, e) in zip(trained, spans))  # all 1 or all 0 per turn
+        assert [t for t, ok in zip(texts, trained) if ok] == teacher  # mask 1: exactly the teacher's turns
+        assert int(mask.sum()) == int(plain["assistant_mask"].sum())
+        assert trained == [False, True] * len(teacher)  # P = 1: every teacher message has its corrupted copy
+        for k in range(0, len(spans), 2):
+            bad, good = texts[k].removesuffix("<|im_end|>"), texts[k + 1].removesuffix("<|im_end|>")
+            assert not parse_message(bad).calls and len(parse_message(good).calls) == 1
+            obs = _live_reply(live_env, bad)
+            between = tok.decode(ids[spans[k][1]:spans[k + 1][0]].tolist(), skip_special_tokens=False)
+            assert len(obs) == 1 and obs[0]["error"] == "parse_failure"
+            assert f"<tool_response>\n{render_tool_response(obs[0])}\n</tool_response>" in between
+            assert between.count("<tool_response>") == 1
+            n_bad += 1
+    assert n_bad == report.recovery_turns == sum(report.recovery_kinds.values()) > 20
+    assert set(report.recovery_kinds) == set(RECOVERY_KINDS)
+    assert ds.info("recovery") == 1.0 and ds.info("recovery_kinds") == report.recovery_kinds
+    assert ds.info("recovery_seed") == 0
+
+
+def test_recovery_is_seeded_and_p0_writes_the_datasets_of_a_build_without_it(stores, tok, tmp_path):
+    from hydroagent_hpc.store import load_episode
+    from hydroagent_hpc.train.sft_data import episode_tools
+
+    def build(name: str, **kw) -> tuple[dict[str, bytes], dict[str, object]]:
+        build_sft_data([stores["mixed"]], tmp_path / name, preset="released", tokenizer=tok, max_tokens=100_000, **kw)
+        return _h5(tmp_path / name)
+
+    a, b = build("a.h5", recovery=0.5, recovery_seed=3), build("b.h5", recovery=0.5, recovery_seed=3)
+    assert a == b  # same inputs, same file (but its creation time)
+    c = build("c.h5", recovery=0.5, recovery_seed=4)
+    assert c[0]["input_ids"] != a[0]["input_ids"] and c[1]["recovery_seed"] == 4
+    kinds = json.loads(str(a[1]["recovery_kinds"]))
+    assert 0 < sum(kinds.values()) < sum(len(t) for t in _assistant_texts(stores["mixed"]).values())  # p = 0.5
+
+    off, default = build("off.h5", recovery=0.0), build("default.h5")
+    assert off[0] == default[0] and off[1]["recovery"] == 0.0 and off[1]["recovery_kinds"] == "{}"
+    ds = SFTDataset(tmp_path / "off.h5")
+    for i, eid in enumerate(ds.episode_ids):  # the teacher's conversation alone, built without the option's code
+        ep = load_episode(stores["mixed"], eid)
+        traj = TrajectoryBuilder(tok, tools=episode_tools(ep)).build(episode_messages(ep))
+        assert ds[i]["input_ids"].tolist() == traj.input_ids and ds[i]["assistant_mask"].tolist() == traj.assistant_mask
+
+
+def test_recovery_keeps_the_stopping_point_cuts(stores, tok, tmp_path):
+    """With stopping-point variants, each variant still ends with a teacher turn the model learns."""
+    rp = build_sft_data([stores["mixed"]], tmp_path / "p.h5", preset="paper", tokenizer=tok, max_tokens=100_000)
+    rr = build_sft_data([stores["mixed"]], tmp_path / "r.h5", preset="paper", tokenizer=tok, max_tokens=100_000,
+                        recovery=1.0)
+    plain, rec = SFTDataset(tmp_path / "p.h5"), SFTDataset(tmp_path / "r.h5")
+    assert rp.examples == rr.examples == len(rec) > rp.kept and rr.recovery_turns > 0
+    assert list(rec.variants) == list(plain.variants) and np.array_equal(rec.weights, plain.weights)
+    for i in range(len(rec)):
+        mask, spans = rec[i]["assistant_mask"], rec[i]["spans"].tolist()
+        assert mask[spans[-1][0]:spans[-1][1]].all() and len(spans) == 2 * len(plain[i]["spans"])
+        assert int(mask.sum()) == int(plain[i]["assistant_mask"].sum())
+
+
+def test_a_bad_recovery_value_is_a_clear_error_naming_the_flag(stores, tok, tmp_path, capsys):
+    from hydroagent_hpc.cli import main
+
+    out = tmp_path / "d.h5"
+    for bad in (-0.1, 1.5, float("nan"), True, "0.3"):
+        with pytest.raises(SFTDataError, match=r"--recovery .*must be a probability in \[0, 1\]"):
+            build_sft_data([stores["mixed"]], out, tokenizer=tok, recovery=bad)
+    with pytest.raises(SFTDataError, match=r"--recovery-seed -1: must be a whole number >= 0"):
+        build_sft_data([stores["mixed"]], out, tokenizer=tok, recovery=0.3, recovery_seed=-1)
+    for bad, says in (("-0.1", "-0.1 is not a probability"), ("1.5", "1.5 is not a probability"),
+                      ("x", "'x' is not a number")):
+        with pytest.raises(SystemExit) as info:
+            main(["train", "sft-data", "--from", str(stores["mixed"]), "--out", str(out), "--recovery", bad])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and f"argument --recovery: {says}" in err
+    assert not out.exists()
+    rc = main(["-q", "train", "sft-data", "--from", str(stores["mixed"]), "--out", str(out), "--preset", "released",
+               "--max-tokens", "100000", "--recovery", "0.3", "--recovery-seed", "7"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ds = SFTDataset(out)
+    assert rc == 0 and summary["recovery_turns"] > 0 and ds.info("recovery") == 0.3 and ds.info("recovery_seed") == 7

@@ -185,7 +185,7 @@ def test_an_untrained_turn_keeps_its_ids_and_span_with_mask_0(tok, builder):
     _check_masks(tok, plain, wrote)
     assert "train" in marked[asst[2]]  # the caller's messages are not changed
     # exact prefix holds with untrained turns: each prefix conversation is a prefix of the whole
-    for k, i in enumerate(asst):
+    for i in asst:
         part = builder.build(marked[:i + 1])
         assert traj.input_ids[:len(part)] == part.input_ids and traj.assistant_mask[:len(part)] == part.assistant_mask
 

@@ -9,7 +9,7 @@ import json
 import logging
 import os
 
-from hydroagent_hpc.cli.argtypes import positive_int
+from hydroagent_hpc.cli.argtypes import positive_int, probability, seed
 
 log = logging.getLogger("hydroagent")
 
@@ -25,9 +25,10 @@ def cmd_sft_data(args: argparse.Namespace) -> int:
     from hydroagent_hpc.train.sft_data import build_sft_data
 
     report = build_sft_data(args.stores, args.out, preset=args.preset, tokenizer=args.tokenizer,
-                            max_tokens=args.max_tokens, augment=args.augment, render=args.render)
+                            max_tokens=args.max_tokens, augment=args.augment, render=args.render,
+                            recovery=args.recovery, recovery_seed=args.recovery_seed)
     summary = {"out": str(report.out), "preset": report.preset, "augment": report.augment, "kept": report.kept,
-               "examples": report.examples, "dropped": report.dropped,
+               "examples": report.examples, "recovery_turns": report.recovery_turns, "dropped": report.dropped,
                "weights": {k: report.weights[k] for k in ("min", "median", "mean", "max")},
                "tokens": {k: report.lengths[k] for k in ("median", "max", "budget", "total_tokens")}}
     print(json.dumps(summary))
@@ -74,6 +75,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--render", choices=_RENDERERS, default="none",
                    help="calls: give episodes without assistant text (classic optimizers) one message per tool call, "
                         "its <tool_call> block alone; none (default): drop them")
+    d.add_argument("--recovery", type=probability, default=0.0, metavar="P",
+                   help="error-recovery turns: with probability P per teacher tool-call message, insert before it a "
+                        "corrupted copy (loss mask 0) and the environment's parse-failure reply (default 0: off)")
+    d.add_argument("--recovery-seed", type=seed, default=0, metavar="N",
+                   help="seed of the error-recovery draws (with the episode id; default 0)")
     d.add_argument("--tokenizer", default="tiny", help="tokenizer folder or hub id (its chat template), or 'tiny'")
     d.add_argument("--max-tokens", type=positive_int, default=16384, help="context budget per sequence (default 16384)")
     d.set_defaults(func=cmd_sft_data)

@@ -57,6 +57,46 @@ teacher run at "valid stopping points" (reference-implementation.md section 6); 
   (the NSE percentile of ``paper``, the clipped NSE of ``released``), is unchanged by
   augmentation: a long episode with many stopping points does not count more than a short one.
 
+Error recovery (``recovery``; ``--recovery P``, default 0 = off; ``recovery_seed``,
+``--recovery-seed``, default 0; recorded in the root attributes ``recovery``, ``recovery_seed``
+and JSON ``recovery_kinds``). A model trained only on clean teacher calls has never seen the
+environment's parse-failure reply, so after its first malformed call it derails (docs/grpo.md,
+"SFT learning on CPU"). With probability P per eligible assistant message, the builder inserts
+before it
+
+1. an assistant message holding a **corrupted copy** of its tool call (same prose, broken
+   block), marked ``"train": False`` so its ids are mask 0 (the model must never learn to write
+   it; :mod:`hydroagent_hpc.agents.llm.trajectory`);
+2. the environment's reply to it: the corrupted text goes through the environment's own parser
+   (:func:`~hydroagent_hpc.env.toolcalls.parse_message` with the episode's
+   ``max_calls_per_message`` and ``max_message_chars``) and each failure through
+   :func:`~hydroagent_hpc.env.environment.parse_failure_observation` and
+   :func:`~hydroagent_hpc.env.toolcalls.render_tool_response`, the path a live episode takes, so
+   the text is exactly what inference shows;
+
+and then keeps (3) the original, correct message (mask 1, as without recovery). A corrupted
+copy that the parser accepts (or that yields a call) is a bug and stops the build. Corruptions
+(:data:`RECOVERY_KINDS`, one drawn uniformly per inserted turn), all of the JSON body between the
+tags, which stay:
+
+- ``repeated_key``: one argument key written twice (the first argument again, at the end of the
+  arguments object), or ``"name"`` twice for a call without arguments; the strict decoder
+  refuses duplicate keys (``malformed_json``).
+- ``value_for_object``: the first argument's value where the arguments object belongs
+  (``"arguments": 0.549``), or ``[]`` for a call without arguments (``bad_arguments``).
+- ``truncated``: the JSON body cut at a random character in its second half, the closing tag
+  still written (``malformed_json``).
+- ``missing_brace``: the body without its final ``}`` (``malformed_json``).
+
+Eligible messages hold exactly one tool-call block that parses to one call and no failure (the
+heuristic's messages; a message with several calls is left alone, since the environment would
+run its valid calls and reply to them too). Episodes whose environment ends on a message
+without a call (``end_on_no_tool_call``) get no recovery turn: inference would end there. The
+draws are seeded by ``recovery_seed`` and the episode id (each episode has its own generator), so
+the same inputs give the same file, and an episode's turns do not depend on the other episodes.
+Stopping points keep pointing at the original messages (the inserted pair comes before the
+message it corrects). ``P = 0`` writes the same datasets as a build without this option.
+
 Examples stay in the original episode order, the variants of an episode in increasing length.
 Sequences longer than ``max_tokens`` are refused (every such episode named, with its length) and
 nothing is written: they are never truncated silently.
@@ -67,6 +107,7 @@ ragged ``input_ids`` (int32) and ``assistant_mask`` (uint8) concatenated, addres
 addressed by ``span_offsets``; per example ``weight``, ``best_nse``, ``episode_id`` (the source
 episode), ``variant`` (0-based index among its episode's variants), ``n_variants``, ``basin_id``,
 ``agent``, ``source`` (index into the sources); root attributes ``preset``, ``augment``,
+``render``, ``recovery``, ``recovery_seed``, ``recovery_kinds``,
 ``tokenizer``, ``max_tokens``, ``git_commit``, ``created_utc`` and JSON ``sources`` (path,
 sha256, episodes), ``counts`` (kept/dropped episodes and examples per basin and agent),
 ``weights`` (distribution of the episode weights) and ``lengths`` (of the examples).
@@ -76,6 +117,7 @@ sha256, episodes), ``counts`` (kept/dropped episodes and examples per basin and 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -93,9 +135,19 @@ import torch
 from torch.utils.data import Dataset
 
 from hydroagent_hpc.agents.llm.trajectory import Trajectory, TrajectoryBuilder, TrajectoryError
+from hydroagent_hpc.config import EnvConfig
 from hydroagent_hpc.env import prompts
+from hydroagent_hpc.env.environment import parse_failure_observation
 from hydroagent_hpc.env.episode import ROLE_TOOL
-from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response, tool_schemas
+from hydroagent_hpc.env.toolcalls import (
+    CLOSE_TAG,
+    OPEN_TAG,
+    ParseFailure,
+    parse_message,
+    render_hermes,
+    render_tool_response,
+    tool_schemas,
+)
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.params import ParameterSet, parameter_set
 from hydroagent_hpc.provenance import git_commit
@@ -106,7 +158,8 @@ from hydroagent_hpc.types import Basin, Episode, ToolCall
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SFT_PRESETS", "AUGMENT_MODES", "RENDERERS",
+__all__ = ["SFT_PRESETS", "AUGMENT_MODES", "RENDERERS", "RECOVERY_KINDS", "corrupt_call", "failure_replies",
+           "add_recovery_turns",
            "render_calls", "DEFAULT_AUGMENT", "PAPER_MIN_NSE", "stopping_points", "DATA_SCHEMA",
            "SFTDataError", "SFTDataReport", "episode_messages",
            "episode_tools", "paper_weights", "released_weights", "load_tokenizer", "build_sft_data", "SFTDataset"]
@@ -116,6 +169,8 @@ SFT_PRESETS = ("paper", "released")
 AUGMENT_MODES = ("none", "stopping_points")
 #: How episodes without assistant text (classic optimizers) are treated (module doc).
 RENDERERS = ("none", "calls")
+#: The corruptions of an error-recovery turn (module doc, "Error recovery").
+RECOVERY_KINDS = ("repeated_key", "value_for_object", "truncated", "missing_brace")
 #: The ``augment`` mode of each preset when none is given.
 DEFAULT_AUGMENT = {"paper": "stopping_points", "released": "none"}
 #: ``paper`` drops episodes whose final best NSE is at or below this.
@@ -237,6 +292,120 @@ def episode_tools(episode: Episode) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Error-recovery turns
+
+
+def _call_block(text: str) -> tuple[int, int, dict[str, Any]] | None:
+    """``(start, end, call)`` of the body of the one tool-call block of ``text`` (between the tags)
+    when the message holds exactly one block that parses to one call and no failure, else None."""
+    if text.count(OPEN_TAG) != 1 or text.count(CLOSE_TAG) != 1:
+        return None
+    parsed = parse_message(text)
+    if len(parsed.calls) != 1 or parsed.failures:
+        return None
+    start = text.index(OPEN_TAG) + len(OPEN_TAG)
+    end = text.index(CLOSE_TAG)
+    if end < start:
+        return None
+    call = parsed.calls[0]
+    return start, end, {"name": call.name, "arguments": dict(call.arguments)}
+
+
+def corrupt_call(text: str, kind: str, rng: np.random.Generator) -> str:
+    """``text`` (an assistant message with one tool-call block) with that block's JSON corrupted
+    the ``kind`` way (:data:`RECOVERY_KINDS`, module doc); prose and tags are kept.
+
+    Raises ValueError for an unknown kind or a message without exactly one parsable call.
+    """
+    block = _call_block(text)
+    if block is None:
+        raise ValueError("the message does not hold exactly one parsable tool-call block")
+    start, end, call = block
+    name, args = json.dumps(call["name"], ensure_ascii=False), call["arguments"]
+    args_json = json.dumps(args, ensure_ascii=False)
+    if kind == "repeated_key":
+        if args:
+            key = next(iter(args))
+            again = f"{json.dumps(key, ensure_ascii=False)}: {json.dumps(args[key], ensure_ascii=False)}"
+            body = f'{{"name": {name}, "arguments": {args_json[:-1]}, {again}}}}}'
+        else:
+            body = f'{{"name": {name}, "name": {name}, "arguments": {args_json}}}'
+    elif kind == "value_for_object":
+        value = json.dumps(next(iter(args.values())), ensure_ascii=False) if args else "[]"
+        body = f'{{"name": {name}, "arguments": {value}}}'
+    elif kind == "truncated":
+        full = f'{{"name": {name}, "arguments": {args_json}}}'
+        body = full[:int(rng.integers(len(full) // 2, len(full) - 1))]
+    elif kind == "missing_brace":
+        body = f'{{"name": {name}, "arguments": {args_json}'
+    else:
+        raise ValueError(f"unknown corruption {kind!r}; the kinds are {', '.join(RECOVERY_KINDS)}")
+    return f"{text[:start]}\n{body}\n{text[end:]}"
+
+
+def failure_replies(text: str, env: EnvConfig) -> tuple[list[str], list[ParseFailure]]:
+    """The tool messages the environment answers an assistant message with when none of its
+    blocks is a call: the environment's parser, then its parse-failure observation, rendered as
+    a live episode renders it. Also returns the failures (for the check that they are failures)."""
+    parsed = parse_message(text, max_calls=env.max_calls_per_message, max_chars=env.max_message_chars)
+    failures = [item for item in parsed.items() if isinstance(item, ParseFailure)]
+    if parsed.calls:
+        return [], []
+    return [render_tool_response(parse_failure_observation(f.reason, f.detail)) for f in failures], failures
+
+
+def _env_config(episode: Episode) -> EnvConfig:
+    """The parser limits and stop rules of the episode's environment (defaults for keys it lacks)."""
+    env: dict[str, Any] = dict((episode.config or {}).get("env") or {})  # type: ignore[call-overload]
+    names = ("max_calls_per_message", "max_message_chars", "end_on_no_tool_call")
+    return dataclasses.replace(EnvConfig(), **{k: env[k] for k in names if env.get(k) is not None})
+
+
+def _episode_rng(seed: int, episode_id: str) -> np.random.Generator:
+    """A generator of its own per episode: seeded by the build's seed and the episode id."""
+    digest = hashlib.sha256(episode_id.encode("utf-8")).digest()
+    return np.random.default_rng([int(seed), int.from_bytes(digest[:8], "little")])
+
+
+def add_recovery_turns(messages: list[dict[str, Any]], episode: Episode, p: float, seed: int = 0
+                       ) -> tuple[list[dict[str, Any]], list[int], Counter[str]]:
+    """``messages`` with error-recovery turns (module doc): before each eligible assistant message,
+    with probability ``p``, a mask-0 corrupted copy and the environment's reply.
+
+    Returns the new messages, for each original assistant message its index among the new
+    assistant messages (to move stopping points), and the count of each corruption kind inserted.
+    Raises :class:`SFTDataError` when a corrupted copy is not a parse failure (a bug).
+    """
+    env = _env_config(episode)
+    out: list[dict[str, Any]] = []
+    where: list[int] = []
+    kinds: Counter[str] = Counter()
+    n_assistant = 0
+    rng = _episode_rng(seed, episode.episode_id)
+    for m in messages:
+        if m.get("role") == "assistant":
+            draw = rng.random()  # one draw per message, eligible or not: the sequence stays aligned
+            text = m.get("content")
+            if (p > 0 and draw < p and not env.end_on_no_tool_call and isinstance(text, str)
+                    and _call_block(text) is not None):
+                kind = RECOVERY_KINDS[int(rng.integers(len(RECOVERY_KINDS)))]
+                bad = corrupt_call(text, kind, rng)
+                replies, failures = failure_replies(bad, env)
+                if not replies:
+                    raise SFTDataError(f"episode {episode.episode_id!r}: the {kind} corruption of an assistant "
+                                       f"message is not a parse failure ({bad!r})",
+                                       fix="report this: every corruption must fail the environment's parser")
+                out.append({"role": "assistant", "content": bad, "train": False})
+                out += [{"role": ROLE_TOOL, "content": r} for r in replies]
+                kinds[kind] += 1
+                n_assistant += 1
+            where.append(n_assistant)
+            n_assistant += 1
+        out.append(m)
+    return out, where, kinds
+
+
+# ---------------------------------------------------------------------------------------------
 # Weights
 
 
@@ -309,6 +478,10 @@ class SFTDataReport:
     augment: str = "none"
     examples: int = 0
     render: str = "none"
+    recovery: float = 0.0
+    recovery_turns: int = 0  # corrupted calls inserted (module doc, "Error recovery")
+    recovery_kinds: dict[str, int] = field(default_factory=dict)
+    recovery_seed: int = 0
 
 
 def _summary(x: np.ndarray) -> dict[str, float]:
@@ -321,22 +494,30 @@ def _summary(x: np.ndarray) -> dict[str, float]:
 
 def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, preset: str = "paper",
                    tokenizer: Any = "tiny", max_tokens: int = 16384, tokenizer_name: str | None = None,
-                   augment: str | None = None, render: str = "none") -> SFTDataReport:
+                   augment: str | None = None, render: str = "none", recovery: float = 0.0,
+                   recovery_seed: int = 0) -> SFTDataReport:
     """Read ``stores``, filter and weight by ``preset``, tokenise, augment, and write ``out`` atomically.
 
     ``tokenizer``: a tokenizer object or a name for :func:`load_tokenizer`. ``augment``: one of
-    :data:`AUGMENT_MODES` (None: the preset's :data:`DEFAULT_AUGMENT`). Raises
-    :class:`SFTDataError` for a missing store, a store without text episodes, an unknown preset
-    or augment mode, no episode left, or sequences longer than ``max_tokens``; nothing is
-    written then.
+    :data:`AUGMENT_MODES` (None: the preset's :data:`DEFAULT_AUGMENT`). ``recovery``: the
+    probability of an error-recovery turn before each eligible teacher message, ``recovery_seed``
+    its seed (module doc, "Error recovery"). Raises :class:`SFTDataError` for a missing store, a
+    store without text episodes, an unknown preset or augment mode, a ``recovery`` outside
+    [0, 1], no episode left, or sequences longer than ``max_tokens``; nothing is written then.
     """
     if preset not in SFT_PRESETS:
         raise SFTDataError(f"--preset {preset!r}: unknown", fix=f"use one of {', '.join(SFT_PRESETS)}")
     augment = DEFAULT_AUGMENT[preset] if augment is None else augment
     if augment not in AUGMENT_MODES:
         raise SFTDataError(f"--augment {augment!r}: unknown", fix=f"use one of {', '.join(AUGMENT_MODES)}")
+    if isinstance(recovery_seed, bool) or not isinstance(recovery_seed, (int, np.integer)) or recovery_seed < 0:
+        raise SFTDataError(f"--recovery-seed {recovery_seed!r}: must be a whole number >= 0")
     if render not in RENDERERS:
         raise SFTDataError(f"--render {render!r}: unknown", fix=f"use one of {', '.join(RENDERERS)}")
+    if isinstance(recovery, bool) or not (isinstance(recovery, (int, float)) and 0.0 <= float(recovery) <= 1.0):
+        raise SFTDataError(f"--recovery {recovery!r}: must be a probability in [0, 1]",
+                           fix="pass e.g. --recovery 0.3 (0 turns error-recovery turns off)")
+    recovery = float(recovery)
     if int(max_tokens) < 1:
         raise SFTDataError(f"--max-tokens {max_tokens}: must be at least 1")
     if not stores:
@@ -401,19 +582,26 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
 
     # 3. tokenise with the shared builder (one per tool-schema variant)
     builders: dict[str, TrajectoryBuilder] = {}
+    kinds: Counter[str] = Counter()
     too_long: list[tuple[str, int]] = []
     built: list[tuple[_Example, Trajectory]] = []
     for ex, e in pairs:
         tools = episode_tools(e)
         key = json.dumps(tools, sort_keys=True)
         b = builders.get(key) or builders.setdefault(key, TrajectoryBuilder(tokenizer, tools=tools))
+        messages: list[dict[str, Any]] = list(episode_messages(e))
+        points = stopping_points(e) if augment == "stopping_points" else []
+        if recovery > 0:
+            messages, where, added = add_recovery_turns(messages, e, recovery, recovery_seed)
+            kinds.update(added)
+            points = [where[q] for q in points if 0 <= q < len(where)]
         try:
-            traj = b.build(episode_messages(e))
+            traj = b.build(messages)
         except TrajectoryError as exc:
             raise SFTDataError(f"episode {ex.episode_id!r} of {paths[ex.source]}: {exc.message}", fix=exc.fix) from None
         if len(traj) > max_tokens:
             too_long.append((ex.episode_id, len(traj)))
-        variants = _variants(traj, stopping_points(e) if augment == "stopping_points" else [])
+        variants = _variants(traj, points)
         for vi, (_, v) in enumerate(variants):
             built.append((dataclasses.replace(ex, weight=ex.weight / len(variants), variant=vi,
                                               n_variants=len(variants)), v))
@@ -446,7 +634,8 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     for c in dropped.values():
         dropped_total.update(c)
     report = SFTDataReport(out, preset, len(pairs), dict(dropped_total), counts, weight_info, length_info, sources,
-                           augment, len(built), render)
+                           augment, len(built), render, recovery, int(sum(kinds.values())),
+                           dict(sorted(kinds.items())), int(recovery_seed))
     _log_report(report)
 
     # 5. write atomically
@@ -457,6 +646,9 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
 def _log_report(r: SFTDataReport) -> None:
     log.info("sft-data %s: kept %d episodes -> %d examples (augment %s), dropped %s", r.preset, r.kept, r.examples,
              r.augment, r.dropped or "none")
+    if r.recovery:
+        log.info("error recovery p=%g seed %d: %d corrupted calls inserted (mask 0) %s", r.recovery, r.recovery_seed,
+                 r.recovery_turns, r.recovery_kinds)
     for row in r.counts.values():
         log.info("  %-24s %-16s kept %4d examples %4d dropped %4d %s", row["basin"], row["agent"], row["kept"],
                  row["examples"], row["dropped"], row["dropped_by"] or "")
@@ -481,7 +673,8 @@ def _write(out: Path, pairs: list[tuple[_Example, Trajectory]], r: SFTDataReport
     try:
         with h5py.File(tmp, "w") as f:
             f.attrs.update({"schema": DATA_SCHEMA, "schema_version": DATA_VERSION, "preset": r.preset,
-                            "augment": r.augment, "render": r.render,
+                            "augment": r.augment, "render": r.render, "recovery": float(r.recovery),
+                            "recovery_seed": int(r.recovery_seed), "recovery_kinds": json.dumps(r.recovery_kinds),
                             "tokenizer": tokenizer_name, "max_tokens": int(r.lengths["budget"]),
                             "git_commit": git_commit(),
                             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -570,7 +763,7 @@ class SFTDataset(Dataset[dict[str, Any]]):
     def info(self, name: str) -> Any:
         """A root attribute, JSON attributes decoded (``sources``, ``counts``, ``weights``, ...)."""
         v = self.attrs[name]
-        return json.loads(v) if name in ("sources", "counts", "dropped", "weights", "lengths") else v
+        return json.loads(v) if name in ("sources", "counts", "dropped", "weights", "lengths", "recovery_kinds") else v
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
