@@ -7,11 +7,14 @@ The whole first training stage, small enough for a laptop, measured the way issu
    ``--sims`` simulations each (its episodes carry the diagnosis + tool-call text an LLM writes);
    (``--overshoot P``: with probability P a move asks past its bound, so the teacher set holds
    ``clipped`` replies and how to go on; agents/heuristic.py explains why);
-3. ``train.sft_data.build_sft_data`` (``released`` weights, no augmentation: every episode kept);
+3. ``train.sft_data.build_sft_data`` (``released`` weights, no augmentation: every episode kept;
+   ``--recovery P``: masked error-recovery turns, see train/sft_data.py);
 4. ``train.sft.train_sft`` of the tiny offline Qwen3 for ``--steps`` steps (fp32, CPU);
 5. the base (untrained) and the SFT'd model as ``hf_local`` agents on the held-out basin (greedy,
    at most ``--turns`` tool calls): the share of assistant messages that were valid tool calls,
-   the best NSE, and why each episode stopped.
+   how many parse-failure replies were followed by a valid call (recoveries: the message right
+   after one that drew a parse failure holds a call and no parse failure), the best NSE, and why
+   each episode stopped.
 
 Prints one table and writes ``DIR/result.json``. Not part of ``make bench`` (a few minutes).
 """
@@ -29,10 +32,9 @@ __all__ = ["run", "main"]
 
 def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int = 12, teach: int = 2,
         lr: float = 3e-3, width: int | None = None, layers: int | None = None, heldout: int = 1,
-        overshoot: float = 0.0, digits: int | None = None) -> dict[str, Any]:
+        overshoot: float = 0.0, digits: int | None = None, recovery: float = 0.0) -> dict[str, Any]:
     from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
     from hydroagent_hpc.sim.synth.basins import synthesize_basin
-    from hydroagent_hpc.store import read_episodes, read_turns
     from hydroagent_hpc.train.config import load_sft_config
     from hydroagent_hpc.train.sft import train_sft
     from hydroagent_hpc.train.sft_data import build_sft_data
@@ -57,7 +59,7 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
                                      "seeds": list(range(seeds)), "env": env})
     run_campaign(teacher, out / "teacher.h5", progress=False)
     report = build_sft_data([out / "teacher.h5"], out / "sft.h5", preset="released", tokenizer="tiny",
-                            augment="none", max_tokens=32768)
+                            augment="none", max_tokens=32768, recovery=recovery)
     model_line = "model: tiny"
     if width or layers:  # a wider/deeper random model than train/tiny.py's default sizes
         from hydroagent_hpc.train.tiny import TINY_QWEN3_SIZES, build_tiny_qwen3, build_tiny_tokenizer
@@ -86,28 +88,42 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
         "agents": [{"name": "base", "path": str(out / "base"), **agent},
                    {"name": "sft", "path": str(out / "run" / "final"), **agent}]})
     run_campaign(evaluation, out / "eval.h5", progress=False)
-    episodes, turn_rows = read_episodes(out / "eval.h5"), read_turns(out / "eval.h5")
-    policies: dict[str, dict[str, Any]] = {}
-    for agent_name, eps in episodes.groupby("agent"):
-        n_messages = n_failed = 0
-        for _, ep in eps.iterrows():
-            rows = turn_rows[turn_rows.episode_id == ep.episode_id]
-            n_messages += int(rows.message_index.nunique())
-            n_failed += int(rows[rows.kind == "parse_failure"].message_index.nunique())
-        nses = [float(v) for v in eps.best_nse if v == v]
-        policies[str(agent_name)] = {"episodes": int(len(eps)), "messages": n_messages,
-                                     "valid_call_share": float(1 - n_failed / max(1, n_messages)),
-                                     "best_nse": float(sum(nses) / len(nses)) if nses else None,
-                                     "scored_episodes": len(nses),
-                                     "stop_reason": ";".join(sorted(str(r) for r in eps.stop_reason))}
+    policies = score_policies(out / "eval.h5")
     result = {"teacher_episodes": report.kept, "sft_steps": steps, "model": model_line.split(": ", 1)[1],
               "width": width, "layers": layers, "overshoot": overshoot, "digits": digits,
+              "recovery": recovery, "recovery_turns": report.recovery_turns,
               "teach_basins": teach, "seeds": seeds, "heldout_basins": heldout,
               "loss_first": losses[0], "loss_last": losses[-1], "sft_s": round(sft_s, 1),
               "tokens_per_s": summary.get("tokens_per_s"), "policies": policies,
               "total_s": round(time.perf_counter() - t0, 1)}
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def score_policies(store: Path) -> dict[str, dict[str, Any]]:
+    """Per agent of an evaluation store: messages, the valid-call share, parse-failure messages and
+    recoveries (the next message holds a call and no parse failure), mean best NSE, stop reasons."""
+    from hydroagent_hpc.store import read_episodes, read_turns
+
+    episodes, turn_rows = read_episodes(store), read_turns(store)
+    policies: dict[str, dict[str, Any]] = {}
+    for agent_name, eps in episodes.groupby("agent"):
+        n_messages = n_failed = n_recovered = 0
+        for _, ep in eps.iterrows():
+            rows = turn_rows[turn_rows.episode_id == ep.episode_id]
+            failed = {int(m) for m in rows[rows.kind == "parse_failure"].message_index}
+            called = {int(m) for m in rows[rows.kind == "tool"].message_index}
+            n_messages += int(rows.message_index.nunique())
+            n_failed += len(failed)
+            n_recovered += sum(1 for m in failed if m + 1 in called and m + 1 not in failed)
+        nses = [float(v) for v in eps.best_nse if v == v]
+        policies[str(agent_name)] = {"episodes": int(len(eps)), "messages": n_messages,
+                                     "valid_call_share": float(1 - n_failed / max(1, n_messages)),
+                                     "parse_failure_messages": n_failed, "recoveries": n_recovered,
+                                     "best_nse": float(sum(nses) / len(nses)) if nses else None,
+                                     "scored_episodes": len(nses),
+                                     "stop_reason": ";".join(sorted(str(r) for r in eps.stop_reason))}
+    return policies
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,14 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overshoot", type=float, default=0.0,
                     help="teacher noise: probability that a heuristic move asks past its bound (agents/heuristic.py)")
     ap.add_argument("--digits", type=int, help="teacher: significant digits of its values (default 6 decimals)")
+    ap.add_argument("--recovery", type=float, default=0.0,
+                    help="SFT data: probability of a masked error-recovery turn before each teacher call "
+                         "(train/sft_data.py)")
     args = ap.parse_args(argv)
     r = run(args.out, args.steps, args.seeds, args.sims, args.turns, args.teach, args.lr, args.width, args.layers,
-            args.heldout, args.overshoot, args.digits)
+            args.heldout, args.overshoot, args.digits, args.recovery)
     print(f"SFT {r['sft_steps']} steps in {r['sft_s']} s: loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
-    print(f"{'policy':<8} {'messages':>8} {'valid calls':>11} {'mean best NSE':>13}  stop")
+    print(f"{'policy':<8} {'messages':>8} {'valid calls':>11} {'recovered':>9} {'mean best NSE':>13}  stop")
     for name, p in r["policies"].items():
         nse = "n/a" if p["best_nse"] is None else f"{p['best_nse']:.3f}"
-        print(f"{name:<8} {p['messages']:>8} {p['valid_call_share']:>11.0%} {nse:>13}  {p['stop_reason']}")
+        rec = f"{p['recoveries']}/{p['parse_failure_messages']}"
+        print(f"{name:<8} {p['messages']:>8} {p['valid_call_share']:>11.0%} {rec:>9} {nse:>13}  {p['stop_reason']}")
     return 0
 
 
