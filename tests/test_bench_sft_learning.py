@@ -12,12 +12,14 @@ from hydroagent_hpc.bench.sft_learning import score_policies
 from hydroagent_hpc.campaign import load_campaign, run_campaign
 
 BAD = "Trying. <tool_call>\n{\"name\": \"run_simulation\", \"arguments\": {}\n</tool_call>"
+RUN = "<tool_call>\n{\"name\": \"run_simulation\", \"arguments\": {}}\n</tool_call>"
 
 
 def test_recoveries_count_parse_failures_followed_by_a_valid_call(tmp_path, small_basin_dir):
-    # messages: 0 bad, 1 run (recovers 0), 2 bad, 3 bad (2 not recovered), 4 evaluate (recovers 3)
+    # messages: 0 bad, 1 run (recovers 0), 2 bad, 3 bad and a run (2 not recovered: 3 failed too),
+    # 4 evaluate (recovers 3)
     script = tmp_path / "script.json"
-    script.write_text(json.dumps([BAD, {"name": "run_simulation"}, BAD, BAD, {"name": "evaluate"}]))
+    script.write_text(json.dumps([BAD, {"name": "run_simulation"}, BAD, BAD + "\n" + RUN, {"name": "evaluate"}]))
     spec = tmp_path / "eval.yaml"
     spec.write_text(f"name: eval\nbasins: [{small_basin_dir}]\nagents:\n"
                     f"  - {{name: s, kind: scripted, script: {script}}}\nseeds: [0]\n"
