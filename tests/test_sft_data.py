@@ -451,6 +451,9 @@ def test_recovery_is_seeded_and_p0_writes_the_datasets_of_a_build_without_it(sto
 
     off, default = build("off.h5", recovery=0.0), build("default.h5")
     assert off[0] == default[0] and off[1]["recovery"] == 0.0 and off[1]["recovery_kinds"] == "{}"
+    for name, kw in (("paper0.h5", {"recovery": 0.0}), ("paper.h5", {})):  # with stopping-point variants too
+        build_sft_data([stores["mixed"]], tmp_path / name, preset="paper", tokenizer=tok, max_tokens=100_000, **kw)
+    assert _h5(tmp_path / "paper0.h5")[0] == _h5(tmp_path / "paper.h5")[0]
     ds = SFTDataset(tmp_path / "off.h5")
     for i, eid in enumerate(ds.episode_ids):  # the teacher's conversation alone, built without the option's code
         ep = load_episode(stores["mixed"], eid)
