@@ -76,14 +76,16 @@ before it
 
 and then keeps (3) the original, correct message (mask 1, as without recovery). A corrupted
 copy that the parser accepts (or that yields a call) is a bug and stops the build. Corruptions
-(:data:`RECOVERY_KINDS`, one drawn uniformly per inserted turn), all of the JSON body between the
-tags, which stay:
+(:data:`RECOVERY_KINDS`, one drawn uniformly per inserted turn) break the JSON body between the
+tags, which stay; the body is the parsed call re-serialised as
+:func:`~hydroagent_hpc.env.toolcalls.render_hermes` writes it:
 
 - ``repeated_key``: one argument key written twice (the first argument again, at the end of the
   arguments object), or ``"name"`` twice for a call without arguments; the strict decoder
   refuses duplicate keys (``malformed_json``).
 - ``value_for_object``: the first argument's value where the arguments object belongs
-  (``"arguments": 0.549``), or ``[]`` for a call without arguments (``bad_arguments``).
+  (``"arguments": 0.549``), or ``[]`` when the call has no arguments or its first value is not a
+  number (``bad_arguments``).
 - ``truncated``: the JSON body cut at a random character in its second half, the closing tag
   still written (``malformed_json``).
 - ``missing_brace``: the body without its final ``}`` (``malformed_json``).
@@ -331,7 +333,9 @@ def corrupt_call(text: str, kind: str, rng: np.random.Generator) -> str:
         else:
             body = f'{{"name": {name}, "name": {name}, "arguments": {args_json}}}'
     elif kind == "value_for_object":
-        value = json.dumps(next(iter(args.values())), ensure_ascii=False) if args else "[]"
+        first = next(iter(args.values()), None)
+        number = isinstance(first, (int, float)) and not isinstance(first, bool)  # an object or a JSON
+        value = json.dumps(first) if number else "[]"  # string could hold a valid arguments object
         body = f'{{"name": {name}, "arguments": {value}}}'
     elif kind == "truncated":
         full = f'{{"name": {name}, "arguments": {args_json}}}'
