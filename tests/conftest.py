@@ -62,6 +62,18 @@ def small_basin_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def grpo_basins(tmp_path_factory) -> Path:
+    """Three small synthetic basins (b1, b2 for training; v1 held out) for the GRPO tests, built once."""
+    from hydroagent_hpc.sim.synth.basins import synthesize_basin
+
+    root = tmp_path_factory.mktemp("grpo-basins")
+    for i, name in enumerate(("b1", "b2", "v1")):
+        synthesize_basin(root / name, name=f"syn_{name}", area_km2=80.0, window_days=5, warmup_days=2, seed=40 + i,
+                         start="2021-07-01")
+    return root
+
+
+@pytest.fixture(scope="session")
 def small_sim(small_basin_dir):
     from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 

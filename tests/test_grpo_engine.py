@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
-from hydroagent_hpc.sim.synth.basins import synthesize_basin
 from hydroagent_hpc.train.engine import EngineError, EngineSampler, EngineSettings, make_api
 from hydroagent_hpc.train.engine_process import EngineWeights
 from hydroagent_hpc.train.engine_server import EngineServer, weights_digest
@@ -188,12 +187,8 @@ def test_engine_settings_are_checked_strictly(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def basins(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("grpo-engine-basins")
-    for i, name in enumerate(("b1", "b2")):
-        synthesize_basin(root / name, name=f"syn_{name}", area_km2=80.0, window_days=5, warmup_days=2, seed=40 + i,
-                         start="2021-07-01")
-    return root
+def basins(grpo_basins: Path) -> Path:
+    return grpo_basins  # tests/conftest.py
 
 
 def test_a_grpo_run_generates_through_the_engine_and_keeps_its_weights_in_step(basins, model_dir, tmp_path,

@@ -21,7 +21,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hydroagent_hpc.sim.synth.basins import synthesize_basin
 from hydroagent_hpc.train.checkpoint import FAULT_ENV
 from hydroagent_hpc.train.engine_server import EngineServer
 from hydroagent_hpc.train.grpo import _accumulate, _local_counts, _Sequence, rank_passes, train_grpo
@@ -43,12 +42,8 @@ COMPARED = ("loss", "pg", "kl", "entropy", "tokens", "reward_mean", "logprob_mis
 
 
 @pytest.fixture(scope="module")
-def basins(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("grpo-fsdp-basins")
-    for i, name in enumerate(("b1", "b2")):
-        synthesize_basin(root / name, name=f"syn_{name}", area_km2=80.0, window_days=5, warmup_days=2, seed=40 + i,
-                         start="2021-07-01")
-    return root
+def basins(grpo_basins: Path) -> Path:
+    return grpo_basins  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

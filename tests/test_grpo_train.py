@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from hydroagent_hpc.sim.synth.basins import synthesize_basin
 from hydroagent_hpc.store import read_episodes
 from hydroagent_hpc.train.checkpoint import FAULT_ENV
 from hydroagent_hpc.train.grpo import plan_prompts, rollout_seed, train_grpo
@@ -23,12 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def basins(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("grpo-basins")
-    for i, name in enumerate(("b1", "b2", "v1")):
-        synthesize_basin(root / name, name=f"syn_{name}", area_km2=80.0, window_days=5, warmup_days=2, seed=40 + i,
-                         start="2021-07-01")
-    return root
+def basins(grpo_basins: Path) -> Path:
+    return grpo_basins  # tests/conftest.py
 
 
 def _config(basins: Path, tmp_path: Path, **extra: object) -> Path:
