@@ -23,6 +23,10 @@ lives on. Only the loss of a rank itself (a node failure) ends the job, which a 
 (the campaign) survives by rerunning. ``isolate=False`` runs tasks in the rank itself: less
 overhead per task, no timeouts, and a crash takes the job down.
 
+Several training processes beside the pool (:func:`split_trainers`): the first T ranks of the
+world train together (a torch process group of their own), the others simulate; trainer rank 0 is
+the pool's root, so the pool's communicator holds it and the simulation ranks only.
+
 ``mpi4py`` is imported only inside the functions here: a child process that imports this module
 must never initialise MPI from the environment it inherited.
 """
@@ -30,17 +34,19 @@ must never initialise MPI from the environment it inherited.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from hydroagent_hpc.hpc.pool import ProcessPool, TaskResult, release
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MPIPool", "mpi_pool", "world", "in_mpi_world"]
+__all__ = ["MPIPool", "mpi_pool", "world", "in_mpi_world", "TrainerSplit", "split_trainers"]
 
 _RANK_POOL: dict[str, Any] = {}
 
@@ -189,3 +195,74 @@ def mpi_pool(max_in_flight: int = 32, timeout_s: float | None = None, initialize
         log.info("mpi pool: %d worker ranks, at most %d tasks in flight, isolate=%s", size - 1, max_in_flight,
                  isolate)
         yield MPIPool(executor, size - 1, max_in_flight, timeout_s, initializer, isolate)
+
+
+@dataclass(frozen=True)
+class TrainerSplit:
+    """This rank's place when the first ``trainers`` ranks of an MPI world train and the others simulate.
+
+    ``rank``/``local_rank`` number the training processes (world rank = trainer rank; -1 on a
+    simulation rank); ``master_addr``/``master_port`` are where trainer rank 0 sets up the torch
+    process group (empty/0 on a simulation rank); ``pool_comm`` is the simulation pool's
+    communicator (trainer rank 0 as its root, then the simulation ranks), None on trainer ranks 1..
+    """
+
+    trainer: bool
+    rank: int
+    trainers: int
+    local_rank: int
+    local_trainers: int
+    master_addr: str
+    master_port: int
+    pool_comm: Any
+
+    def torch_env(self) -> dict[str, str]:
+        """The variables ``torchrun`` would set for this training process (``accelerate`` reads them)."""
+        if not self.trainer:
+            return {}
+        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.trainers), "LOCAL_RANK": str(self.local_rank),
+                "LOCAL_WORLD_SIZE": str(self.local_trainers), "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port)}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def split_trainers(trainers: int, comm: Any = None, master_addr: str | None = None,
+                   master_port: int | None = None) -> TrainerSplit:
+    """Split ``comm`` (default ``COMM_WORLD``): ranks ``0..trainers-1`` train, the rest simulate.
+
+    A collective: every rank calls it with the same ``trainers``. The trainers' address is trainer
+    rank 0's: ``master_addr`` when given, else 127.0.0.1 when every trainer shares rank 0's node,
+    else rank 0's host name; the port is ``master_port`` or one rank 0 finds free. Local ranks count
+    the trainers on each node (``MPI.COMM_TYPE_SHARED``), so trainer ``r`` uses ``cuda:local_rank``.
+    """
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if trainers < 1:
+        raise ValueError(f"trainers={trainers}: need at least 1 training process")
+    if size <= trainers:
+        raise ValueError(f"{trainers} training process(es) in an MPI world of {size} rank(s) leave no simulation "
+                         f"rank: launch at least {trainers + 1} ranks (srun --mpi=pmi2 -n {trainers + 1} ..., "
+                         f"mpiexec -n {trainers + 1} ...) or train with fewer processes")
+    trainer = rank < trainers
+    pool = comm.Split(0 if rank == 0 or not trainer else MPI.UNDEFINED, rank)
+    group = comm.Split(0 if trainer else 1, rank)
+    node = group.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    local_rank, local_size = node.Get_rank(), node.Get_size()
+    node.Free()
+    addr, port = "", 0
+    if trainer:
+        info = None
+        if rank == 0:
+            addr = master_addr or ("127.0.0.1" if local_size == trainers else socket.gethostname())
+            info = (addr, master_port or _free_port())
+        addr, port = group.bcast(info, root=0)
+    group.Free()
+    return TrainerSplit(trainer, rank if trainer else -1, trainers, local_rank if trainer else -1,
+                        local_size if trainer else 0, addr, port, None if pool == MPI.COMM_NULL else pool)
