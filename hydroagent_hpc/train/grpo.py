@@ -347,6 +347,8 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     Under ``torchrun``/``accelerate launch`` (``WORLD_SIZE`` > 1) every process calls this; rank 0
     alone plays the rollouts (through the engine), stores them and writes the run folder, and every
     rank trains on its share of each step (:func:`_optimise`). See docs/grpo.md, "Several GPUs".
+    With several processes only rank 0 may get a ``pool`` (the MPI layout of ``grpo_launch --pool mpi
+    --trainers T``: the simulation ranks serve rank 0's rollouts).
     """
     from hydroagent_hpc.sim import open_simulator
     from hydroagent_hpc.sim.basin import load_basin
@@ -356,13 +358,14 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         check_world_size(config, world)
-        if pool is not None:
-            raise GRPOConfigError(f"an MPI simulation pool with {world} training processes",
-                                  "run the simulations in rank 0's threads (--pool threads)")
         from accelerate import Accelerator
 
         accelerator: Any = Accelerator(cpu=not torch.cuda.is_available())  # the process group: gloo or NCCL
         world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
+        if pool is not None and rank != 0:
+            raise GRPOConfigError(f"a simulation pool given to training rank {rank} of {world}",
+                                  "give the pool to rank 0 only: it alone plays the rollouts (grpo_launch's "
+                                  "--pool mpi --trainers does)")
     else:
         accelerator, rank = None, 0
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -548,7 +551,11 @@ def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any,
             # 6. checkpoints (every rank agrees on a signal that reached any of them)
             fault("usr1", step)
             fault("term", step)
+            signalled_here = signals.save
             want_save, want_stop = agree(signals, ranks.distributed, ranks.device)
+            if want_save and ranks.distributed:  # which ranks the signal reached (all of them save)
+                log.info("rank %d of %d: checkpoint on a signal at step %d (the signal reached this rank: %s)",
+                         ranks.rank, ranks.world, step, "yes" if signalled_here else "no")
             if want_save or (config.save_every and step % config.save_every == 0):
                 save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
                 saved_at = step

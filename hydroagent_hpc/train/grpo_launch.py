@@ -1,13 +1,16 @@
 """The GRPO entry point that splits MPI ranks before torch is loaded.
 
-``python -m hydroagent_hpc.train.grpo_launch CONFIG --out RUN [--resume] [--pool threads|mpi]``
+``python -m hydroagent_hpc.train.grpo_launch CONFIG --out RUN [--resume] [--pool threads|mpi] [--trainers T]``
 (what ``slurm/grpo.sbatch`` runs on every rank) and ``hydroagent train grpo`` share :func:`run`.
 Under ``torchrun``/``accelerate launch`` (``WORLD_SIZE`` > 1) every process trains a part of each
 step (:mod:`hydroagent_hpc.train.grpo`); that needs ``generator: engine`` and ``--pool threads``.
 With ``--pool mpi`` every rank enters the MPI pool first; only rank 0 then imports the trainer
 (:mod:`hydroagent_hpc.train.grpo`, torch and transformers), while the simulation ranks serve
 :func:`hydroagent_hpc.sim.task.simulate_task` without ever loading torch (about 300 MB and 2 s
-less per rank). This module imports nothing heavy.
+less per rank). ``--pool mpi --trainers T`` (T > 1, ``generator: engine``): the first T ranks of
+the MPI world are the training processes (their torch process group is set up from the MPI world,
+as ``torchrun`` would: :func:`hydroagent_hpc.hpc.mpi.split_trainers`), rank 0 also being the pool's
+root; ranks T.. simulate. This module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -33,9 +36,22 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--pool", choices=("threads", "mpi"), default="threads",
                    help="where simulations run: threads of this process (default), or the worker ranks of an MPI "
                         "launch (srun --mpi=pmi2 / mpiexec; rank 0 trains, the others simulate)")
+    p.add_argument("--trainers", type=_positive, default=1, metavar="T",
+                   help="with --pool mpi: the first T ranks train together (one process per GPU; T > 1 needs "
+                        "generator: engine), the other ranks simulate (default 1)")
     p.add_argument("--sim-timeout", type=float, default=600.0,
                    help="seconds before a simulation on a worker rank is killed and recorded as failed (mpi)")
     return p
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--trainers {text!r}: give a whole number of training processes, 1 or more")
+    return value
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,19 +60,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from hydroagent_hpc.train.grpo_config import GRPOConfigError, load_grpo_config
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun / accelerate launch set it
-    config = load_grpo_config(args.config, world_size=world_size)
-    if world_size > 1 and getattr(args, "pool", "threads") == "mpi":
-        raise GRPOConfigError(f"--pool mpi with {world_size} training processes: the MPI simulation pool runs "
-                              f"beside one trainer process",
-                              "use --pool threads under torchrun/accelerate launch (rank 0 runs the simulations "
-                              "in its threads)")
-    if getattr(args, "pool", "threads") != "mpi":
+    pool_kind = getattr(args, "pool", "threads")
+    trainers = int(getattr(args, "trainers", 1))
+    if trainers > 1 and pool_kind != "mpi":
+        raise GRPOConfigError(f"--trainers {trainers} with --pool {pool_kind}: --trainers splits the ranks of an MPI "
+                              f"launch into training and simulation ranks",
+                              "add --pool mpi and start every rank with srun --mpi=pmi2 or mpiexec (slurm/grpo.sbatch "
+                              "does), or start the training processes with torchrun/accelerate launch and --pool "
+                              "threads, without --trainers")
+    if world_size > 1 and pool_kind == "mpi":
+        raise GRPOConfigError(f"--pool mpi with {world_size} training processes started by a launcher "
+                              f"(WORLD_SIZE={world_size}): the simulation ranks must share the trainers' MPI world",
+                              "use --pool threads under torchrun/accelerate launch (rank 0 runs the simulations in "
+                              "its threads), or start every rank with srun --mpi=pmi2/mpiexec and pass --pool mpi "
+                              f"--trainers {world_size} (slurm/grpo.sbatch does)")
+    config = load_grpo_config(args.config, world_size=trainers if pool_kind == "mpi" else world_size)
+    if pool_kind != "mpi":
         from hydroagent_hpc.train.grpo import train_grpo
 
         return train_grpo(config, args.out, resume=args.resume)
-    from hydroagent_hpc.hpc.mpi import mpi_pool
+    from hydroagent_hpc.hpc.mpi import mpi_pool, split_trainers
 
-    with mpi_pool(max_in_flight=config.max_simulations_in_flight, timeout_s=args.sim_timeout) as pool:
+    comm = None
+    if trainers > 1:
+        try:
+            port = int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None
+        except ValueError:
+            raise GRPOConfigError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number",
+                                  "unset it (trainer rank 0 then finds a free port) or give a number") from None
+        try:
+            split = split_trainers(trainers, master_addr=os.environ.get("MASTER_ADDR") or None, master_port=port)
+        except ValueError as exc:
+            raise GRPOConfigError(f"--trainers {trainers}: {exc}", "launch more ranks or lower --trainers") from None
+        if split.trainer:
+            os.environ.update(split.torch_env())
+            log.info("trainer rank %d of %d (local rank %d of %d), process group at %s:%d", split.rank, trainers,
+                     split.local_rank, split.local_trainers, split.master_addr, split.master_port)
+        if split.pool_comm is None:  # trainer ranks 1..: train only; rank 0 drives the pool
+            from hydroagent_hpc.train.grpo import train_grpo
+
+            return train_grpo(config, args.out, resume=args.resume)
+        comm = split.pool_comm
+    with mpi_pool(max_in_flight=config.max_simulations_in_flight, timeout_s=args.sim_timeout, comm=comm) as pool:
         if pool is None:
             return {"worker": True, "stopped": None}
         from hydroagent_hpc.train.grpo import train_grpo
@@ -81,8 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HydroAgentError as exc:
         log.error("error: %s", one_line(exc))
         return exc.exit_code
-    if not summary.get("worker") and int(os.environ.get("RANK", "0")) == 0:
+    rank = int(os.environ.get("RANK", "0"))
+    if not summary.get("worker") and rank == 0:
         log.info("result: %s", summary)
+    elif not summary.get("worker"):
+        log.info("trainer rank %d: done at step %s%s", rank, summary.get("steps"),
+                 f" (stopped by {summary['stopped']})" if summary.get("stopped") else "")
     return 0 if summary["stopped"] is None else 143
 
 
