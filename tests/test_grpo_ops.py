@@ -5,8 +5,9 @@ process that saves a checkpoint folder on SIGUSR1, saves and exits 143 on SIGTER
 finds a checkpoint, as the real trainer's --resume does; with --pool mpi its worker ranks only record
 what they see and wait), behind real bash, a stand-in srun that starts and signals the ranks as srun
 does, submitit and real signals. Where a Slurm controller answers (../shared/scripts/start-local-slurm.sh),
-the real trainer runs a tiny CPU config through sbatch on MPI ranks (also through a requeue) and through
-`hydroagent submit grpo`; those tests skip, saying why, without Slurm or without a working MPI.
+the real trainer runs a tiny CPU config through sbatch on MPI ranks (also through a requeue), with two CPU
+trainer ranks beside a simulation rank (HYDROAGENT_GRPO_TRAINERS=2; also through the time-limit signal), and
+through `hydroagent submit grpo`; those tests skip, saying why, without Slurm or without a working MPI.
 """
 
 from __future__ import annotations
@@ -39,16 +40,28 @@ def main():
     args = sys.argv[1:]
     run = Path(args[args.index("--out") + 1])
     pool = args[args.index("--pool") + 1]
-    rank = int(os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")))
+    # torchrun sets RANK and WORLD_SIZE; srun SLURM_PROCID, with --trainers T in the command line
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0"))))
+    trainers = int(args[args.index("--trainers") + 1] if "--trainers" in args else os.environ.get("WORLD_SIZE", "1"))
     ck = run / "checkpoints"
     ck.mkdir(parents=True, exist_ok=True)
     log = run / "standin.log"
     def note(text):
         with open(log, "a") as f:
             f.write(text + "\\n")
-    if rank:  # a simulation rank: say what it sees, then wait for the trainer to finish (or for SIGTERM)
-        usr1 = "ignored" if signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN else "default"
+    usr1 = "ignored" if signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN else "default"
+    if rank >= trainers:  # a simulation rank: say what it sees, then wait for the trainer to finish (or for SIGTERM)
         note(f"worker {rank} pool={pool} usr1={usr1} cuda={os.environ.get('CUDA_VISIBLE_DEVICES')!r}")
+        while not (run / "final").exists():
+            time.sleep(0.05)
+        return 0
+    if rank:  # another trainer rank: note the signals it gets, wait for rank 0 to finish (or for SIGTERM)
+        note(f"trainer {rank} of {trainers} pool={pool} usr1={usr1} cuda={os.environ.get('CUDA_VISIBLE_DEVICES')!r}")
+        signal.signal(signal.SIGUSR1, lambda sig, frame: note(f"trainer {rank} usr1"))
+        def on_term_rank(sig, frame):
+            note(f"trainer {rank} term")
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, on_term_rank)
         while not (run / "final").exists():
             time.sleep(0.05)
         return 0
@@ -251,6 +264,68 @@ def test_mpi_ranks_need_mpi4py(tmp_path):
     assert not (tmp_path / "run").exists() and not (tmp_path / "srun.log").exists()
 
 
+@pytest.mark.parametrize("ntasks", [1, 4], ids=["torchrun", "mpi"])
+def test_two_trainers_all_get_sigusr1_and_the_simulation_ranks_do_not(tmp_path, ntasks):
+    """HYDROAGENT_GRPO_TRAINERS=2: with MPI ranks (--ntasks=4) srun starts every rank with --trainers 2, ranks
+    0-1 keep SIGUSR1 (srun passes it on) and ranks 2-3 ignore it and see no GPU; with --ntasks=1 torchrun starts
+    the two trainers and the script sends SIGUSR1 and SIGTERM to both ranks itself (torchrun would not)."""
+    if ntasks > 1 and not HAVE_MPI4PY:
+        pytest.skip("mpi4py is not installed: the script refuses --ntasks > 1 without it")
+    (tmp_path / "cfg.yaml").write_text("basins: [b]\n")
+    run = tmp_path / "run"
+    env = _sbatch_env(tmp_path, SLURM_JOB_ID="4343", SLURM_RESTART_COUNT="0", SLURM_NTASKS=str(ntasks),
+                      HYDROAGENT_GRPO_TRAINERS="2", CUDA_VISIBLE_DEVICES="0,1", OMP_NUM_THREADS="1")
+    pool = "mpi" if ntasks > 1 else "threads"
+    proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        wait_until(lambda: "ready" in _log(run) and "trainer 1 of 2" in _log(run)
+                   and _log(run).count("worker ") == max(ntasks - 2, 0), 120, "the stand-in ranks to start")
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3, err
+    assert f"{ntasks} rank(s), pool {pool}, 0 GPU(s) (job 4343, restart 0); 2 trainer process(es)" in out
+    assert "checkpoint written" in out and "requeueing job 4343" in out
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4343"]
+    lines = _log(run).splitlines()
+    assert f"trainer 1 of 2 pool={pool} usr1=default cuda='0,1'" in lines
+    assert "trainer 1 usr1" in lines and "trainer 1 term" in lines  # rank 1 got both signals
+    rank0 = [ln for ln in lines if not ln.startswith(("worker ", "trainer "))]
+    assert rank0[-2:] == ["usr1", "term"]
+    workers = sorted(ln for ln in lines if ln.startswith("worker "))
+    assert workers == [f"worker {r} pool=mpi usr1=ignored cuda=''" for r in range(2, ntasks)]
+    if ntasks > 1:
+        srun = (tmp_path / "srun.log").read_text().split()
+        assert srun[:4] == ["--mpi=pmi2", "--kill-on-bad-exit=1", "-n", "4"]
+        assert srun[-10:] == ["-m", "standin_grpo", str(tmp_path / "cfg.yaml"), "--out", str(run), "--resume",
+                              "--pool", "mpi", "--trainers", "2"]
+    else:
+        assert not (tmp_path / "srun.log").exists()
+        assert "torchrun --standalone --nproc_per_node 2 -m standin_grpo" in out
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"HYDROAGENT_GRPO_TRAINERS": "two"}, "HYDROAGENT_GRPO_TRAINERS 'two' is not a positive whole number"),
+    ({"HYDROAGENT_GRPO_TRAINERS": "0"}, "HYDROAGENT_GRPO_TRAINERS '0' is not a positive whole number"),
+    ({"HYDROAGENT_GRPO_TRAINERS": "3", "HYDROAGENT_GRPO_GPUS": "2"},
+     "HYDROAGENT_GRPO_TRAINERS=3 trainer processes but 2 GPU(s) on the node"),
+    ({"HYDROAGENT_GRPO_TRAINERS": "2", "SLURM_NTASKS": "2"},
+     "--ntasks=2 with 2 trainer process(es) leaves no simulation rank: submit with --ntasks=3"),
+    ({"HYDROAGENT_GRPO_GPUS": "2", "HYDROAGENT_GRPO_CPU": "0", "SLURM_NTASKS": "2"},
+     "--ntasks=2 with 2 trainer process(es) leaves no simulation rank"),  # one trainer per GPU by default
+])
+def test_trainer_counts_that_cannot_work_are_refused_before_anything_starts(tmp_path, extra, message):
+    (tmp_path / "cfg.yaml").write_text("basins: [b]\n")
+    env = _sbatch_env(tmp_path, **extra)
+    p = subprocess.run(["bash", str(SBATCH), "cfg.yaml", "run"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=60)
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "srun.log").exists()
+
+
 # --------------------------------------------------------------------------- slurm/grpo.sbatch on Slurm
 
 def _slurm_or_skip() -> None:
@@ -345,6 +420,97 @@ def test_the_time_limit_warning_checkpoints_on_rank_0_requeues_and_the_run_resum
     assert 1 <= saved < 6 and f"resumed from {run}/checkpoints/step-" in log
     assert _metric_steps(run) == [1, 2, 3, 4, 5, 6]  # one curve: resumed, not restarted, no step twice
     assert (run / "final").is_dir()
+
+
+@pytest.fixture(scope="module")
+def engine_url(tmp_path_factory):
+    """The loopback engine server (tiny offline Qwen3) in this process: the jobs of the local Slurm run on this
+    host, so their trainer rank 0 reaches it at 127.0.0.1."""
+    from hydroagent_hpc.train.engine_server import EngineServer
+    from hydroagent_hpc.train.tiny import build_tiny, save_tiny
+
+    model, tok = build_tiny(seed=0)
+    folder = save_tiny(tmp_path_factory.mktemp("grpo-ops-engine") / "tiny", model, tok)
+    with EngineServer(str(folder)) as server:
+        yield server.url
+
+
+def _engine_config(tmp_path: Path, basins: Path, url: str, max_steps: int) -> Path:
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"basins: [{basins / 'b1'}, {basins / 'b2'}]\ngroup_size: 2\nprompts_per_step: 1\n"
+                   f"max_steps: {max_steps}\nmax_new_tokens: 12\nlr: 1.0e-3\ngeneration_batch: 1\n"
+                   f"env: {{max_turns: 2}}\ngenerator: engine\nengine: {{api: sglang, url: '{url}'}}\n")
+    return cfg
+
+
+def _sbatch_two_trainers(tmp_path: Path, *args: str) -> str:
+    """grpo.sbatch with 2 CPU trainer ranks and 1 simulation rank (-O: 3 ranks may exceed the node's CPUs)."""
+    env = _slurm_env()
+    env.update(HYDROAGENT_GRPO_TRAINERS="2", OMP_NUM_THREADS="1")
+    p = subprocess.run(["sbatch", "--parsable", "-O", "--ntasks=3", "--gpus-per-node=0", "--mem-per-cpu=2G",
+                        "--time=30", *args, str(SBATCH), "cfg.yaml", "run"], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().split(";")[0]
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+def test_sbatch_trains_with_two_trainer_ranks_beside_a_simulation_rank(tmp_path, grpo_basins, engine_url):
+    """HYDROAGENT_GRPO_TRAINERS=2 --ntasks=3: ranks 0-1 train one step together (FSDP2 on gloo, rollouts from the
+    engine), rank 2 is the MPI pool's simulation rank; both trainer ranks reach the end."""
+    _slurm_or_skip()
+    _engine_config(tmp_path, grpo_basins, engine_url, max_steps=1)
+    job = _sbatch_two_trainers(tmp_path)
+    out = tmp_path / f"slurm-hydroagent-grpo-{job}.out"
+    assert _wait_job(job, 300) == "COMPLETED", out.read_text()[-3000:]
+    log = out.read_text()
+    run = tmp_path / "run"
+    assert "3 rank(s), pool mpi" in log and "2 trainer process(es)" in log and "--trainers 2" in log
+    assert "trainer rank 0 of 2 (local rank 0 of 2)" in log and "trainer rank 1 of 2 (local rank 1 of 2)" in log
+    assert "mpi pool: 1 worker ranks" in log and "2 process(es) FSDP2" in log
+    assert "trainer rank 1: done at step 1" in log and "'world_size': 2" in log  # rank 1 ended, rank 0's result
+    assert (run / "final").is_dir() and _metric_steps(run) == [1]
+    import yaml
+
+    assert yaml.safe_load((run / "config.yaml").read_text())["world_size"] == 2
+
+
+def _cancel_and_wait(job: str, timeout: float = 120) -> None:
+    """Cancel ``job`` (again while it is still queued: a cancel during its requeue may not take) and wait until it
+    has left the queue. sacct is no help here: a requeued job cancelled while pending keeps the state REQUEUED."""
+    def gone() -> bool:
+        queued = subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True, timeout=30).stdout.strip()
+        if queued:
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+        return not queued
+
+    wait_until(gone, timeout, f"job {job} to leave the queue", interval=0.5, max_interval=2.0)
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+def test_the_time_limit_warning_reaches_both_trainer_ranks_and_they_save(tmp_path, grpo_basins, engine_url):
+    """The batch script's SIGUSR1 goes through srun to ranks 0-1 (rank 2 ignores it); each says it got the
+    signal, they save one checkpoint together and the job requeues itself (cancelled here once requeued)."""
+    _slurm_or_skip()
+    _engine_config(tmp_path, grpo_basins, engine_url, max_steps=30)
+    job = _sbatch_two_trainers(tmp_path)
+    run = tmp_path / "run"
+    out = tmp_path / f"slurm-hydroagent-grpo-{job}.out"
+    try:
+        wait_until(lambda: _metric_steps(run), 300, "the first GRPO step", interval=0.2, max_interval=0.5)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
+        wait_until(lambda: f"requeueing job {job}" in out.read_text(), 300, "the job to requeue itself")
+    finally:
+        _cancel_and_wait(job)
+    log = out.read_text()
+    assert "checkpoint written" in log and "User defined signal 1" not in log, log[-3000:]
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank} of 2: checkpoint on a signal at step \d+ \(the signal reached this rank: "
+                         r"yes\)", log), log[-3000:]
+    saved = [int(s) for s in re.findall(r"saved checkpoint \S+/step-(\d+)", log)]
+    assert saved and saved[0] < 30 and (run / "checkpoints" / f"step-{saved[0]}").is_dir()
 
 
 # --------------------------------------------------------------------------- hydroagent submit grpo
