@@ -76,9 +76,9 @@ def main():
         tmp.mkdir()
         (tmp / "state.json").write_text("{}")
         tmp.rename(ck / f"step-{tag}")
-    def on_usr1(sig, frame):
-        save("usr1")
+    def on_usr1(sig, frame):  # note first: once the checkpoint appears, SIGTERM may interrupt this handler
         note("usr1")
+        save("usr1")
     def on_term(sig, frame):
         save("term")
         note("term")
@@ -526,6 +526,37 @@ def test_the_grpo_job_command_line():
     assert job.checkpoints == str(Path("R") / "checkpoints") and job.save_wait_s == 540.0 and job.name == "grpo"
 
 
+def test_the_grpo_job_with_several_trainers_is_torchrun_or_an_mpiexec_with_trainer_ranks(tmp_path):
+    """Several trainer processes: torchrun (signals to every trainer) without simulation ranks; with them,
+    one mpiexec of trainers + simulation ranks with --trainers T (signals to rank 0, whose trainers agree)."""
+    from hydroagent_hpc.train.submit import GRPOJob, SubmitError, grpo_argv
+
+    py = sys.executable
+    argv = grpo_argv("c.yaml", "R", python=py, trainers=2)
+    assert Path(argv[0]).name == "torchrun" and argv[1:5] == ["--standalone", "--nproc_per_node", "2", "-m"]
+    assert argv[5:] == ["hydroagent_hpc.train.grpo_launch", "c.yaml", "--out", "R", "--resume", "--pool", "threads"]
+    job = GRPOJob("c.yaml", "R", trainers=2)
+    assert job.ranks_match == "hydroagent_hpc.train.grpo_launch" and not job.rank0_only  # every trainer
+    mpiexec = mpiexec_or_skip()
+    py = str(Path(mpiexec).parent / "python")
+    argv = grpo_argv("c.yaml", "R", python=py, sim_ranks=3, trainers=2)
+    assert argv == [mpiexec, "-launcher", "fork", "-n", "5", py, "-m", "hydroagent_hpc.train.grpo_launch", "c.yaml",
+                    "--out", "R", "--resume", "--pool", "mpi", "--trainers", "2"]
+    job = GRPOJob("c.yaml", "R", sim_ranks=1, trainers=2)
+    assert job.ranks_match == "hydroagent_hpc.train.grpo_launch" and job.rank0_only
+    with pytest.raises(SubmitError, match="--trainers 0"):
+        grpo_argv("c.yaml", "R", trainers=0)
+    empty = tmp_path / "venv" / "bin"
+    empty.mkdir(parents=True)
+    old = os.environ["PATH"]
+    try:
+        os.environ["PATH"] = str(empty)
+        with pytest.raises(SubmitError, match="need torchrun"):
+            grpo_argv("c.yaml", "R", python=str(empty / "python"), trainers=2)
+    finally:
+        os.environ["PATH"] = old
+
+
 def _preempted_local_grpo(tmp_path, monkeypatch, ready, **submit):
     """Submit the stand-in trainer on submitit's local backend, wait until ``ready(log)``, deliver the
     preemption signal to the job's task as Slurm would, and wait for the requeued job's result.
@@ -611,6 +642,26 @@ def test_submit_grpo_with_simulation_ranks_signals_rank_0_only_and_resumes(tmp_p
     assert "signal 10" not in logs and "User defined signal 1" not in logs  # no worker died of SIGUSR1
 
 
+def test_submit_grpo_with_two_trainers_and_a_simulation_rank_signals_rank_0_and_resumes(tmp_path, monkeypatch):
+    """--trainers 2 --sim-ranks 1 on submitit's local backend: one mpiexec of 3 ranks (2 trainers, 1
+    simulation rank) with --trainers 2; on preemption rank 0 alone gets SIGUSR1 and SIGTERM, the job
+    requeues, and the second attempt (the same 3 ranks) resumes from the checkpoint."""
+    mpiexec_or_skip()
+    cfg, run, _, record, result = _preempted_local_grpo(
+        tmp_path, monkeypatch, lambda log: "ready" in log and "worker 2" in log and "trainer 1 of 2" in log,
+        sim_ranks=1, trainers=2)
+    assert record["pool"] == "mpi" and record["sim_ranks"] == 1 and record["trainers"] == 2
+    assert result["attempts"] == 2 and result["returncode"] == 0
+    lines = _log(run).splitlines()
+    rank0 = [ln for ln in lines if not ln.startswith(("worker", "trainer"))]
+    assert rank0[:4] == [f"start config={cfg} resume=True pool=mpi found=", "ready", "usr1", "term"]
+    assert rank0[-1] == "finished" and rank0[-2].endswith("found=step-term,step-usr1")
+    others = [ln for ln in lines if ln.startswith(("worker", "trainer"))]
+    assert sum(ln.startswith("worker 2 pool=mpi") for ln in others) == 2  # one simulation rank per attempt
+    assert sum(ln.startswith("trainer 1 of 2 pool=mpi") for ln in others) == 2
+    assert not any(ln.endswith((" usr1", " term")) for ln in others)  # only rank 0 was signalled
+
+
 def test_submit_grpo_arguments_and_errors_name_the_problem(tmp_path):
     env = {**job_env(), "PYTHONPATH": str(ROOT)}
     cli = [sys.executable, "-m", "hydroagent_hpc.cli"]
@@ -626,9 +677,14 @@ def test_submit_grpo_arguments_and_errors_name_the_problem(tmp_path):
                        env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 2 and "nope.yaml: no such GRPO config file" in p.stderr
     (tmp_path / "c.yaml").write_text("model: tiny\n")
-    p = subprocess.run([*cli, "submit", "grpo", "c.yaml", "--run-dir", "r", "--gpus", "2"], capture_output=True,
-                       text=True, env=env, cwd=tmp_path, timeout=120)
-    assert p.returncode == 2 and "uses one GPU" in p.stderr
+    p = subprocess.run([*cli, "submit", "grpo", "c.yaml", "--run-dir", "r", "--gpus", "2", "--trainers", "3"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and "--trainers 3 with --gpus 2: one trainer process per GPU" in p.stderr
+    (tmp_path / "g.yaml").write_text(f"basins: [{tmp_path}]\n")  # generator: local (the default)
+    p = subprocess.run([*cli, "submit", "grpo", "g.yaml", "--out", "r", "--trainers", "2", "--cluster", "local"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and "generator: local with 2 training processes" in p.stderr, p.stderr
+    assert "set generator: engine" in p.stderr
     p = subprocess.run([*cli, "submit", "grpo", "c.yaml", "--out", "r", "--cluster", "local"], capture_output=True,
                        text=True, env=env, cwd=tmp_path, timeout=120)
     # the trainer's own strict loader refuses the config before anything is queued

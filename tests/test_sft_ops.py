@@ -54,9 +54,9 @@ def main():
         tmp.mkdir()
         (tmp / "state.json").write_text("{}")
         tmp.rename(ck / f"step-{tag}")
-    def on_usr1(sig, frame):
-        save("usr1")
+    def on_usr1(sig, frame):  # note first: once the checkpoint appears, SIGTERM may interrupt this handler
         note("usr1")
+        save("usr1")
     def on_term(sig, frame):
         save("term")
         note("term")

@@ -190,7 +190,8 @@ def cmd_submit_grpo(args: argparse.Namespace) -> int:
                                  constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
                                  mem_gb=args.mem_gb, modules=tuple(args.module) if args.module else None)
     out = submit_grpo(args.config, args.run_dir, site, gpus=args.gpus, cluster=args.cluster, wait=args.wait,
-                      max_requeues=args.max_requeues, save_wait_s=args.save_wait, sim_ranks=args.sim_ranks)
+                      max_requeues=args.max_requeues, save_wait_s=args.save_wait, sim_ranks=args.sim_ranks,
+                      trainers=args.trainers)
     print(json.dumps(out, default=str))
     return 0
 
@@ -345,19 +346,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sf.set_defaults(func=cmd_submit_sft)
     sg = sm.add_parser("grpo", help="a GRPO run as one job (simulations in its threads); requeued on time limit, "
                                     "resumes from its checkpoint",
-                       description="Submit `python -m hydroagent_hpc.train.grpo CONFIG --out RUN_DIR --resume --pool "
-                                   "threads` through submitit: one process that trains (on one GPU with --gpus 1, on "
-                                   "CPU with --gpus 0) and runs the simulations in its threads on --cpus-per-task "
-                                   "CPUs; with --sim-ranks R the simulations run on R MPI ranks beside the trainer "
-                                   "(mpiexec on the job's node). Across nodes use `sbatch --ntasks=N "
-                                   "slurm/grpo.sbatch CONFIG RUN_DIR`. Before a time limit or preemption the trainer "
-                                   "checkpoints at the end of its step and the job requeues itself. Site settings "
-                                   "default to $SBATCH_PARTITION, $SBATCH_ACCOUNT, $SBATCH_QOS, $HYDROAGENT_MODULES.")
+                       description=(
+                           "Submit `python -m hydroagent_hpc.train.grpo CONFIG --out RUN_DIR --resume --pool "
+                           "threads` through submitit: one process that trains (on one GPU with --gpus 1, on CPU "
+                           "with --gpus 0) and runs the simulations in its threads on --cpus-per-task CPUs; with "
+                           "--sim-ranks R the simulations run on R MPI ranks beside the trainer (mpiexec on the "
+                           "job's node); with --gpus G, G trainer processes (torchrun, or ranks of the mpiexec with "
+                           "--sim-ranks; generator: engine). Across nodes use `sbatch --ntasks=N slurm/grpo.sbatch "
+                           "CONFIG RUN_DIR`. Before a time limit or preemption the trainer checkpoints at the end of "
+                           "its step and the job requeues itself. Site settings default to $SBATCH_PARTITION, "
+                           "$SBATCH_ACCOUNT, $SBATCH_QOS, $HYDROAGENT_MODULES."))
     sg.add_argument("config", help="GRPO config YAML (see hydroagent_hpc/train/grpo_config.py)")
     sg.add_argument("--out", "--run-dir", dest="run_dir", required=True,
                     help="run folder: checkpoints/, metrics.csv, rollouts.h5, final/, logs/, submit.json")
     sg.add_argument("--gpus", type=nonnegative_int, default=0,
-                    help="GPUs: 1 for the trainer, or 0 to train on CPU (tiny models; default 0)")
+                    help="GPUs of the job: one trainer process per GPU, or 0 to train on CPU (tiny models; "
+                         "default 0)")
+    sg.add_argument("--trainers", type=positive_int, default=None,
+                    help="training processes (default: one per GPU, 1 on CPU; at most --gpus; more than 1 needs "
+                         "generator: engine)")
     _add_site_options(sg, local="a local process", time="minutes per attempt (default 60)",
                       cpus="CPUs for the trainer and its simulation threads (default 1)",
                       module="environment module to load in the job (repeatable)")

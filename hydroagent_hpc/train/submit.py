@@ -30,9 +30,17 @@ on R MPI ranks beside the trainer instead of its threads: the job's one task get
 runs ``mpiexec -launcher fork -n R+1 python -m hydroagent_hpc.train.grpo_launch ... --pool mpi``
 (the environment's own MPICH Hydra, all ranks on the job's node: rank 0 trains and generates, the
 others simulate), and SIGUSR1/SIGTERM go to rank 0 only (the workers have nothing to save; they stop
-when the trainer closes the pool). Across several nodes, ``sbatch --ntasks=N slurm/grpo.sbatch``
-is the path (``srun --mpi=pmi2``). The config is read with
-:func:`hydroagent_hpc.train.grpo_config.load_grpo_config` before anything is queued.
+when the trainer closes the pool).
+
+Several training processes (``trainers = T > 1``, ``--trainers T``; by default one per GPU of
+``--gpus G``; ``generator: engine``, as every multi-process GRPO run): without simulation ranks,
+``torchrun --standalone --nproc_per_node T`` starts them (rank 0 simulates in its threads) and the
+signals go to every trainer (torchrun itself would end its workers on SIGUSR1); with R simulation
+ranks, ``mpiexec -n T+R ... --pool mpi --trainers T`` (ranks 0..T-1 train, their process group set
+up from the MPI world: :func:`hydroagent_hpc.hpc.mpi.split_trainers`) and the signals go to rank 0,
+whose trainers agree on them at the end of the step and save together. Across several nodes,
+``sbatch --ntasks=N slurm/grpo.sbatch`` is the path (``srun --mpi=pmi2``). The config is read with
+:func:`hydroagent_hpc.train.grpo_config.load_grpo_config` (for T processes) before anything is queued.
 """
 
 from __future__ import annotations
@@ -121,7 +129,7 @@ class SFTJob(CheckpointedCommand):
         return out
 
 
-def _validate(config: Path, module: str, trainer: str) -> None:
+def _validate(config: Path, module: str, trainer: str, world_size: int = 1) -> None:
     """Check that the ``trainer`` ("SFT" or "GRPO") ``module`` is installed and, for ours, read the
     config with its strict loader (no torch needed), so a bad config fails with file:line before
     anything is queued."""
@@ -137,7 +145,7 @@ def _validate(config: Path, module: str, trainer: str) -> None:
     elif module == GRPO_MODULE:
         from hydroagent_hpc.train.grpo_config import load_grpo_config
 
-        load_grpo_config(config)
+        load_grpo_config(config, world_size=world_size)
 
 
 def submit_sft(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0, nodes: int = 1,
@@ -218,29 +226,53 @@ def mpiexec_path(python: str | None = None) -> str:
     return found
 
 
+def _launcher_beside(python: str, name: str) -> str:
+    """The console script ``name`` beside ``python`` (the job's environment), else on PATH."""
+    beside = Path(python).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise SubmitError(f"several GRPO trainers need {name}, and there is none beside the Python interpreter or on "
+                          f"PATH", "install torch into the job's environment ('make venv'), or give --trainers 1")
+    return found
+
+
 def grpo_argv(config: str, run_dir: str, *, module: str = GRPO_MODULE, python: str | None = None,
-              sim_ranks: int = 0) -> list[str]:
-    """The GRPO job's command line: one process with the simulations in its threads (``--pool threads``),
-    or, with ``sim_ranks`` R > 0, ``mpiexec -launcher fork -n R+1`` of it with ``--pool mpi``."""
+              sim_ranks: int = 0, trainers: int = 1) -> list[str]:
+    """The GRPO job's command line (see the module docstring): one process with the simulations in its
+    threads (``--pool threads``); with ``sim_ranks`` R > 0, ``mpiexec -launcher fork -n T+R`` of it with
+    ``--pool mpi`` (and ``--trainers T`` when T > 1); with T > 1 trainers and no simulation ranks,
+    ``torchrun --standalone --nproc_per_node T`` of it."""
     py = python or sys.executable
     if sim_ranks < 0:
         raise SubmitError(f"--sim-ranks {sim_ranks}: must be 0 (threads) or more")
-    argv = [py, "-m", module, str(config), "--out", str(run_dir), "--resume", "--pool",
-            "mpi" if sim_ranks else "threads"]
+    if trainers < 1:
+        raise SubmitError(f"--trainers {trainers}: give 1 or more training processes")
+    tail = [str(config), "--out", str(run_dir), "--resume", "--pool", "mpi" if sim_ranks else "threads"]
     if sim_ranks:
-        argv = [mpiexec_path(py), "-launcher", "fork", "-n", str(sim_ranks + 1), *argv]
-    return argv
+        if trainers > 1:
+            tail += ["--trainers", str(trainers)]
+        return [mpiexec_path(py), "-launcher", "fork", "-n", str(sim_ranks + trainers), py, "-m", module, *tail]
+    if trainers > 1:
+        return [_launcher_beside(py, "torchrun"), "--standalone", "--nproc_per_node", str(trainers), "-m", module,
+                *tail]
+    return [py, "-m", module, *tail]
 
 
 class GRPOJob(CheckpointedCommand):
     """The GRPO trainer as a requeueable submitit job (see the module docstring)."""
 
     def __init__(self, config: str | Path, run_dir: str | Path, *, save_wait_s: float = 540.0,
-                 module: str = GRPO_MODULE, env: dict[str, str] | None = None, sim_ranks: int = 0) -> None:
+                 module: str = GRPO_MODULE, env: dict[str, str] | None = None, sim_ranks: int = 0,
+                 trainers: int = 1) -> None:
         self.config, self.run_dir, self.module, self.sim_ranks = str(config), str(run_dir), module, int(sim_ranks)
-        super().__init__(grpo_argv(self.config, self.run_dir, module=module, sim_ranks=self.sim_ranks),
+        self.trainers = int(trainers)
+        launched = bool(self.sim_ranks) or self.trainers > 1  # mpiexec or torchrun: signal the ranks themselves
+        super().__init__(grpo_argv(self.config, self.run_dir, module=module, sim_ranks=self.sim_ranks,
+                                   trainers=self.trainers),
                          Path(self.run_dir) / "checkpoints", env=env,
-                         ranks_match=module if self.sim_ranks else None, rank0_only=bool(self.sim_ranks),
+                         ranks_match=module if launched else None, rank0_only=bool(self.sim_ranks),
                          save_wait_s=save_wait_s, name="grpo")
 
     def __call__(self) -> dict[str, Any]:
@@ -251,13 +283,15 @@ class GRPOJob(CheckpointedCommand):
 
 def submit_grpo(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0,
                 cluster: str | None = None, wait: bool = False, max_requeues: int = 3, save_wait_s: float = 540.0,
-                module: str = GRPO_MODULE, validate: bool = True, sim_ranks: int = 0) -> dict[str, Any]:
+                module: str = GRPO_MODULE, validate: bool = True, sim_ranks: int = 0,
+                trainers: int | None = None) -> dict[str, Any]:
     """Submit one GRPO run; return its job id, cluster and folders (and the trainer's result when ``wait``).
 
     The arguments are those of :func:`submit_grpo_job`, which also returns the submitit job.
     """
     job, out = submit_grpo_job(config, run_dir, site, gpus=gpus, cluster=cluster, max_requeues=max_requeues,
-                               save_wait_s=save_wait_s, module=module, validate=validate, sim_ranks=sim_ranks)
+                               save_wait_s=save_wait_s, module=module, validate=validate, sim_ranks=sim_ranks,
+                               trainers=trainers)
     if wait:
         out["result"] = job.result()
     return out
@@ -265,13 +299,15 @@ def submit_grpo(config: str | Path, run_dir: str | Path, site: SiteSettings, *, 
 
 def submit_grpo_job(config: str | Path, run_dir: str | Path, site: SiteSettings, *, gpus: int = 0,
                     cluster: str | None = None, max_requeues: int = 3, save_wait_s: float = 540.0,
-                    module: str = GRPO_MODULE, validate: bool = True, sim_ranks: int = 0
-                    ) -> tuple[Any, dict[str, Any]]:
+                    module: str = GRPO_MODULE, validate: bool = True, sim_ranks: int = 0,
+                    trainers: int | None = None) -> tuple[Any, dict[str, Any]]:
     """Submit one GRPO run as one task; return ``(submitit job, summary)``.
 
-    ``gpus``: 0 (train on CPU: tiny models) or 1 (the trainer uses one GPU); the task's
-    ``site.cpus_per_task`` CPUs run the trainer and its simulation threads, or, with ``sim_ranks``
-    R > 0, the trainer and R MPI simulation ranks (the task gets at least R + 1 CPUs). ``max_requeues``
+    ``gpus``: the GPUs of the task, 0 to train on CPU (tiny models); ``trainers``: training processes,
+    by default one per GPU (1 on CPU), at most ``gpus`` when there are GPUs (the rest can serve an
+    engine). The task's ``site.cpus_per_task`` CPUs run the trainers and their simulation threads, or,
+    with ``sim_ranks`` R > 0, the trainers and R MPI simulation ranks (the task gets at least T + R
+    CPUs). ``max_requeues``
     time-limit requeues; on Slurm the warning signal comes ``save_wait_s + 60`` seconds before the
     limit. Logs go to ``RUN/logs/<job id>/``; ``RUN/submit.json`` records the submission.
     """
@@ -280,20 +316,26 @@ def submit_grpo_job(config: str | Path, run_dir: str | Path, site: SiteSettings,
         raise SubmitError(f"{config}: no such GRPO config file",
                           "give the path of a GRPO YAML (basins, group_size, ...; see hydroagent_hpc/train/"
                           "grpo_config.py)")
-    if gpus not in (0, 1):
-        raise SubmitError(f"--gpus {gpus}: the GRPO trainer uses one GPU (cuda:0)",
-                          "give --gpus 1, or --gpus 0 to train on CPU (tiny models)")
+    if gpus < 0:
+        raise SubmitError(f"--gpus {gpus}: give the GPUs of the job, or 0 to train on CPU (tiny models)")
+    n_trainers = (gpus or 1) if trainers is None else int(trainers)
+    if n_trainers < 1:
+        raise SubmitError(f"--trainers {n_trainers}: give 1 or more training processes")
+    if gpus and n_trainers > gpus:
+        raise SubmitError(f"--trainers {n_trainers} with --gpus {gpus}: one trainer process per GPU",
+                          f"give --gpus {n_trainers}, or fewer trainers")
     if max_requeues < 0:
         raise SubmitError(f"--max-requeues {max_requeues}: must be 0 or more")
     if save_wait_s <= 0:
         raise SubmitError(f"--save-wait {save_wait_s}: must be positive")
     if validate:
-        _validate(cfg, module, "GRPO")
+        _validate(cfg, module, "GRPO", world_size=n_trainers)
+    job_cmd = GRPOJob(cfg, Path(run_dir).resolve(), save_wait_s=save_wait_s, module=module, sim_ranks=sim_ranks,
+                      trainers=n_trainers)  # before any folder exists: a missing launcher is refused here
     run = Path(run_dir).resolve()
     logs = run / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    job_cmd = GRPOJob(cfg, run, save_wait_s=save_wait_s, module=module, sim_ranks=sim_ranks)
-    cpus = max(site.cpus_per_task or 1, sim_ranks + 1) if sim_ranks else site.cpus_per_task
+    cpus = max(site.cpus_per_task or 1, sim_ranks + n_trainers) if sim_ranks else site.cpus_per_task
     ex = make_executor(logs, site.with_(gpus_per_node=gpus, ntasks=1, cpus_per_task=cpus), cluster,
                        name=f"hydroagent-grpo-{cfg.stem}", max_num_timeout=max_requeues)
     if ex.cluster == "slurm":
@@ -301,7 +343,7 @@ def submit_grpo_job(config: str | Path, run_dir: str | Path, site: SiteSettings,
     job = ex.submit(job_cmd)
     record = {"command": "submit grpo", "config": str(cfg), "run_dir": str(run), "job_id": str(job.job_id),
               "cluster": ex.cluster, "gpus_per_node": gpus, "pool": "mpi" if sim_ranks else "threads",
-              "sim_ranks": sim_ranks, "max_requeues": max_requeues,
+              "sim_ranks": sim_ranks, "trainers": n_trainers, "max_requeues": max_requeues,
               "site": site.as_dict(), "submitted_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     _write_record(run, record)
     log.info("submitted GRPO job %s (%s); logs in %s", job.job_id, ex.cluster, logs)
