@@ -12,7 +12,6 @@ through `hydroagent submit grpo`; those tests skip, saying why, without Slurm or
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import json
 import os
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.hpc import ROOT, job_env, mpiexec_or_skip
+from helpers.hpc import ROOT, fake_bin, job_env, metric_steps, mpiexec_or_skip, standin_log, write_standin
 from helpers.waiting import wait_until
 from hydroagent_hpc.hpc.slurm import slurm_available
 
@@ -111,32 +110,16 @@ exit "$rc0"
 '''
 
 
-def _standin(tmp_path: Path) -> tuple[str, str]:
-    """Write the stand-in trainer module; return (module name, PYTHONPATH with it first)."""
-    mods = tmp_path / "mods"
-    mods.mkdir(exist_ok=True)
-    (mods / "standin_grpo.py").write_text(STANDIN)
-    return "standin_grpo", os.pathsep.join([str(mods), str(ROOT), os.environ.get("PYTHONPATH", "")])
 
 
-def _log(run: Path) -> str:
-    p = run / "standin.log"
-    return p.read_text() if p.exists() else ""
 
 
-def _fake_bin(tmp_path: Path, **scripts: str) -> Path:
-    fake = tmp_path / "bin"
-    fake.mkdir(exist_ok=True)
-    for name, body in scripts.items():
-        (fake / name).write_text("#!/bin/bash\n" + body)
-        (fake / name).chmod(0o755)
-    return fake
 
 
 def _sbatch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in job_env().items() if not k.startswith("SLURM_")}
-    module, pythonpath = _standin(tmp_path)
-    fake = _fake_bin(tmp_path, scontrol='echo "$@" >> "$SCONTROL_LOG"\n', srun=FAKE_SRUN)
+    module, pythonpath = write_standin(tmp_path, "standin_grpo", STANDIN)
+    fake = fake_bin(tmp_path, scontrol='echo "$@" >> "$SCONTROL_LOG"\n', srun=FAKE_SRUN)
     env.update(PATH=f"{fake}:{env['PATH']}", PYTHONPATH=pythonpath, HYDROAGENT_GRPO_MODULE=module,
                HYDROAGENT_GRPO_GPUS="0", HYDROAGENT_GRPO_CPU="1", SCONTROL_LOG=str(tmp_path / "scontrol.log"),
                SRUN_LOG=str(tmp_path / "srun.log"), HYDROAGENT_SAVE_WAIT="60")
@@ -144,12 +127,6 @@ def _sbatch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _metric_steps(run: Path) -> list[int]:
-    p = run / "metrics.csv"
-    if not p.exists():
-        return []
-    with open(p, newline="") as f:
-        return [int(r["step"]) for r in csv.DictReader(f) if r.get("step")]
 
 
 def _tiny_config(tmp_path: Path, max_steps: int = 2) -> Path:
@@ -194,7 +171,7 @@ def test_sigusr1_checkpoints_requeues_and_the_next_attempt_resumes(tmp_path, nta
     proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
-        wait_until(lambda: "ready" in _log(run) and _log(run).count("worker ") == ntasks - 1, 120,
+        wait_until(lambda: "ready" in standin_log(run) and standin_log(run).count("worker ") == ntasks - 1, 120,
                    "the stand-in ranks to start")
         proc.send_signal(signal.SIGUSR1)
         out, err = proc.communicate(timeout=120)
@@ -205,7 +182,7 @@ def test_sigusr1_checkpoints_requeues_and_the_next_attempt_resumes(tmp_path, nta
     assert f"{ntasks} rank(s), pool {pool}, 0 GPU(s) (job 4242, restart 0)" in out
     assert "checkpoint written" in out and "requeueing job 4242" in out
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
-    lines = _log(run).splitlines()
+    lines = standin_log(run).splitlines()
     trainer = [ln for ln in lines if not ln.startswith("worker ")]
     assert trainer[0] == f"start config={tmp_path / 'cfg.yaml'} resume=True pool={pool} found="
     assert trainer[-2:] == ["usr1", "term"]  # saved on USR1 first, then on the requeue's TERM
@@ -226,7 +203,7 @@ def test_sigusr1_checkpoints_requeues_and_the_next_attempt_resumes(tmp_path, nta
                        cwd=tmp_path, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "restart 1" in p.stdout and (run / "final").is_dir()
-    trainer = [ln for ln in _log(run).splitlines() if not ln.startswith("worker ")]
+    trainer = [ln for ln in standin_log(run).splitlines() if not ln.startswith("worker ")]
     assert trainer[-2:] == [f"start config={tmp_path / 'cfg.yaml'} resume=True pool={pool} "
                             "found=step-term,step-usr1", "finished"]
 
@@ -238,7 +215,7 @@ def test_the_requeue_limit_stops_requeueing_and_says_how_to_continue(tmp_path):
     proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
-        wait_until(lambda: "ready" in _log(run), 120, "the stand-in trainer to start")
+        wait_until(lambda: "ready" in standin_log(run), 120, "the stand-in trainer to start")
         proc.send_signal(signal.SIGUSR1)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -279,8 +256,8 @@ def test_two_trainers_all_get_sigusr1_and_the_simulation_ranks_do_not(tmp_path, 
     proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
-        wait_until(lambda: "ready" in _log(run) and "trainer 1 of 2" in _log(run)
-                   and _log(run).count("worker ") == max(ntasks - 2, 0), 120, "the stand-in ranks to start")
+        wait_until(lambda: "ready" in standin_log(run) and "trainer 1 of 2" in standin_log(run)
+                   and standin_log(run).count("worker ") == max(ntasks - 2, 0), 120, "the stand-in ranks to start")
         proc.send_signal(signal.SIGUSR1)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -290,7 +267,7 @@ def test_two_trainers_all_get_sigusr1_and_the_simulation_ranks_do_not(tmp_path, 
     assert f"{ntasks} rank(s), pool {pool}, 0 GPU(s) (job 4343, restart 0); 2 trainer process(es)" in out
     assert "checkpoint written" in out and "requeueing job 4343" in out
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4343"]
-    lines = _log(run).splitlines()
+    lines = standin_log(run).splitlines()
     assert f"trainer 1 of 2 pool={pool} usr1=default cuda='0,1'" in lines
     assert "trainer 1 usr1" in lines and "trainer 1 term" in lines  # rank 1 got both signals
     rank0 = [ln for ln in lines if not ln.startswith(("worker ", "trainer "))]
@@ -378,7 +355,7 @@ def test_sbatch_trains_a_tiny_run_with_simulations_on_mpi_ranks(tmp_path):
     job = _sbatch(tmp_path)
     assert _wait_job(job, 600) == "COMPLETED", (tmp_path / f"slurm-hydroagent-grpo-{job}.out").read_text()[-3000:]
     run = tmp_path / "run"
-    assert (run / "final").is_dir() and _metric_steps(run) == [1, 2]
+    assert (run / "final").is_dir() and metric_steps(run) == [1, 2]
     log = (tmp_path / f"slurm-hydroagent-grpo-{job}.out").read_text()
     assert "3 rank(s), pool mpi" in log and "mpi pool: 2 worker ranks" in log
 
@@ -406,7 +383,7 @@ def test_the_time_limit_warning_checkpoints_on_rank_0_requeues_and_the_run_resum
     run = tmp_path / "run"
     out = tmp_path / f"slurm-hydroagent-grpo-{job}.out"
     try:
-        wait_until(lambda: _metric_steps(run), 300, "the first GRPO step", interval=0.2, max_interval=0.5)
+        wait_until(lambda: metric_steps(run), 300, "the first GRPO step", interval=0.2, max_interval=0.5)
         subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
         _release_requeued(job)
     except BaseException:
@@ -418,7 +395,7 @@ def test_the_time_limit_warning_checkpoints_on_rank_0_requeues_and_the_run_resum
     assert "User defined signal 1" not in log  # no rank died of the checkpoint signal
     saved = int(re.search(r"saved checkpoint \S+/step-(\d+)", log).group(1))  # the USR1 checkpoint
     assert 1 <= saved < 6 and f"resumed from {run}/checkpoints/step-" in log
-    assert _metric_steps(run) == [1, 2, 3, 4, 5, 6]  # one curve: resumed, not restarted, no step twice
+    assert metric_steps(run) == [1, 2, 3, 4, 5, 6]  # one curve: resumed, not restarted, no step twice
     assert (run / "final").is_dir()
 
 
@@ -470,7 +447,7 @@ def test_sbatch_trains_with_two_trainer_ranks_beside_a_simulation_rank(tmp_path,
     assert "trainer rank 0 of 2 (local rank 0 of 2)" in log and "trainer rank 1 of 2 (local rank 1 of 2)" in log
     assert "mpi pool: 1 worker ranks" in log and "2 process(es) FSDP2" in log
     assert "trainer rank 1: done at step 1" in log and "'world_size': 2" in log  # rank 1 ended, rank 0's result
-    assert (run / "final").is_dir() and _metric_steps(run) == [1]
+    assert (run / "final").is_dir() and metric_steps(run) == [1]
     import yaml
 
     assert yaml.safe_load((run / "config.yaml").read_text())["world_size"] == 2
@@ -499,7 +476,7 @@ def test_the_time_limit_warning_reaches_both_trainer_ranks_and_they_save(tmp_pat
     run = tmp_path / "run"
     out = tmp_path / f"slurm-hydroagent-grpo-{job}.out"
     try:
-        wait_until(lambda: _metric_steps(run), 300, "the first GRPO step", interval=0.2, max_interval=0.5)
+        wait_until(lambda: metric_steps(run), 300, "the first GRPO step", interval=0.2, max_interval=0.5)
         subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
         wait_until(lambda: f"requeueing job {job}" in out.read_text(), 300, "the job to requeue itself")
     finally:
@@ -567,7 +544,7 @@ def _preempted_local_grpo(tmp_path, monkeypatch, ready, **submit):
     from hydroagent_hpc.hpc.slurm import SiteSettings
     from hydroagent_hpc.train.submit import submit_grpo_job
 
-    module, pythonpath = _standin(tmp_path)
+    module, pythonpath = write_standin(tmp_path, "standin_grpo", STANDIN)
     monkeypatch.setenv("PYTHONPATH", pythonpath)
     monkeypatch.syspath_prepend(str(tmp_path / "mods"))
     cfg = tmp_path / "cfg.yaml"
@@ -577,7 +554,7 @@ def _preempted_local_grpo(tmp_path, monkeypatch, ready, **submit):
                                **submit)
     record = json.loads((run / "submit.json").read_text())
     try:
-        wait_until(lambda: ready(_log(run)), 120, "the stand-in trainer to start under submitit")
+        wait_until(lambda: ready(standin_log(run)), 120, "the stand-in trainer to start under submitit")
         (task, _), = child_pids(job._process.pid)
         os.kill(task, LocalJobEnvironment._usr_sig())  # preemption as Slurm delivers it, to the job's task
         result = job.result()
@@ -594,7 +571,7 @@ def test_submit_grpo_on_the_local_executor_requeues_on_preemption_and_resumes(tm
     assert out["cluster"] == "local" and out["final"] == str(run / "final")
     assert record["command"] == "submit grpo" and record["pool"] == "threads" and record["max_requeues"] == 3
     assert result["attempts"] == 2 and result["returncode"] == 0 and result["run_dir"] == str(run)
-    log = _log(run).splitlines()
+    log = standin_log(run).splitlines()
     assert log[:4] == [f"start config={cfg} resume=True pool=threads found=", "ready", "usr1", "term"]
     assert log[-1] == "finished" and log[-2].endswith("found=step-term,step-usr1")
 
@@ -632,7 +609,7 @@ def test_submit_grpo_with_simulation_ranks_signals_rank_0_only_and_resumes(tmp_p
         tmp_path, monkeypatch, lambda log: "ready" in log and "worker 1" in log, sim_ranks=1)
     assert record["pool"] == "mpi" and record["sim_ranks"] == 1
     assert result["attempts"] == 2 and result["returncode"] == 0
-    lines = _log(run).splitlines()
+    lines = standin_log(run).splitlines()
     trainer = [ln for ln in lines if not ln.startswith("worker")]
     assert trainer[:4] == [f"start config={cfg} resume=True pool=mpi found=", "ready", "usr1", "term"]
     assert trainer[-1] == "finished" and trainer[-2].endswith("found=step-term,step-usr1")
@@ -652,7 +629,7 @@ def test_submit_grpo_with_two_trainers_and_a_simulation_rank_signals_rank_0_and_
         sim_ranks=1, trainers=2)
     assert record["pool"] == "mpi" and record["sim_ranks"] == 1 and record["trainers"] == 2
     assert result["attempts"] == 2 and result["returncode"] == 0
-    lines = _log(run).splitlines()
+    lines = standin_log(run).splitlines()
     rank0 = [ln for ln in lines if not ln.startswith(("worker", "trainer"))]
     assert rank0[:4] == [f"start config={cfg} resume=True pool=mpi found=", "ready", "usr1", "term"]
     assert rank0[-1] == "finished" and rank0[-2].endswith("found=step-term,step-usr1")
@@ -705,5 +682,5 @@ def test_submit_grpo_trains_a_tiny_run_on_slurm(tmp_path):
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["cluster"] == "slurm" and out["result"]["returncode"] == 0 and out["result"]["attempts"] == 1
     run = tmp_path / "run"
-    assert (run / "final").is_dir() and _metric_steps(run) == [1, 2]
+    assert (run / "final").is_dir() and metric_steps(run) == [1, 2]
     assert json.loads((run / "submit.json").read_text())["job_id"] == out["job_id"]

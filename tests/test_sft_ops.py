@@ -15,13 +15,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers.hpc import ROOT, job_env
+from helpers.hpc import ROOT, fake_bin, job_env, metric_steps, standin_log, write_standin
+from helpers.waiting import wait_until
 from hydroagent_hpc.campaign import check_requirements, load_campaign
 
 SBATCH = ROOT / "slurm" / "sft.sbatch"
@@ -72,40 +72,18 @@ if __name__ == "__main__":
 '''
 
 
-def _standin(tmp_path: Path) -> tuple[str, str]:
-    """Write the stand-in trainer module; return (module name, PYTHONPATH with it first)."""
-    mods = tmp_path / "mods"
-    mods.mkdir(exist_ok=True)
-    (mods / "standin_sft.py").write_text(STANDIN)
-    return "standin_sft", os.pathsep.join([str(mods), str(ROOT), os.environ.get("PYTHONPATH", "")])
 
 
-def _wait_for(predicate, what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
-def _log(run: Path) -> str:
-    p = run / "standin.log"
-    return p.read_text() if p.exists() else ""
 
 
-def _fake_bin(tmp_path: Path, **scripts: str) -> Path:
-    fake = tmp_path / "bin"
-    fake.mkdir(exist_ok=True)
-    for name, body in scripts.items():
-        (fake / name).write_text("#!/bin/bash\n" + body)
-        (fake / name).chmod(0o755)
-    return fake
 
 
 def _sbatch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in job_env().items() if not k.startswith("SLURM_")}
-    module, pythonpath = _standin(tmp_path)
-    fake = _fake_bin(tmp_path, scontrol='echo "$@" >> "$SCONTROL_LOG"\n')
+    module, pythonpath = write_standin(tmp_path, "standin_sft", STANDIN)
+    fake = fake_bin(tmp_path, scontrol='echo "$@" >> "$SCONTROL_LOG"\n')
     env.update(PATH=f"{fake}:{env['PATH']}", PYTHONPATH=pythonpath, HYDROAGENT_SFT_MODULE=module,
                HYDROAGENT_SFT_GPUS="0", HYDROAGENT_SFT_CPU="1", SCONTROL_LOG=str(tmp_path / "scontrol.log"),
                HYDROAGENT_SAVE_WAIT="60")
@@ -151,7 +129,7 @@ def test_sigusr1_checkpoints_requeues_and_the_next_attempt_resumes(tmp_path):
     proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
-        _wait_for(lambda: "ready" in _log(run), "the stand-in trainer to start")
+        wait_until(lambda: "ready" in standin_log(run), 120, "the stand-in trainer to start")
         proc.send_signal(signal.SIGUSR1)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -160,7 +138,7 @@ def test_sigusr1_checkpoints_requeues_and_the_next_attempt_resumes(tmp_path):
     assert proc.returncode == 3, err
     assert "checkpoint written" in out and "requeueing job 4242" in out
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
-    log = _log(run).splitlines()
+    log = standin_log(run).splitlines()
     assert log[0] == f"start config={tmp_path / 'cfg.yaml'} resume=True found="
     assert log[-2:] == ["usr1", "term"]  # saved on USR1 first, then on the requeue's TERM
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-term", "step-usr1"]
@@ -171,7 +149,7 @@ def test_sigusr1_checkpoints_requeues_and_the_next_attempt_resumes(tmp_path):
                        cwd=tmp_path, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "restart 1" in p.stdout and (run / "final").is_dir()
-    assert _log(run).splitlines()[-2:] == ["start config=%s resume=True found=step-term,step-usr1"
+    assert standin_log(run).splitlines()[-2:] == ["start config=%s resume=True found=step-term,step-usr1"
                                            % (tmp_path / "cfg.yaml"), "finished"]
 
 
@@ -182,7 +160,7 @@ def test_the_requeue_limit_stops_requeueing_and_says_how_to_continue(tmp_path):
     proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
-        _wait_for(lambda: "ready" in _log(run), "the stand-in trainer to start")
+        wait_until(lambda: "ready" in standin_log(run), 120, "the stand-in trainer to start")
         proc.send_signal(signal.SIGUSR1)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -200,7 +178,7 @@ def test_several_nodes_start_one_launcher_per_node_with_the_rendezvous(tmp_path)
     (tmp_path / "cfg.yaml").write_text("model: tiny\n")
     env = _sbatch_env(tmp_path, SLURM_JOB_ID="1234", SLURM_NNODES="2", SLURM_JOB_NODELIST="gpu-[a17,b03]",
                       HYDROAGENT_SFT_GPUS="4", SRUN_LOG=str(tmp_path / "srun.log"))
-    _fake_bin(tmp_path,  # replaces the logging scontrol of _sbatch_env (same folder, first on PATH)
+    fake_bin(tmp_path,  # replaces the logging scontrol of _sbatch_env (same folder, first on PATH)
               scontrol='[ "$1 $2" = "show hostnames" ] && printf "gpu-a17\\ngpu-b03\\n"\n',
               srun='echo "MASTER=$MASTER_ADDR:$MASTER_PORT ARGS=$*" > "$SRUN_LOG"\n')
     p = subprocess.run(["bash", str(SBATCH), "cfg.yaml", str(tmp_path / "run")], capture_output=True, text=True,
@@ -228,12 +206,6 @@ def test_several_nodes_start_one_launcher_per_node_with_the_rendezvous(tmp_path)
     assert args[-6:] == ["-m", "hydroagent_hpc.train.sft", "cfg.yaml", "--out", "run", "--resume"]
 
 
-def _metric_steps(run: Path) -> list[int]:
-    p = run / "metrics.csv"
-    if not p.exists():
-        return []
-    with open(p, newline="") as f:
-        return [int(r["step"]) for r in csv.DictReader(f) if r.get("step")]
 
 
 @pytest.mark.skipif(not HAVE_TRAINER, reason="needs hydroagent_hpc.train.sft (the trainer branch, t1-sft)")
@@ -256,8 +228,8 @@ def test_the_cpu_path_runs_the_real_trainer_through_a_requeue(tmp_path):
         proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
         try:
-            _wait_for(lambda: max(_metric_steps(run), default=0) > after_step, f"training past step {after_step}",
-                      timeout=240)
+            wait_until(lambda: max(metric_steps(run), default=0) > after_step, 240,
+                       f"training past step {after_step}")
             proc.send_signal(sig)
             out, err = proc.communicate(timeout=240)
         finally:
@@ -270,12 +242,12 @@ def test_the_cpu_path_runs_the_real_trainer_through_a_requeue(tmp_path):
     assert "checkpoint written" in out and (tmp_path / "scontrol.log").read_text().split() == ["requeue", "99"]
     saved = (run / "checkpoints" / "latest").read_text().strip()
     first = int(saved.removeprefix("step-"))
-    assert first >= 3 and _metric_steps(run) == list(range(1, first + 1))  # SIGTERM saved the last step
+    assert first >= 3 and metric_steps(run) == list(range(1, first + 1))  # SIGTERM saved the last step
 
     env["SLURM_RESTART_COUNT"] = "1"
     rc, out, err = attempt(signal.SIGTERM, first + 2)
     assert rc == 143, err[-3000:]
-    steps = _metric_steps(run)
+    steps = metric_steps(run)
     assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > first + 2  # one curve, resumed, not restarted
     assert (run / "checkpoints" / "latest").read_text().strip() == f"step-{steps[-1]}"
 
@@ -312,7 +284,7 @@ def test_submit_sft_on_the_local_executor_requeues_on_preemption_and_resumes(tmp
     from hydroagent_hpc.hpc.slurm import SiteSettings
     from hydroagent_hpc.train.submit import submit_sft_job
 
-    module, pythonpath = _standin(tmp_path)
+    module, pythonpath = write_standin(tmp_path, "standin_sft", STANDIN)
     monkeypatch.setenv("PYTHONPATH", pythonpath)
     monkeypatch.syspath_prepend(str(tmp_path / "mods"))
     cfg = tmp_path / "cfg.yaml"
@@ -323,7 +295,7 @@ def test_submit_sft_on_the_local_executor_requeues_on_preemption_and_resumes(tmp
     assert out["cluster"] == "local" and out["final"] == str(run / "final")
     assert (run / "submit.json").is_file() and '"max_requeues": 3' in (run / "submit.json").read_text()
     try:
-        _wait_for(lambda: "ready" in _log(run), "the stand-in trainer to start under submitit")
+        wait_until(lambda: "ready" in standin_log(run), 120, "the stand-in trainer to start under submitit")
         # Preemption as Slurm delivers it: submitit's signal to the job's task (the controller's child).
         (task, _), = child_pids(job._process.pid)
         os.kill(task, LocalJobEnvironment._usr_sig())
@@ -332,7 +304,7 @@ def test_submit_sft_on_the_local_executor_requeues_on_preemption_and_resumes(tmp
         if not job.done():
             job.cancel(check=False)
     assert result["attempts"] == 2 and result["returncode"] == 0 and result["run_dir"] == str(run)
-    log = _log(run).splitlines()
+    log = standin_log(run).splitlines()
     assert log[:4] == [f"start config={cfg} resume=True found=", "ready", "usr1", "term"]
     assert log[-1] == "finished" and log[-2].endswith("found=step-term,step-usr1")
 

@@ -1,8 +1,10 @@
 """Shared by the HPC tests (serial, processes, MPI, Slurm): a small campaign file, the job environment,
-and comparisons of stored episodes."""
+comparisons of stored episodes, and the pieces of the trainer stand-ins that the Slurm/submitit tests
+of SFT and GRPO run in place of the real trainers."""
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
 import subprocess
@@ -74,3 +76,36 @@ def mpiexec_or_skip() -> str:
         pytest.skip(f"mpiexec cannot start 2 ranks here (exit {p.returncode}; stdout {p.stdout.strip()[:100]!r}; "
                     f"stderr {p.stderr.strip()[:300]!r})")
     return mpiexec
+
+
+def write_standin(tmp_path: Path, module: str, source: str) -> tuple[str, str]:
+    """Write a stand-in trainer module; return (its module name, a PYTHONPATH with it first)."""
+    mods = tmp_path / "mods"
+    mods.mkdir(exist_ok=True)
+    (mods / f"{module}.py").write_text(source)
+    return module, os.pathsep.join([str(mods), str(ROOT), os.environ.get("PYTHONPATH", "")])
+
+
+def standin_log(run: Path) -> str:
+    """What a stand-in trainer noted in its run folder (``standin.log``), or "" before it starts."""
+    p = run / "standin.log"
+    return p.read_text() if p.exists() else ""
+
+
+def fake_bin(tmp_path: Path, **scripts: str) -> Path:
+    """A folder of executable bash scripts (``name=body``) to put first on PATH."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    for name, body in scripts.items():
+        (fake / name).write_text("#!/bin/bash\n" + body)
+        (fake / name).chmod(0o755)
+    return fake
+
+
+def metric_steps(run: Path) -> list[int]:
+    """The steps in a training run's ``metrics.csv`` so far."""
+    p = run / "metrics.csv"
+    if not p.exists():
+        return []
+    with open(p, newline="") as f:
+        return [int(r["step"]) for r in csv.DictReader(f) if r.get("step")]
