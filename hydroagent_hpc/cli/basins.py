@@ -41,13 +41,13 @@ def _parse_set(items: list[str] | None) -> dict[str, float]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.sim.ef5 import EF5Simulator
-    from hydroagent_hpc.sim.embedded import EmbeddedSimulator
     from hydroagent_hpc.sim.outputs import write_run
 
     overrides = _parse_set(args.set)
     t0 = time.perf_counter()
     if args.backend == "ef5":
+        from hydroagent_hpc.sim.ef5 import EF5Simulator  # only here: the drop-in process starts without it
+
         if args.snow_physics != "ef5":
             raise HydroAgentError(f"--snow-physics {args.snow_physics} needs --backend embedded",
                                   fix="EF5 computes Snow-17 its own way; drop --snow-physics or use the "
@@ -56,6 +56,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out_dir = Path(args.output) if args.output else ef5.task.output
         result = ef5.run(overrides, copy_outputs_to=out_dir)
     else:
+        from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+
         sim = EmbeddedSimulator(args.control, task=args.task, cache_dir=False if args.no_cache else None,
                                 snow_physics=args.snow_physics)
         out_dir = Path(args.output) if args.output else sim.task.output
