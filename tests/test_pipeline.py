@@ -101,6 +101,10 @@ def test_the_paper_files_use_the_papers_gauges_and_settings():
     (lambda d: d["basins"]["heldout"].append(dict(d["basins"]["train"][0])), "heldout", "listed twice"),
     (lambda d: d["basins"]["train"][0].update(area_km2=-3), "area_km2", "area_km2"),
     (lambda d: d["evaluation"]["policy"].update(temprature=0.5), "temprature", "takes no option"),
+    (lambda d: d["sft_data"].update(recovery=1.5), "recovery", "sft_data.recovery: 1.5 is not a probability"),
+    (lambda d: d["sft_data"].update(recovery=True), "recovery", "sft_data.recovery: True is not a probability"),
+    (lambda d: d["sft_data"].update(recovery_seed=-1), "recovery_seed", "sft_data.recovery_seed: expected a whole"),
+    (lambda d: d["sft_data"].update(recovery_sed=1), "recovery_sed", "sft_data.recovery_sed: unknown key"),
 ])
 def test_errors_name_the_file_line_and_key(tmp_path, change, where, says):
     data = yaml.safe_load(DEMO.read_text())
@@ -116,6 +120,31 @@ def test_errors_name_the_file_line_and_key(tmp_path, change, where, says):
     assert says in message, message
     # the line named is the key's own (or, for an entry, the entry's)
     assert f"{path}:{line}:" in message or where in ("references", "heldout"), message
+
+
+def test_sft_data_recovery_reaches_build_sft_data(tmp_path, monkeypatch):
+    """``sft_data: {recovery, recovery_seed}`` as ``train sft-data --recovery P --recovery-seed N``;
+    left out, the section (and so the stage's input checksum) is the one it was before the keys existed."""
+    import hydroagent_hpc.train.sft_data as sft_data
+    from hydroagent_hpc.pipeline import stages
+
+    data = yaml.safe_load(DEMO.read_text())
+    assert "recovery" not in load_pipeline(write(tmp_path / "p.yaml", data)).section("sft-data")
+    data["sft_data"].update(recovery=0.1, recovery_seed=3)
+    spec = load_pipeline(write(tmp_path / "p.yaml", data))
+    assert spec.section("sft-data")["recovery"] == 0.1 and spec.section("sft-data")["recovery_seed"] == 3
+    seen = {}
+
+    class Report:
+        kept = examples = dropped = recovery_turns = 0
+
+    def fake_build(*args, **kw):
+        seen.update(kw)
+        return Report()
+
+    monkeypatch.setattr(sft_data, "build_sft_data", fake_build)
+    assert stages._sft_data(spec, tmp_path / "run")["recovery_turns"] == 0
+    assert seen["recovery"] == 0.1 and seen["recovery_seed"] == 3
 
 
 def test_a_gauge_id_must_be_quoted(tmp_path):

@@ -15,7 +15,7 @@ queue. Layout (``data/pipelines/demo.yaml`` is a complete example)::
         - {folder: ../data/gauges/11383500}                        # a prepared basin folder, verified
       heldout: [...]             # evaluation (never trained on)
     teacher:    {agents: [...], seeds: [...], env: {...}, array: 4}
-    sft_data:   {preset: released, augment: none, render: none, max_tokens: 32768}
+    sft_data:   {preset: released, augment: none, render: none, max_tokens: 32768, recovery: 0.0, recovery_seed: 0}
     sft:        {lr: 3.0e-3, max_steps: 150, ...}        # the SFT config's keys but data and model
     grpo:       {init: sft, group_size: 4, ...}          # the GRPO config's keys but basins and model
     evaluation: {references: [...], policies: [base, sft, grpo], policy: {greedy: true}, seeds: [0],
@@ -259,12 +259,25 @@ def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline
     basins = _basins(w, top["basins"], base_dir)
     teacher, _ = _campaign(w, top["teacher"], "teacher", "agents")
 
-    sft_data = _mapping(w, top.get("sft_data") or {}, ("sft_data",), (*_SFT_DATA_KEYS, "max_tokens"))
+    sft_data = _mapping(w, top.get("sft_data") or {}, ("sft_data",),
+                        (*_SFT_DATA_KEYS, "max_tokens", "recovery", "recovery_seed"))
     for key, choices in _SFT_DATA_KEYS.items():
         if key in sft_data and sft_data[key] not in choices:
             raise _fail(w, ("sft_data", key), f"{brief(sft_data[key])} is not one of {', '.join(choices)}")
     if "max_tokens" in sft_data:
         _int(w, sft_data["max_tokens"], ("sft_data", "max_tokens"), 1)
+    if "recovery" in sft_data:  # as `train sft-data --recovery P`; absent keys stay out of the stage checksum
+        p = sft_data["recovery"]
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise _fail(w, ("sft_data", "recovery"), f"{brief(p)} is not a probability",
+                        "give a number from 0 to 1 (0 turns error-recovery turns off)")
+        sft_data["recovery"] = float(p)
+    if "recovery_seed" in sft_data:
+        from hydroagent_hpc.campaign.spec import SEED_RANGE
+
+        if _int(w, sft_data["recovery_seed"], ("sft_data", "recovery_seed"), SEED_RANGE[0]) > SEED_RANGE[1]:
+            raise _fail(w, ("sft_data", "recovery_seed"), f"{sft_data['recovery_seed']} is out of range",
+                        f"seeds are whole numbers from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
     sft_data = {"preset": "paper", "augment": None, "render": "none", "max_tokens": 16384, **sft_data}
 
     sft = _mapping(w, top["sft"], ("sft",), None)

@@ -364,8 +364,10 @@ def _sft_data(spec: PipelineSpec, run_dir: Path) -> dict[str, Any]:
     d = dict(spec.sft_data)
     report = build_sft_data([stage_dir(run_dir, "teacher") / "campaign.h5"], stage_dir(run_dir, "sft-data") / "sft.h5",
                             preset=d["preset"], tokenizer=_base_model(spec, run_dir), max_tokens=d["max_tokens"],
-                            augment=d["augment"], render=d["render"])
-    return {"kept": report.kept, "examples": report.examples, "dropped": report.dropped}
+                            augment=d["augment"], render=d["render"], recovery=d.get("recovery", 0.0),
+                            recovery_seed=d.get("recovery_seed", 0))
+    return {"kept": report.kept, "examples": report.examples, "dropped": report.dropped,
+            "recovery_turns": report.recovery_turns}
 
 
 def work(spec: PipelineSpec, run_dir: Path, stage: str, *, workers: int = 1) -> dict[str, Any]:
