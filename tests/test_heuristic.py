@@ -83,3 +83,23 @@ def test_digits_rounds_what_the_teacher_sets(basin, small_sim):
     assert ep.counters["parse_failures"] == 0 and ep.best_nse > ep.sims[0].metrics["NSE"]
     with pytest.raises(ValueError, match="digits"):
         HeuristicHydrologist(digits=0)
+
+
+def test_partial_sends_only_what_changes(basin, small_sim):
+    """partial: each set_parameters call holds only the values that differ from what the environment
+    holds; the search (the parameters simulated) is the one without it."""
+    full = _run(basin, small_sim, HeuristicHydrologist(seed=0, digits=3, overshoot=0.3))
+    part = _run(basin, small_sim, HeuristicHydrologist(seed=0, digits=3, overshoot=0.3, partial=True))
+    assert [s.params for s in part.sims] == [s.params for s in full.sims]
+    assert part.counters["parse_failures"] == 0 and part.best_nse == full.best_nse
+    sets = [t for t in part.turns if t.tool == "set_parameters"]
+    held = None
+    for t in sets:
+        asked = parse_message(t.text).calls[0].arguments
+        assert 1 <= len(asked) <= 3, asked
+        if held is not None:  # nothing re-sent that the environment already holds
+            assert all(held[k] != v for k, v in asked.items()), (held, asked)
+        held = t.observation["params"]
+    assert parse_message(sets[0].text).calls[0].arguments == {"alpha0": 0.5}
+    with pytest.raises(ValueError, match="partial"):
+        HeuristicHydrologist(partial="yes")  # type: ignore[arg-type]

@@ -37,6 +37,14 @@ model that writes one out-of-range value then derails on the unfamiliar reply. M
 sets is rounded to that many significant digits, in the hydrologist's own state as well as in the
 call, so it writes ``0.549`` where it would write ``0.548812``. A small student repeats long digit
 strings badly (a greedy loop such as ``0.91105911059...`` runs past its token budget).
+
+``partial`` (default False: every call lists all tunable values, as before) is for teacher data
+too: a ``set_parameters`` call sends only the values that differ from the ones the environment
+holds (its defaults at the start, then the ``params`` of its last ``set_parameters`` reply, so a
+clipped value counts as what the environment used), which the tool allows (partial updates).
+The search is unchanged; the call is a key or two (``{"ke": 1.2}``) instead of an 11-key object
+that a small student has to copy back exactly, value by value (malformed argument objects, keys
+repeated, are how it broke in docs/grpo.md, "SFT learning on CPU").
 """
 
 from __future__ import annotations
@@ -76,6 +84,7 @@ class HeuristicHydrologist:
     max_restarts: int = 3  # after the steps collapse, restart around the best with half the step
     overshoot: float = 0.0  # teacher data: probability that a move asks past its bound (see the module doc)
     digits: int | None = None  # teacher data: significant digits of the values a move sets (None: 6 decimals)
+    partial: bool = False  # teacher data: send only the values that differ from the environment's (module doc)
     _rng: Any = None
     _noise: Any = None
     _phase: str = "start"
@@ -90,6 +99,7 @@ class HeuristicHydrologist:
     _evals: int = 0
     _restarts: int = 0
     _names: tuple[str, ...] = TUNABLE  # the basin's tunable names (with Snow-17 once the environment shows them)
+    _env: dict[str, float] = field(default_factory=dict)  # the values the environment holds (for ``partial``)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overshoot <= 1.0:
@@ -97,14 +107,19 @@ class HeuristicHydrologist:
         if self.digits is not None and (isinstance(self.digits, bool) or not isinstance(self.digits, int)
                                         or not 1 <= self.digits <= 15):
             raise ValueError(f"heuristic: digits must be a whole number from 1 to 15, got {self.digits!r}")
+        if not isinstance(self.partial, bool):
+            raise ValueError(f"heuristic: partial must be true or false, got {self.partial!r}")
         self._rng = np.random.default_rng(self.seed)
         # a separate stream, so overshoot = 0 leaves the tie-breaking draws (and the episodes) unchanged
         self._noise = np.random.default_rng([self.seed, 0x0E5])
         self._steps = dict.fromkeys(TUNABLE, self.step0)
+        self._env = {k: float(PARAMS[k].default) for k in TUNABLE}
 
     def _see_parameters(self, obs: dict | None) -> None:
         """Learn the basin's Snow-17 parameters (and their values) from a set_parameters observation."""
         shown = (obs or {}).get("params") or (obs or {}).get("validated_params")
+        if isinstance(shown, dict):  # what the environment now holds (clipped values as it used them)
+            self._env.update({k: v for k, v in ((k, _number(x)) for k, x in shown.items()) if v is not None})
         if not isinstance(shown, dict) or self._names != TUNABLE or not all(k in shown for k in SNOW_NAMES):
             return
         self._names = TUNABLE + SNOW_NAMES
@@ -285,6 +300,9 @@ class HeuristicHydrologist:
 
     def _say_set(self, text: str, params: dict[str, float]) -> str:
         shown = {k: round(float(v), 6) for k, v in params.items()}
+        if self.partial:  # only what changes; all of it if nothing would (the call must set something)
+            changed = {k: v for k, v in shown.items() if k not in self._env or round(self._env[k], 6) != v}
+            shown = changed or shown
         return f"{text}\n" + render_hermes(ToolCall("set_parameters", shown))
 
 

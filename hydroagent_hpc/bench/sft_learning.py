@@ -6,7 +6,8 @@ The whole first training stage, small enough for a laptop, measured the way issu
 2. a teacher campaign: the heuristic hydrologist on the two teaching basins, ``--seeds`` seeds,
    ``--sims`` simulations each (its episodes carry the diagnosis + tool-call text an LLM writes);
    (``--overshoot P``: with probability P a move asks past its bound, so the teacher set holds
-   ``clipped`` replies and how to go on; agents/heuristic.py explains why);
+   ``clipped`` replies and how to go on; agents/heuristic.py explains why; ``--digits N``: values
+   to N significant digits; ``--partial``: set_parameters sends only the values that change);
 3. ``train.sft_data.build_sft_data`` (``released`` weights, no augmentation: every episode kept;
    ``--recovery P``: masked error-recovery turns, see train/sft_data.py);
 4. ``train.sft.train_sft`` of the tiny offline Qwen3 for ``--steps`` steps (fp32, CPU);
@@ -32,7 +33,8 @@ __all__ = ["run", "main"]
 
 def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int = 12, teach: int = 2,
         lr: float = 3e-3, width: int | None = None, layers: int | None = None, heldout: int = 1,
-        overshoot: float = 0.0, digits: int | None = None, recovery: float = 0.0) -> dict[str, Any]:
+        overshoot: float = 0.0, digits: int | None = None, recovery: float = 0.0,
+        partial: bool = False) -> dict[str, Any]:
     from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
     from hydroagent_hpc.sim.synth.basins import synthesize_basin
     from hydroagent_hpc.train.config import load_sft_config
@@ -55,7 +57,8 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
     teacher = campaign_from_mapping({"name": "teacher", "basins": [basins[n] for n, _ in names[:teach]],
                                      "agents": [{"name": "heuristic", "kind": "heuristic",
                                                  **({"overshoot": overshoot} if overshoot else {}),
-                                                 **({"digits": digits} if digits else {})}],
+                                                 **({"digits": digits} if digits else {}),
+                                                 **({"partial": True} if partial else {})}],
                                      "seeds": list(range(seeds)), "env": env})
     run_campaign(teacher, out / "teacher.h5", progress=False)
     report = build_sft_data([out / "teacher.h5"], out / "sft.h5", preset="released", tokenizer="tiny",
@@ -90,7 +93,7 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
     run_campaign(evaluation, out / "eval.h5", progress=False)
     policies = score_policies(out / "eval.h5")
     result = {"teacher_episodes": report.kept, "sft_steps": steps, "model": model_line.split(": ", 1)[1],
-              "width": width, "layers": layers, "overshoot": overshoot, "digits": digits,
+              "width": width, "layers": layers, "overshoot": overshoot, "digits": digits, "partial": partial,
               "recovery": recovery, "recovery_turns": report.recovery_turns,
               "teach_basins": teach, "seeds": seeds, "heldout_basins": heldout,
               "loss_first": losses[0], "loss_last": losses[-1], "sft_s": round(sft_s, 1),
@@ -142,12 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overshoot", type=float, default=0.0,
                     help="teacher noise: probability that a heuristic move asks past its bound (agents/heuristic.py)")
     ap.add_argument("--digits", type=int, help="teacher: significant digits of its values (default 6 decimals)")
+    ap.add_argument("--partial", action="store_true",
+                    help="teacher: set_parameters sends only the values that change (agents/heuristic.py)")
     ap.add_argument("--recovery", type=float, default=0.0,
                     help="SFT data: probability of a masked error-recovery turn before each teacher call "
                          "(train/sft_data.py)")
     args = ap.parse_args(argv)
     r = run(args.out, args.steps, args.seeds, args.sims, args.turns, args.teach, args.lr, args.width, args.layers,
-            args.heldout, args.overshoot, args.digits, args.recovery)
+            args.heldout, args.overshoot, args.digits, args.recovery, args.partial)
     print(f"SFT {r['sft_steps']} steps in {r['sft_s']} s: loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
     print(f"{'policy':<8} {'messages':>8} {'valid calls':>11} {'recovered':>9} {'mean best NSE':>13}  stop")
     for name, p in r["policies"].items():
