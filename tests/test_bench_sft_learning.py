@@ -28,3 +28,21 @@ def test_recoveries_count_parse_failures_followed_by_a_valid_call(tmp_path, smal
     p = score_policies(tmp_path / "eval.h5")["s"]
     assert p["episodes"] == 1 and p["messages"] == 5 and p["parse_failure_messages"] == 3
     assert p["recoveries"] == 2 and p["valid_call_share"] == 2 / 5 and p["scored_episodes"] == 1
+
+
+def test_evaluate_only_scores_the_saved_models_on_more_heldout_basins(tmp_path):
+    """``--evaluate-only``: the base and final models already in --out, the run's evaluation on N basins."""
+    import pytest
+
+    from hydroagent_hpc.bench.sft_learning import evaluate_again
+    from hydroagent_hpc.train.tiny import save_tiny
+
+    with pytest.raises(SystemExit, match="no finished run"):
+        evaluate_again(tmp_path, heldout=1)
+    save_tiny(tmp_path / "base", seed=0)
+    save_tiny(tmp_path / "run" / "final", seed=0)
+    r = evaluate_again(tmp_path, heldout=1, sims=1, turns=2)
+    assert set(r["policies"]) == {"base", "sft"} and r["heldout_basins"] == 1
+    assert all(p["episodes"] == 1 and 1 <= p["messages"] <= 2 for p in r["policies"].values())
+    assert json.loads((tmp_path / "result-heldout1.json").read_text())["policies"] == r["policies"]
+    assert (tmp_path / "eval-heldout1.h5").is_file() and (tmp_path / "basins" / "syn_heldout").is_dir()

@@ -36,7 +36,6 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
         overshoot: float = 0.0, digits: int | None = None, recovery: float = 0.0,
         partial: bool = False) -> dict[str, Any]:
     from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
-    from hydroagent_hpc.sim.synth.basins import synthesize_basin
     from hydroagent_hpc.train.config import load_sft_config
     from hydroagent_hpc.train.sft import train_sft
     from hydroagent_hpc.train.sft_data import build_sft_data
@@ -44,16 +43,10 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
 
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    basins = {}
-    held = [("syn_heldout", 6)] + [(f"syn_heldout{i + 1}", 1000 + i) for i in range(1, heldout)]
+    held = _heldout_names(heldout)
     names = [(f"syn_teach{i + 1}", 7 + i) for i in range(teach)] + held
-    for name, seed in names:
-        folder = out / "basins" / name
-        if not (folder / "control.txt").exists():
-            synthesize_basin(folder, name=name, area_km2=80.0, window_days=10, warmup_days=3, seed=seed,
-                             start="2021-07-01")
-        basins[name] = str(folder)
-    env = {"preset": "paper", "protocol": "turns", "max_simulations": sims, "patience": None, "stop_at_target": False}
+    basins = _basins(out, names)
+    env = _env(sims)
     teacher = campaign_from_mapping({"name": "teacher", "basins": [basins[n] for n, _ in names[:teach]],
                                      "agents": [{"name": "heuristic", "kind": "heuristic",
                                                  **({"overshoot": overshoot} if overshoot else {}),
@@ -85,13 +78,7 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
     summary = train_sft(load_sft_config(config), out / "run", resume=True)
     sft_s = time.perf_counter() - t_sft
     losses = [float(line.split(",")[1]) for line in (out / "run" / "metrics.csv").read_text().splitlines()[1:]]
-    agent = {"kind": "hf_local", "greedy": True, "max_new_tokens": 256}
-    evaluation = campaign_from_mapping({
-        "name": "eval", "basins": [basins[n] for n, _ in held], "seeds": [0], "env": {**env, "max_turns": turns},
-        "agents": [{"name": "base", "path": str(out / "base"), **agent},
-                   {"name": "sft", "path": str(out / "run" / "final"), **agent}]})
-    run_campaign(evaluation, out / "eval.h5", progress=False)
-    policies = score_policies(out / "eval.h5")
+    policies = _evaluate(out, [basins[n] for n, _ in held], env, turns, out / "eval.h5")
     result = {"teacher_episodes": report.kept, "sft_steps": steps, "model": model_line.split(": ", 1)[1],
               "width": width, "layers": layers, "overshoot": overshoot, "digits": digits, "partial": partial,
               "recovery": recovery, "recovery_turns": report.recovery_turns,
@@ -100,6 +87,54 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
               "tokens_per_s": summary.get("tokens_per_s"), "policies": policies,
               "total_s": round(time.perf_counter() - t0, 1)}
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _heldout_names(heldout: int) -> list[tuple[str, int]]:
+    return [("syn_heldout", 6)] + [(f"syn_heldout{i + 1}", 1000 + i) for i in range(1, heldout)]
+
+
+def _basins(out: Path, names: list[tuple[str, int]]) -> dict[str, str]:
+    from hydroagent_hpc.sim.synth.basins import synthesize_basin
+
+    basins = {}
+    for name, seed in names:
+        folder = out / "basins" / name
+        if not (folder / "control.txt").exists():
+            synthesize_basin(folder, name=name, area_km2=80.0, window_days=10, warmup_days=3, seed=seed,
+                             start="2021-07-01")
+        basins[name] = str(folder)
+    return basins
+
+
+def _env(sims: int) -> dict[str, Any]:
+    return {"preset": "paper", "protocol": "turns", "max_simulations": sims, "patience": None, "stop_at_target": False}
+
+
+def _evaluate(out: Path, basins: list[str], env: dict[str, Any], turns: int, store: Path) -> dict[str, dict[str, Any]]:
+    """The base (``out/base``) and the SFT'd model (``out/run/final``) as greedy ``hf_local`` agents."""
+    from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
+
+    agent = {"kind": "hf_local", "greedy": True, "max_new_tokens": 256}
+    evaluation = campaign_from_mapping({
+        "name": "eval", "basins": basins, "seeds": [0], "env": {**env, "max_turns": turns},
+        "agents": [{"name": "base", "path": str(out / "base"), **agent},
+                   {"name": "sft", "path": str(out / "run" / "final"), **agent}]})
+    run_campaign(evaluation, store, progress=False)
+    return score_policies(store)
+
+
+def evaluate_again(out: Path, heldout: int, sims: int = 4, turns: int = 12) -> dict[str, Any]:
+    """The models of a finished run in ``out`` on ``heldout`` held-out basins (the run's own ones first,
+    then more; the same evaluation and scores as :func:`run`): ``out/eval-heldoutN.h5`` and
+    ``out/result-heldoutN.json``."""
+    if not (out / "run" / "final").is_dir():
+        raise SystemExit(f"{out}: no finished run (run/final/ is missing)")
+    t0 = time.perf_counter()
+    basins = _basins(out, _heldout_names(heldout))
+    policies = _evaluate(out, list(basins.values()), _env(sims), turns, out / f"eval-heldout{heldout}.h5")
+    result = {"heldout_basins": heldout, "policies": policies, "total_s": round(time.perf_counter() - t0, 1)}
+    (out / f"result-heldout{heldout}.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -150,16 +185,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recovery", type=float, default=0.0,
                     help="SFT data: probability of a masked error-recovery turn before each teacher call "
                          "(train/sft_data.py)")
+    ap.add_argument("--evaluate-only", action="store_true",
+                    help="no training: evaluate the base and final models already in --out on --heldout basins "
+                         "(--sims, --turns as the run's); writes eval-heldoutN.h5 and result-heldoutN.json")
     args = ap.parse_args(argv)
+    if args.evaluate_only:
+        r = evaluate_again(args.out, args.heldout, args.sims, args.turns)
+        print(f"evaluation of {args.out} on {args.heldout} held-out basins in {r['total_s']} s")
+        _print_policies(r["policies"])
+        return 0
     r = run(args.out, args.steps, args.seeds, args.sims, args.turns, args.teach, args.lr, args.width, args.layers,
             args.heldout, args.overshoot, args.digits, args.recovery, args.partial)
     print(f"SFT {r['sft_steps']} steps in {r['sft_s']} s: loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
+    _print_policies(r["policies"])
+    return 0
+
+
+def _print_policies(policies: dict[str, dict[str, Any]]) -> None:
     print(f"{'policy':<8} {'messages':>8} {'valid calls':>11} {'recovered':>9} {'mean best NSE':>13}  stop")
-    for name, p in r["policies"].items():
+    for name, p in policies.items():
         nse = "n/a" if p["best_nse"] is None else f"{p['best_nse']:.3f}"
         rec = f"{p['recoveries']}/{p['parse_failure_messages']}"
         print(f"{name:<8} {p['messages']:>8} {p['valid_call_share']:>11.0%} {rec:>9} {nse:>13}  {p['stop_reason']}")
-    return 0
 
 
 if __name__ == "__main__":
