@@ -18,6 +18,8 @@ The whole first training stage, small enough for a laptop, measured the way issu
    each episode stopped.
 
 Prints one table and writes ``DIR/result.json``. Not part of ``make bench`` (a few minutes).
+``--evaluate-only --heldout N``: no training; step 5 again for the models already in ``DIR`` on
+N held-out basins (the run's own first), ``DIR/eval-heldoutN.h5`` and ``DIR/result-heldoutN.json``.
 """
 
 from __future__ import annotations
