@@ -16,7 +16,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers.hpc import ROOT, fake_bin, job_env, metric_steps, mpiexec_or_skip, standin_log, write_standin
+from helpers.hpc import (
+    ROOT,
+    fake_bin,
+    job_env,
+    metric_steps,
+    mpiexec_or_skip,
+    signal_script_when,
+    standin_log,
+    write_standin,
+)
 from helpers.waiting import wait_until
 from hydroagent_hpc.hpc.slurm import slurm_available
 
@@ -168,17 +176,11 @@ def test_sigusr1_checkpoints_requeues_and_the_next_attempt_resumes(tmp_path, nta
     env = _sbatch_env(tmp_path, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="0", SLURM_NTASKS=str(ntasks),
                       CUDA_VISIBLE_DEVICES="0")
     pool = "mpi" if ntasks > 1 else "threads"
-    proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    try:
-        wait_until(lambda: "ready" in standin_log(run) and standin_log(run).count("worker ") == ntasks - 1, 120,
-                   "the stand-in ranks to start")
-        proc.send_signal(signal.SIGUSR1)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 3, err
+    rc, out, err = signal_script_when(SBATCH, ["cfg.yaml", str(run)], env=env, cwd=tmp_path,
+                                     ready=lambda: ("ready" in standin_log(run)
+                                                    and standin_log(run).count("worker ") == ntasks - 1),
+                                     what="the stand-in ranks to start")
+    assert rc == 3, err
     assert f"{ntasks} rank(s), pool {pool}, 0 GPU(s) (job 4242, restart 0)" in out
     assert "checkpoint written" in out and "requeueing job 4242" in out
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
@@ -212,16 +214,10 @@ def test_the_requeue_limit_stops_requeueing_and_says_how_to_continue(tmp_path):
     (tmp_path / "cfg.yaml").write_text("basins: [b]\n")
     run = tmp_path / "run"
     env = _sbatch_env(tmp_path, SLURM_JOB_ID="7", SLURM_RESTART_COUNT="3", HYDROAGENT_MAX_REQUEUES="3")
-    proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    try:
-        wait_until(lambda: "ready" in standin_log(run), 120, "the stand-in trainer to start")
-        proc.send_signal(signal.SIGUSR1)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 3
+    rc, _, err = signal_script_when(SBATCH, ["cfg.yaml", str(run)], env=env, cwd=tmp_path,
+                                     ready=lambda: "ready" in standin_log(run),
+                                     what="the stand-in trainer to start")
+    assert rc == 3
     assert "requeued 3 times already" in err and "longer --time" in err
     assert not (tmp_path / "scontrol.log").exists()
     assert (run / "checkpoints" / "step-usr1").is_dir()
@@ -253,17 +249,11 @@ def test_two_trainers_all_get_sigusr1_and_the_simulation_ranks_do_not(tmp_path, 
     env = _sbatch_env(tmp_path, SLURM_JOB_ID="4343", SLURM_RESTART_COUNT="0", SLURM_NTASKS=str(ntasks),
                       HYDROAGENT_GRPO_TRAINERS="2", CUDA_VISIBLE_DEVICES="0,1", OMP_NUM_THREADS="1")
     pool = "mpi" if ntasks > 1 else "threads"
-    proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    try:
-        wait_until(lambda: "ready" in standin_log(run) and "trainer 1 of 2" in standin_log(run)
-                   and standin_log(run).count("worker ") == max(ntasks - 2, 0), 120, "the stand-in ranks to start")
-        proc.send_signal(signal.SIGUSR1)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 3, err
+    rc, out, err = signal_script_when(SBATCH, ["cfg.yaml", str(run)], env=env, cwd=tmp_path,
+                                     ready=lambda: ("ready" in standin_log(run) and "trainer 1 of 2" in standin_log(run)
+                                                    and standin_log(run).count("worker ") == max(ntasks - 2, 0)),
+                                     what="the stand-in ranks to start")
+    assert rc == 3, err
     assert f"{ntasks} rank(s), pool {pool}, 0 GPU(s) (job 4343, restart 0); 2 trainer process(es)" in out
     assert "checkpoint written" in out and "requeueing job 4343" in out
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4343"]
@@ -503,7 +493,7 @@ def test_the_grpo_job_command_line():
     assert job.checkpoints == str(Path("R") / "checkpoints") and job.save_wait_s == 540.0 and job.name == "grpo"
 
 
-def test_the_grpo_job_with_several_trainers_is_torchrun_or_an_mpiexec_with_trainer_ranks(tmp_path):
+def test_the_grpo_job_with_several_trainers_is_torchrun_or_an_mpiexec_with_trainer_ranks(tmp_path, monkeypatch):
     """Several trainer processes: torchrun (signals to every trainer) without simulation ranks; with them,
     one mpiexec of trainers + simulation ranks with --trainers T (signals to rank 0, whose trainers agree)."""
     from hydroagent_hpc.train.submit import GRPOJob, SubmitError, grpo_argv
@@ -525,13 +515,9 @@ def test_the_grpo_job_with_several_trainers_is_torchrun_or_an_mpiexec_with_train
         grpo_argv("c.yaml", "R", trainers=0)
     empty = tmp_path / "venv" / "bin"
     empty.mkdir(parents=True)
-    old = os.environ["PATH"]
-    try:
-        os.environ["PATH"] = str(empty)
-        with pytest.raises(SubmitError, match="need torchrun"):
-            grpo_argv("c.yaml", "R", python=str(empty / "python"), trainers=2)
-    finally:
-        os.environ["PATH"] = old
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(SubmitError, match="need torchrun"):
+        grpo_argv("c.yaml", "R", python=str(empty / "python"), trainers=2)
 
 
 def _preempted_local_grpo(tmp_path, monkeypatch, ready, **submit):
@@ -576,7 +562,7 @@ def test_submit_grpo_on_the_local_executor_requeues_on_preemption_and_resumes(tm
     assert log[-1] == "finished" and log[-2].endswith("found=step-term,step-usr1")
 
 
-def test_the_grpo_job_with_simulation_ranks_is_an_mpiexec_of_the_mpi_pool(tmp_path):
+def test_the_grpo_job_with_simulation_ranks_is_an_mpiexec_of_the_mpi_pool(tmp_path, monkeypatch):
     from hydroagent_hpc.train.submit import GRPOJob, SubmitError, grpo_argv
 
     mpiexec = mpiexec_or_skip()
@@ -591,13 +577,9 @@ def test_the_grpo_job_with_simulation_ranks_is_an_mpiexec_of_the_mpi_pool(tmp_pa
         grpo_argv("c.yaml", "R", sim_ranks=-1)
     empty = tmp_path / "venv" / "bin"
     empty.mkdir(parents=True)
-    old = os.environ["PATH"]
-    try:
-        os.environ["PATH"] = str(empty)
-        with pytest.raises(SubmitError, match="need mpiexec"):
-            grpo_argv("c.yaml", "R", python=str(empty / "python"), sim_ranks=1)
-    finally:
-        os.environ["PATH"] = old
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(SubmitError, match="need mpiexec"):
+        grpo_argv("c.yaml", "R", python=str(empty / "python"), sim_ranks=1)
 
 
 def test_submit_grpo_with_simulation_ranks_signals_rank_0_only_and_resumes(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers.hpc import ROOT, fake_bin, job_env, metric_steps, standin_log, write_standin
+from helpers.hpc import ROOT, fake_bin, job_env, metric_steps, signal_script_when, standin_log, write_standin
 from helpers.waiting import wait_until
 from hydroagent_hpc.campaign import check_requirements, load_campaign
 
@@ -126,16 +126,10 @@ def test_sigusr1_checkpoints_requeues_and_the_next_attempt_resumes(tmp_path):
     (tmp_path / "cfg.yaml").write_text("model: tiny\n")
     run = tmp_path / "run"
     env = _sbatch_env(tmp_path, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="0")
-    proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    try:
-        wait_until(lambda: "ready" in standin_log(run), 120, "the stand-in trainer to start")
-        proc.send_signal(signal.SIGUSR1)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 3, err
+    rc, out, err = signal_script_when(SBATCH, ["cfg.yaml", str(run)], env=env, cwd=tmp_path,
+                                     ready=lambda: "ready" in standin_log(run),
+                                     what="the stand-in trainer to start")
+    assert rc == 3, err
     assert "checkpoint written" in out and "requeueing job 4242" in out
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     log = standin_log(run).splitlines()
@@ -157,16 +151,10 @@ def test_the_requeue_limit_stops_requeueing_and_says_how_to_continue(tmp_path):
     (tmp_path / "cfg.yaml").write_text("model: tiny\n")
     run = tmp_path / "run"
     env = _sbatch_env(tmp_path, SLURM_JOB_ID="7", SLURM_RESTART_COUNT="3", HYDROAGENT_MAX_REQUEUES="3")
-    proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    try:
-        wait_until(lambda: "ready" in standin_log(run), 120, "the stand-in trainer to start")
-        proc.send_signal(signal.SIGUSR1)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 3
+    rc, _, err = signal_script_when(SBATCH, ["cfg.yaml", str(run)], env=env, cwd=tmp_path,
+                                     ready=lambda: "ready" in standin_log(run),
+                                     what="the stand-in trainer to start")
+    assert rc == 3
     assert "requeued 3 times already" in err and "longer --time" in err
     assert not (tmp_path / "scontrol.log").exists()
     assert (run / "checkpoints" / "step-usr1").is_dir()
@@ -225,17 +213,9 @@ def test_the_cpu_path_runs_the_real_trainer_through_a_requeue(tmp_path):
                       HYDROAGENT_SFT_MODULE="hydroagent_hpc.train.sft")
 
     def attempt(sig: signal.Signals, after_step: int) -> tuple[int, str, str]:
-        proc = subprocess.Popen(["bash", str(SBATCH), "cfg.yaml", str(run)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-        try:
-            wait_until(lambda: max(metric_steps(run), default=0) > after_step, 240,
-                       f"training past step {after_step}")
-            proc.send_signal(sig)
-            out, err = proc.communicate(timeout=240)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        return proc.returncode, out, err
+        return signal_script_when(SBATCH, ["cfg.yaml", str(run)], env=env, cwd=tmp_path,
+                                  ready=lambda: max(metric_steps(run), default=0) > after_step,
+                                  what=f"training past step {after_step}", sig=sig, timeout=240)
 
     rc, out, err = attempt(signal.SIGUSR1, 2)
     assert rc == 3, err[-3000:]

@@ -7,8 +7,10 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -109,3 +111,22 @@ def metric_steps(run: Path) -> list[int]:
         return []
     with open(p, newline="") as f:
         return [int(r["step"]) for r in csv.DictReader(f) if r.get("step")]
+
+
+def signal_script_when(script: Path, args: list[str], *, env: dict[str, str], cwd: Path, ready: Callable[[], object],
+                       what: str, sig: signal.Signals = signal.SIGUSR1, timeout: float = 120.0) -> tuple[int, str, str]:
+    """Run ``bash script args`` (a batch script outside Slurm), wait until ``ready()``, send it ``sig`` as
+    Slurm's warning would, and return ``(exit status, stdout, stderr)``; the script is killed if it hangs."""
+    from helpers.waiting import wait_until
+
+    proc = subprocess.Popen(["bash", str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=cwd)
+    try:
+        wait_until(ready, timeout, what)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err
