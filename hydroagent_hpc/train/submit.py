@@ -213,29 +213,23 @@ def _write_record(run: Path, record: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- GRPO
 
 
-def mpiexec_path(python: str | None = None) -> str:
-    """The ``mpiexec`` beside ``python`` (the mpich wheel installs one into the environment), else on PATH."""
-    beside = Path(python or sys.executable).parent / "mpiexec"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise SubmitError("simulation ranks need mpiexec, and there is none beside the Python interpreter or on PATH",
-                          "install the mpi extra (pip install mpi4py mpich), or give --sim-ranks 0 (simulations in "
-                          "the trainer's threads)")
-    return found
-
-
-def _launcher_beside(python: str, name: str) -> str:
-    """The console script ``name`` beside ``python`` (the job's environment), else on PATH."""
+def _script_beside(python: str, name: str, need: str, fix: str) -> str:
+    """The console script ``name`` beside ``python`` (the job's environment), else on PATH; ``need`` and
+    ``fix`` make the error when there is none."""
     beside = Path(python).parent / name
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     found = shutil.which(name)
     if found is None:
-        raise SubmitError(f"several GRPO trainers need {name}, and there is none beside the Python interpreter or on "
-                          f"PATH", "install torch into the job's environment ('make venv'), or give --trainers 1")
+        raise SubmitError(f"{need} need {name}, and there is none beside the Python interpreter or on PATH", fix)
     return found
+
+
+def mpiexec_path(python: str | None = None) -> str:
+    """The ``mpiexec`` beside ``python`` (the mpich wheel installs one into the environment), else on PATH."""
+    return _script_beside(python or sys.executable, "mpiexec", "simulation ranks",
+                          "install the mpi extra (pip install mpi4py mpich), or give --sim-ranks 0 (simulations in "
+                          "the trainer's threads)")
 
 
 def grpo_argv(config: str, run_dir: str, *, module: str = GRPO_MODULE, python: str | None = None,
@@ -255,7 +249,9 @@ def grpo_argv(config: str, run_dir: str, *, module: str = GRPO_MODULE, python: s
             tail += ["--trainers", str(trainers)]
         return [mpiexec_path(py), "-launcher", "fork", "-n", str(sim_ranks + trainers), py, "-m", module, *tail]
     if trainers > 1:
-        return [_launcher_beside(py, "torchrun"), "--standalone", "--nproc_per_node", str(trainers), "-m", module,
+        torchrun = _script_beside(py, "torchrun", "several GRPO trainers",
+                                  "install torch into the job's environment ('make venv'), or give --trainers 1")
+        return [torchrun, "--standalone", "--nproc_per_node", str(trainers), "-m", module,
                 *tail]
     return [py, "-m", module, *tail]
 
