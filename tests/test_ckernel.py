@@ -161,6 +161,82 @@ def test_c_batch_equals_single_runs_and_numba_batch(tmp_path, monkeypatch):
             _assert_identical(one, r)
 
 
+@needs_c
+@pytest.mark.parametrize("seed", [1, 5])
+def test_c_batch_of_nine_varied_members_equals_their_own_runs(tmp_path, monkeypatch, seed):
+    """Nine members (more than the power's lanes) drawn across the bounds of every tunable multiplier, so their
+    interflow targets, leaks and flows all differ, solved level by level together in one ``hak_run_batch``
+    call: each member is bit for bit its own run (the numba kernel's, cell by cell)."""
+    from hydroagent_hpc.params import PARAMS, TUNABLE
+
+    monkeypatch.setattr(kernels, "_THREADS", None)
+    spec = draw_case(seed)
+    sim = EmbeddedSimulator(write_case(spec, tmp_path / "case"), cache_dir=False)
+    rng = np.random.default_rng(seed)
+    sets = [{name: float(rng.uniform(PARAMS[name].lower, PARAMS[name].upper)) for name in TUNABLE if name != "iwu"}
+            for _ in range(9)]
+    kernels.set_threads(1)
+    with kernels.using("c"):
+        batch = sim.run_batch(sets)
+    with kernels.using("numba"):
+        singles = [sim.run(p) for p in sets]
+    for one, member in zip(singles, batch):
+        _assert_identical(one, member)
+    assert len({float(r.discharge.sum()) for r in batch}) == len(sets)  # the members really differ
+
+
+@needs_c
+def test_c_batch_groups_members_whose_channel_cells_differ(tmp_path, monkeypatch):
+    """Members share one call only when their channel cells agree; a member with other channel cells (another
+    threshold) runs in its own call, and the results come back in the members' order."""
+    from hydroagent_hpc.sim import ckernel
+
+    monkeypatch.setattr(kernels, "_THREADS", None)
+    sim = EmbeddedSimulator(write_case(draw_case(2), tmp_path / "case"), cache_dir=False)
+    nps = [sim.node_params({"alpha": a, "under": u}) for a, u in ((0.5, 1.0), (2.0, 3.0), (1.0, 0.3))]
+    channels = [np.asarray(p.channel, dtype=bool).copy() for p in nps]
+    fac = np.asarray(sim.net.fac)
+    channels[1] = fac >= np.quantile(fac, 0.5)  # many more channel cells for the middle member
+    step_s = sim.dt_hours * 3600.0
+    tgs = [ckernel.interflow_targets(sim.net.down, sim.net.dx, sim.net.slope, p.under, ch, step_s)
+           for p, ch in zip(nps, channels)]
+    pq0, po0 = sim._flow_states()
+    names = ("wm", "b", "im", "ke", "fc", "w0", "leaki", "alpha", "beta", "alpha0")
+    stack = {k: np.stack([getattr(p, k) for p in nps]) for k in names}
+    common = (sim.net.down, sim.net.dx, sim.net.area)
+    batch_args = (sim.precip, sim.pet, sim.dt_hours, *(stack[k] for k in names), np.stack(channels),
+                  np.stack([p.ir0 for p in nps]), pq0, po0, *common, *(np.stack([t[j] for t in tgs]) for j in range(4)),
+                  sim.net.gauge_nodes, sim.weights)
+    kernels.set_threads(1)
+    with kernels.using("c") as kern:
+        got = kern.run_batch_kernel(*batch_args)
+    for k, p in enumerate(nps):
+        want = ckernel.run_kernel(sim.precip, sim.pet, sim.dt_hours, *(getattr(p, n) for n in names), channels[k],
+                                  p.ir0, pq0, po0, *common, *tgs[k], sim.net.gauge_nodes, sim.weights, -1)
+        for j in range(4):
+            assert np.array_equal(got[j][k], want[j]), (k, j)
+    assert not np.array_equal(got[0][0], got[0][1])
+
+
+@needs_c
+def test_c_kernel_refuses_an_interflow_target_off_the_hillslope_path():
+    """A leak is computed with its source's overland solve, so its target must lie downstream on the hillslope
+    (as interflow_targets finds it); a target beside the source is refused, not silently mis-ordered."""
+    from hydroagent_hpc.sim import ckernel
+
+    n, nt = 3, 2
+    z, one = np.zeros(n), np.ones(n)
+    down = np.array([-1, 0, 0])  # cells 1 and 2 both drain into the outlet: the same overland level
+    args = [np.ones((nt, n)), np.zeros((nt, n)), 1.0, one * 100, one * 0.3, z, one, one * 0.5, one * 50, one * 0.1,
+            one, one * 0.6, one, np.array([1, 0, 0], np.uint8), z, z, z, down, one * 1000, one * 1e6,
+            np.array([-1, 0, 0]), np.array([-1, -1, -1]), np.array([0.0, 1.0, 1.0]), z, np.array([0]),
+            np.array([[1.0, 0.0, 0.0]]), -1]
+    assert np.all(np.isfinite(ckernel.run_kernel(*args)[0]))
+    args[20] = np.array([-1, 0, 1])  # cell 2 leaks onto cell 1, which is not downstream of it
+    with pytest.raises(ValueError, match="interflow target"):
+        ckernel.run_kernel(*args)
+
+
 def test_unknown_kernel_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HYDROAGENT_KERNEL", "fortran")
     monkeypatch.setattr(kernels, "_CHOSEN", None)

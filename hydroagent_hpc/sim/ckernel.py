@@ -39,7 +39,7 @@ import numpy as np
 from hydroagent_hpc.errors import HydroAgentError
 
 __all__ = ["SOURCE", "FLAGS", "CKernelUnavailable", "load", "library_path", "interflow_targets", "run_kernel",
-           "fpow_array", "fpow_lanes"]
+           "run_batch_kernel", "fpow_array", "fpow_lanes"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,8 @@ def load(cache: Path | None = None) -> ctypes.CDLL:
     args: list[Any] = ([_L, _L, _L, _F64, _F64, _D] + [_F64] * 10 + [_U8, _F64, _F64, _F64, _I64, _F64, _F64,
                        _I64, _I64, _F64, _F64, _I64, _F64, _L] + [_F64] * 8)
     lib.hak_run.argtypes = args
+    lib.hak_run_batch.restype = ctypes.c_int
+    lib.hak_run_batch.argtypes = [_L, *args]
     lib.hak_fpow_array.restype = None
     lib.hak_fpow_array.argtypes = [_L, _F64, _F64, np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")]
     lib.hak_fpow_lanes.restype = ctypes.c_int
@@ -179,12 +181,42 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
                      _f64(w0), _f64(leaki), _f64(alpha), _f64(beta), _f64(alpha0), _u8(channel), _f64(ir0), _f64(pq0),
                      _f64(po0), _i64(down), _f64(dx), _f64(area), _i64(t0), _i64(t1), _f64(s0), _f64(s1), gauge_nodes,
                      _f64(weights), int(state_step), *outs, *states)
+    _check_rc(rc, n)
+    return (*outs, *states)
+
+
+def _check_rc(rc: int, n: int) -> None:
     if rc == -2:
         raise ValueError("C kernel: the network is not in routing order (every cell's downstream cell and interflow "
                          "targets must come before it)")
+    if rc == -3:
+        raise ValueError("C kernel: an interflow target is not downstream of its source on the hillslope (targets "
+                         "come from interflow_targets)")
     if rc != 0:
         raise MemoryError(f"C kernel: out of memory for {n} cells")
-    return (*outs, *states)
+
+
+def run_batch_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, channel, ir0,
+                     pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights):
+    """K parameter sets on one network in one call (``hak_run_batch``): the members' solves of each routing
+    level run together, so small basins fill the vectorised power's lanes. Per-member arrays have a leading
+    axis K; ``channel`` is one [n] array shared by every member (members whose channel cells differ go in
+    separate calls). Returns discharge, soil moisture, fast and slow excess, each [K, T, G]; each member's
+    values are bit for bit those of :func:`run_kernel` on its own."""
+    lib = load()
+    precip, pet = _f64(precip), _f64(pet)
+    nt, n = precip.shape
+    k_sets = int(np.asarray(wm).shape[0])
+    gauge_nodes = _i64(gauge_nodes)
+    ng = gauge_nodes.size
+    outs = [np.empty((k_sets, nt, ng)) for _ in range(4)]
+    states = [np.empty((k_sets, n)) for _ in range(4)]
+    rc = lib.hak_run_batch(k_sets, nt, n, ng, precip, pet, float(dt_hours), _f64(wm), _f64(b), _f64(im), _f64(ke),
+                           _f64(fc), _f64(w0), _f64(leaki), _f64(alpha), _f64(beta), _f64(alpha0), _u8(channel),
+                           _f64(ir0), _f64(pq0), _f64(po0), _i64(down), _f64(dx), _f64(area), _i64(t0), _i64(t1),
+                           _f64(s0), _f64(s1), gauge_nodes, _f64(weights), -1, *outs, *states)
+    _check_rc(rc, n)
+    return tuple(outs)
 
 
 def fpow_array(x: Any, y: Any) -> np.ndarray:

@@ -9,9 +9,10 @@
  * tests/test_ef5_differential.py).
  *
  * Two things make it faster than a cell-by-cell loop without changing a bit of the result: cells are
- * routed by levels of the river network, every cell of a level at once (see `schedule`), and the
- * float powers of a level are computed together by a vectorised power with an exact rounding test
- * (hak_fpow_array).
+ * routed by levels (the overland solves by levels of the hillslope network, then the channel solves by
+ * levels of the channel network; see `schedule`), every cell of a level at once, and the float powers of
+ * a level are computed together by a vectorised power with an exact rounding test (hak_fpow_array). A
+ * batch of parameter sets on one basin (hak_run_batch) solves the level of every member together.
  *
  * Built by hydroagent_hpc/sim/ckernel.py with `cc -O2 -fPIC -shared -ffp-contract=off
  * -fno-fast-math -march=native`: no fused multiply-adds and no reassociation outside the power's
@@ -93,13 +94,12 @@ FPOW_FAST static inline __attribute__((always_inline)) vdbl pow_approx(vdbl x, v
     good &= (vabs(e) < 64.0) & (vabs(y) <= 16.0);
     vdbl s = (m - 1.0) / (m + 1.0); /* log2(m) = (2 / ln 2) atanh(s), |s| < 0.172 */
     vdbl s2 = s * s;
-    vdbl c = s2 * (1.0 / 17) + 1.0 / 15;
-    c = s2 * c + 1.0 / 13;
-    c = s2 * c + 1.0 / 11;
-    c = s2 * c + 1.0 / 9;
-    c = s2 * c + 1.0 / 7;
-    c = s2 * c + 1.0 / 5;
-    c = s2 * c + 1.0 / 3;
+    /* 1/3 + s2/5 + ... + s2^7/17 by Estrin's scheme (a shorter dependency chain than Horner's) */
+    vdbl s4 = s2 * s2;
+    vdbl p01 = s2 * (1.0 / 5) + 1.0 / 3, p23 = s2 * (1.0 / 9) + 1.0 / 7;
+    vdbl p45 = s2 * (1.0 / 13) + 1.0 / 11, p67 = s2 * (1.0 / 17) + 1.0 / 15;
+    vdbl p03 = s4 * p23 + p01, p47 = s4 * p67 + p45;
+    vdbl c = (s4 * s4) * p47 + p03;
     vdbl s1 = 2.8853900817779268 * s;
     vdbl z = y * (e + (s1 + s1 * (s2 * c))); /* y log2 x */
     good &= vabs(z) < 120.0;
@@ -107,18 +107,14 @@ FPOW_FAST static inline __attribute__((always_inline)) vdbl pow_approx(vdbl x, v
     vdbl t = z + 0x1.8p52; /* t - 1.5 * 2^52 is z rounded to an integer, k */
     vi64 k = (vi64)t - (vi64)((vdbl){0} + 0x1.8p52);
     vdbl g = (z - (t - 0x1.8p52)) * 0.6931471805599453; /* 2^(z - k) = e^g, |g| <= ln(2) / 2 */
-    vdbl q = g * (1.0 / 479001600) + 1.0 / 39916800;
-    q = g * q + 1.0 / 3628800;
-    q = g * q + 1.0 / 362880;
-    q = g * q + 1.0 / 40320;
-    q = g * q + 1.0 / 5040;
-    q = g * q + 1.0 / 720;
-    q = g * q + 1.0 / 120;
-    q = g * q + 1.0 / 24;
-    q = g * q + 1.0 / 6;
-    q = g * q + 0.5;
-    q = g * q + 1.0;
-    q = g * q + 1.0;
+    /* sum of g^i / i! for i <= 12, by Estrin's scheme */
+    vdbl g2 = g * g, g4 = g2 * g2;
+    vdbl e01 = g + 1.0, e23 = g * (1.0 / 6) + 0.5, e45 = g * (1.0 / 120) + 1.0 / 24;
+    vdbl e67 = g * (1.0 / 5040) + 1.0 / 720, e89 = g * (1.0 / 362880) + 1.0 / 40320;
+    vdbl eab = g * (1.0 / 39916800) + 1.0 / 3628800;
+    vdbl e03 = g2 * e23 + e01, e47 = g2 * e67 + e45, e8b = g2 * eab + e89;
+    vdbl e07 = g4 * e47 + e03, e8c = g4 * (1.0 / 479001600) + e8b;
+    vdbl q = (g4 * g4) * e8c + e07;
     vdbl a = (vdbl)((vi64)q + (k << 52)); /* times 2^k */
     vi64 below = ((vi64)a & ((1ll << 29) - 1)) - (1ll << 28); /* from the float midpoint, in double ulps */
     good &= (below > 8192) | (below < -8192);
@@ -153,7 +149,11 @@ FPOW_FAST void hak_fpow_array(long n, const double *x, const double *y, float *o
 #endif
         int64_t all = -1;
         for (int l = 0; l < FPOW_W; l++) all &= ok[l];
-        for (int l = 0; l < w; l++) out[j + l] = all || ok[l] ? f[l] : (float)pow(x[j + l], y[j + l]);
+        if (all && w == FPOW_W) {
+            memcpy(out + j, &f, sizeof f);
+            continue;
+        }
+        for (int l = 0; l < w; l++) out[j + l] = ok[l] ? f[l] : (float)pow(x[j + l], y[j + l]);
     }
 }
 #else
@@ -339,14 +339,14 @@ void hak_interflow_targets(long n, const int64_t *down, const double *dx, const 
     free(cross);
 }
 
-/* What the routing reads and writes per cell, in one record. */
+/* What the routing reads and writes per cell and member, in one record. */
 typedef struct {
-    long down, t0, t1;
+    long t0, t1;
     double s0, s1, area, area_t0, area_t1; /* leak shares; the cell's area and its targets' */
     float dx, alpha0, alpha, beta, leaki;
     float pq, po, pq_pow, po_pow, ir; /* routing states */
     int channel;
-    long orig; /* the cell's index in the caller's arrays (the record array is in level order) */
+    long orig; /* the cell's index in the caller's arrays (the record array is in overland level order) */
 } cellrec;
 
 /* Lists in compressed rows: the entries of row i are idx[ptr[i]] .. idx[ptr[i + 1] - 1]. */
@@ -354,19 +354,39 @@ typedef struct {
     long *ptr, *idx;
 } rows;
 
-/* The routing schedule. EF5 routes cell by cell from upstream (i = n-1) to the outlet (i = 0), each
- * cell adding its outflow to its downstream cell's inflow and its interflow leak to its targets. A cell
- * only reads what cells upstream of it wrote in the same step, so cells are grouped into levels (a cell's
- * level is one more than the highest level among the cells that write to it) and all cells of a level
- * are solved together, their powers vectorised. Every sum is still taken in EF5's order: a cell gathers
- * its inflows from a list of the cells that write to it, in decreasing index, starting from 0, as the
- * sequential loop adds them; so the results are bit-identical to the cell-by-cell loop. */
+/* The routing schedule, shared by the members of a batch (they share the network and the channel cells).
+ *
+ * EF5 routes cell by cell from upstream (i = n-1) to the outlet (i = 0): each cell solves its overland store
+ * (and, for a channel cell, then its channel store), adds its outflow to its downstream cell's inflow and its
+ * interflow leak to its targets. What each solve reads splits the work into two phases:
+ *
+ * - a hillslope cell's leak depends only on its interflow store and this step's slow excess, not on any
+ *   routing of the step, so every leak is computed before the routing;
+ * - an overland solve reads the outflow of the hillslope cells that drain into it (and, on a channel cell,
+ *   the leaks that reach it), so the overland solves are grouped into levels of the hillslope network
+ *   (a cell's level is one more than the highest level of the hillslope cells draining into it);
+ * - a channel solve reads its own cell's overland result and the outflow of the channel cells upstream, so
+ *   after every overland solve the channel solves run by levels of the channel network.
+ *
+ * All solves of a level (of every member) run together, their powers vectorised. Every sum is still taken in
+ * EF5's order: a cell gathers its inflows from a list of the cells that write to it, in decreasing index,
+ * starting from 0, as the sequential loop adds them; so the results are bit-identical to the cell-by-cell
+ * loop. The records are stored in overland level order (a level is a contiguous range of positions). */
 typedef struct {
-    long nlev;
-    rows level;                 /* the cells of each level */
-    rows over, chan, inter;     /* who writes to each cell: hillslope outflow, channel outflow, leaks */
-    uint8_t *inter_which;       /* per inter entry: 0 for the source's first target, 1 for its second */
+    long nlev, nlev_c;
+    rows level;   /* positions of each overland level: level.ptr[l] .. level.ptr[l + 1] - 1 */
+    rows level_c; /* the channel cells of each channel level, as positions */
+    rows over, chan; /* per position, the positions that write to it: hillslope outflow, channel outflow */
+    long *perm;      /* perm[p]: the cell at position p */
+    long *lev;       /* lev[i]: cell i's overland level */
 } schedule;
+
+/* A member's interflow lists: per position, the leaking positions in decreasing source index, and which of the
+ * source's two targets the entry is. */
+typedef struct {
+    rows inter;
+    uint8_t *which;
+} leaks;
 
 static int rows_alloc(rows *r, long nrows, long nent) {
     r->ptr = calloc((size_t)nrows + 1, sizeof(long));
@@ -377,171 +397,179 @@ static int rows_alloc(rows *r, long nrows, long nent) {
 static void rows_free(rows *r) {
     free(r->ptr);
     free(r->idx);
+    r->ptr = r->idx = NULL;
 }
 
-/* Builds the schedule; -1 when out of memory, -2 when a cell writes to a cell that is not downstream
- * of it in the routing order (down, t0 and t1 must be below the cell's own index). */
-static int schedule_build(schedule *sc, long n, const cellrec *cell) {
+/* Fills `r` (nrows rows) with key[i] as the row of item i, items taken in decreasing i and written as
+ * map[i] (or i when map is NULL); items with key < 0 are left out. -1 when out of memory. */
+static int rows_by_key(rows *r, long nrows, long n, const long *key, const long *map) {
+    long nent = 0;
+    for (long i = 0; i < n; i++) nent += key[i] >= 0;
+    if (rows_alloc(r, nrows, nent) != 0) return -1;
+    for (long i = 0; i < n; i++)
+        if (key[i] >= 0) r->ptr[key[i] + 1]++;
+    for (long k = 0; k < nrows; k++) r->ptr[k + 1] += r->ptr[k];
+    long *fill = calloc((size_t)nrows + 1, sizeof(long));
+    if (!fill) return -1;
+    for (long i = n - 1; i >= 0; i--)
+        if (key[i] >= 0) r->idx[r->ptr[key[i]] + fill[key[i]]++] = map ? map[i] : i;
+    free(fill);
+    return 0;
+}
+
+/* Builds the shared schedule from the network (down, channel); pos[i] receives cell i's position. -1 when out
+ * of memory, -2 when a cell drains to a cell that is not downstream of it in the routing order. */
+static int schedule_build(schedule *sc, long n, const long *down, const uint8_t *channel, long *pos) {
     memset(sc, 0, sizeof *sc);
-    long *lev = calloc((size_t)(n > 0 ? n : 1), sizeof(long));
-    long nover = 0, nchan = 0, ninter = 0;
-    if (!lev) return -1;
-    long nlev = n > 0 ? 1 : 0;
+    size_t nn = (size_t)(n > 0 ? n : 1);
+    long *lev = calloc(nn, sizeof(long)), *levc = calloc(nn, sizeof(long)), *key = malloc(nn * sizeof(long));
+    int status = -1;
+    if (!lev || !levc || !key) goto out;
+    long nlev = n > 0 ? 1 : 0, nlevc = 0;
     for (long i = n - 1; i >= 0; i--) {
-        const cellrec *c = &cell[i];
-        long targets[3] = {c->down, c->channel ? -1 : c->t0, c->channel ? -1 : c->t1};
-        for (int k = 0; k < 3; k++) {
-            long t = targets[k];
-            if (t < 0 || (k > 0 && t == i)) continue; /* a leak onto the cell itself is added after the step */
-            if (t >= i) {
-                free(lev);
-                return -2;
-            }
+        long t = down[i];
+        if (t < 0) continue;
+        if (t >= i) {
+            status = -2;
+            goto out;
+        }
+        if (!channel[i]) { /* overland outflow into t's overland store */
             if (lev[t] < lev[i] + 1) lev[t] = lev[i] + 1;
             if (lev[t] + 1 > nlev) nlev = lev[t] + 1;
+        } else if (levc[t] < levc[i] + 1) {
+            levc[t] = levc[i] + 1;
         }
-        if (c->down >= 0) {
-            if (c->channel) nchan++;
-            else nover++;
-        }
-        if (!c->channel) ninter += (c->t0 >= 0) + (c->t1 >= 0);
     }
+    for (long i = 0; i < n; i++)
+        if (channel[i] && levc[i] + 1 > nlevc) nlevc = levc[i] + 1;
     sc->nlev = nlev;
-    int bad = rows_alloc(&sc->level, nlev, n) | rows_alloc(&sc->over, n, nover) | rows_alloc(&sc->chan, n, nchan) |
-              rows_alloc(&sc->inter, n, ninter);
-    sc->inter_which = malloc((size_t)(ninter > 0 ? ninter : 1));
-    if (bad || !sc->inter_which) {
-        free(lev);
-        return -1;
-    }
-    /* counts, then offsets, then fill in decreasing source index (the order of EF5's sums) */
-    for (long i = 0; i < n; i++) sc->level.ptr[lev[i] + 1]++;
-    for (long i = n - 1; i >= 0; i--) {
-        const cellrec *c = &cell[i];
-        if (c->down >= 0) (c->channel ? sc->chan.ptr : sc->over.ptr)[c->down + 1]++;
-        if (!c->channel && c->t0 >= 0) sc->inter.ptr[c->t0 + 1]++;
-        if (!c->channel && c->t1 >= 0) sc->inter.ptr[c->t1 + 1]++;
-    }
-    for (long l = 0; l < nlev; l++) sc->level.ptr[l + 1] += sc->level.ptr[l];
-    for (long i = 0; i < n; i++) {
-        sc->over.ptr[i + 1] += sc->over.ptr[i];
-        sc->chan.ptr[i + 1] += sc->chan.ptr[i];
-        sc->inter.ptr[i + 1] += sc->inter.ptr[i];
-    }
-    long *fill = calloc((size_t)(n > nlev ? n : nlev) + 1, sizeof(long));
-    if (!fill) {
-        free(lev);
-        return -1;
-    }
-    for (long i = n - 1; i >= 0; i--) { /* within a level: upstream first, as EF5 walks */
-        sc->level.idx[sc->level.ptr[lev[i]] + fill[lev[i]]++] = i;
-    }
-    memset(fill, 0, ((size_t)(n > nlev ? n : nlev) + 1) * sizeof(long));
-    long *fill2 = calloc((size_t)n + 1, sizeof(long)), *fill3 = calloc((size_t)n + 1, sizeof(long));
-    if (!fill2 || !fill3) {
-        free(lev); free(fill); free(fill2); free(fill3);
-        return -1;
-    }
-    for (long i = n - 1; i >= 0; i--) {
-        const cellrec *c = &cell[i];
-        if (c->down >= 0) {
-            if (c->channel) sc->chan.idx[sc->chan.ptr[c->down] + fill2[c->down]++] = i;
-            else sc->over.idx[sc->over.ptr[c->down] + fill[c->down]++] = i;
-        }
-        if (c->channel) continue;
-        if (c->t0 >= 0) {
-            long e = sc->inter.ptr[c->t0] + fill3[c->t0]++;
-            sc->inter.idx[e] = i;
-            sc->inter_which[e] = 0;
-        }
-        if (c->t1 >= 0) {
-            long e = sc->inter.ptr[c->t1] + fill3[c->t1]++;
-            sc->inter.idx[e] = i;
-            sc->inter_which[e] = 1;
-        }
-    }
-    free(lev); free(fill); free(fill2); free(fill3);
-    return 0;
-}
-
-/* Renumbers the schedule's lists into level order: row p is the list of the cell at position p, and every
- * entry is a position (the lists' order, EF5's order of the sums, is kept). -1 when out of memory. */
-static int schedule_to_positions(schedule *sc, long n, const long *pos) {
-    rows *lists[3] = {&sc->over, &sc->chan, &sc->inter};
-    const long *perm = sc->level.idx;
-    uint8_t *which = NULL;
-    for (int k = 0; k < 3; k++) {
-        rows *r = lists[k], q;
-        long nent = r->ptr[n];
-        if (rows_alloc(&q, n, nent) != 0) {
-            rows_free(&q);
-            return -1;
-        }
-        if (k == 2 && !(which = malloc((size_t)(nent > 0 ? nent : 1)))) {
-            rows_free(&q);
-            return -1;
-        }
-        q.ptr[0] = 0;
-        for (long p = 0; p < n; p++) {
-            long i = perm[p], e0 = r->ptr[i], len = r->ptr[i + 1] - e0;
-            for (long e = 0; e < len; e++) {
-                q.idx[q.ptr[p] + e] = pos[r->idx[e0 + e]];
-                if (k == 2) which[q.ptr[p] + e] = sc->inter_which[e0 + e];
-            }
-            q.ptr[p + 1] = q.ptr[p] + len;
-        }
-        rows_free(r);
-        *r = q;
-    }
-    free(sc->inter_which);
-    sc->inter_which = which;
-    return 0;
+    sc->nlev_c = nlevc;
+    /* positions: by overland level, upstream first within a level, as EF5 walks */
+    if (rows_by_key(&sc->level, nlev, n, lev, NULL) != 0) goto out;
+    sc->perm = sc->level.idx;
+    for (long p = 0; p < n; p++) pos[sc->perm[p]] = p;
+    for (long i = 0; i < n; i++) key[i] = channel[i] ? levc[i] : -1;
+    if (rows_by_key(&sc->level_c, nlevc, n, key, pos) != 0) goto out;
+    /* who drains into each cell, by position of the target, in decreasing source index */
+    for (long i = 0; i < n; i++) key[i] = down[i] >= 0 && !channel[i] ? pos[down[i]] : -1;
+    if (rows_by_key(&sc->over, n, n, key, pos) != 0) goto out;
+    for (long i = 0; i < n; i++) key[i] = down[i] >= 0 && channel[i] ? pos[down[i]] : -1;
+    if (rows_by_key(&sc->chan, n, n, key, pos) != 0) goto out;
+    status = 0;
+out:
+    sc->lev = lev;
+    free(levc);
+    free(key);
+    return status;
 }
 
 static void schedule_free(schedule *sc) {
     rows_free(&sc->level);
+    rows_free(&sc->level_c);
     rows_free(&sc->over);
     rows_free(&sc->chan);
-    rows_free(&sc->inter);
-    free(sc->inter_which);
+    free(sc->lev);
+    sc->perm = sc->lev = NULL;
 }
 
-/* The interflow that reaches cell i this step: its sources' leaks in decreasing source index, as EF5 adds them. */
-static inline double gather_inter(const schedule *sc, long i, const double *leak0, const double *leak1) {
+/* A member's interflow lists (targets t0, t1 of each hillslope cell, by cell index). A leak is computed when its
+ * source's overland solve is, so a target other than the source itself must be at a higher overland level (it is
+ * downstream of the source on the hillslope, as interflow_targets finds it). -3 when one is not, -1 when out of
+ * memory. */
+static int leaks_build(leaks *lk, long n, const int64_t *t0, const int64_t *t1, const uint8_t *channel,
+                       const schedule *sc, const long *pos) {
+    memset(lk, 0, sizeof *lk);
+    long nent = 0;
+    for (long i = 0; i < n; i++) {
+        if (channel[i]) continue;
+        for (int k = 0; k < 2; k++) {
+            long t = k == 0 ? (long)t0[i] : (long)t1[i];
+            if (t >= n || (t >= 0 && t != i && sc->lev[t] <= sc->lev[i])) return -3;
+            nent += t >= 0;
+        }
+    }
+    if (rows_alloc(&lk->inter, n, nent) != 0 || !(lk->which = malloc((size_t)(nent > 0 ? nent : 1)))) return -1;
+    for (long i = 0; i < n; i++) {
+        if (channel[i]) continue;
+        if (t0[i] >= 0) lk->inter.ptr[pos[t0[i]] + 1]++;
+        if (t1[i] >= 0) lk->inter.ptr[pos[t1[i]] + 1]++;
+    }
+    for (long p = 0; p < n; p++) lk->inter.ptr[p + 1] += lk->inter.ptr[p];
+    long *fill = calloc((size_t)(n > 0 ? n : 1), sizeof(long));
+    if (!fill) return -1;
+    for (long i = n - 1; i >= 0; i--) { /* decreasing source index: the order of EF5's sums */
+        if (channel[i]) continue;
+        for (int k = 0; k < 2; k++) {
+            long t = k == 0 ? (long)t0[i] : (long)t1[i];
+            if (t < 0) continue;
+            long e = lk->inter.ptr[pos[t]] + fill[pos[t]]++;
+            lk->inter.idx[e] = pos[i];
+            lk->which[e] = (uint8_t)k;
+        }
+    }
+    free(fill);
+    return 0;
+}
+
+static void leaks_free(leaks *lk) {
+    rows_free(&lk->inter);
+    free(lk->which);
+    lk->which = NULL;
+}
+
+/* The interflow that reaches position p this step: its sources' leaks in decreasing source index, as EF5 adds
+ * them. */
+static inline double gather_inter(const leaks *lk, long p, const double *leak0, const double *leak1) {
     double inter = 0.0;
-    for (long e = sc->inter.ptr[i]; e < sc->inter.ptr[i + 1]; e++) {
-        long src = sc->inter.idx[e];
-        inter += sc->inter_which[e] ? leak1[src] : leak0[src];
+    for (long e = lk->inter.ptr[p]; e < lk->inter.ptr[p + 1]; e++) {
+        long src = lk->inter.idx[e];
+        inter += lk->which[e] ? leak1[src] : leak0[src];
     }
     return inter;
 }
 
-/* All steps for one parameter set; see kernel.run_kernel. Returns 0; -1 when out of memory; -2 when the
- * network is not in routing order. */
-int hak_run(long nt, long n, long ng, const double *precip, const double *pet, double dt_hours,
-            const double *wm, const double *b, const double *im, const double *ke, const double *fc,
-            const double *w0, const double *leaki, const double *alpha, const double *beta, const double *alpha0,
-            const uint8_t *channel, const double *ir0, const double *pq0, const double *po0, const int64_t *down,
-            const double *dx, const double *area, const int64_t *t0, const int64_t *t1, const double *s0,
-            const double *s1, const int64_t *gauge_nodes, const double *weights, long state_step,
-            double *q_out, double *sm_out, double *ff_out, double *sf_out,
-            double *st_w, double *st_ir, double *st_pq, double *st_po) {
+/* One member of a batch: its states, per-step arrays and interflow lists. Per-node arrays by cell index
+ * (water balance) or by position (routing; `cell`). */
+typedef struct {
+    double *w, *fast, *slow, *sm;   /* by cell index */
+    double *inter_in, *leak0, *leak1; /* by position */
+    float *outflow;                 /* this step's outflow of each position (overland or channel) */
+    cellrec *cell;                  /* by position */
+    leaks lk;
+} member;
+
+static void member_free(member *mb) {
+    free(mb->w); free(mb->fast); free(mb->slow); free(mb->sm); free(mb->inter_in); free(mb->leak0);
+    free(mb->leak1); free(mb->outflow); free(mb->cell);
+    leaks_free(&mb->lk);
+}
+
+/* All steps for K parameter sets on one network; see kernel.run_kernel for one. Per-member arrays are
+ * [K][n] (parameters, initial states, interflow targets and shares, final states) or [K][nt][ng] (outputs);
+ * the forcing, the network (channel, down, dx, area), the initial flows and the gauges are shared. The
+ * members' solves of each routing level run together, so a small basin fills the power's lanes; every member's
+ * results are bit for bit those of a run on its own. Returns 0; -1 when out of memory; -2 when the network is
+ * not in routing order. */
+int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const double *pet, double dt_hours,
+                  const double *wm, const double *b, const double *im, const double *ke, const double *fc,
+                  const double *w0, const double *leaki, const double *alpha, const double *beta,
+                  const double *alpha0, const uint8_t *channel, const double *ir0, const double *pq0,
+                  const double *po0, const int64_t *down, const double *dx, const double *area, const int64_t *t0,
+                  const int64_t *t1, const double *s0, const double *s1, const int64_t *gauge_nodes,
+                  const double *weights, long state_step, double *q_out, double *sm_out, double *ff_out,
+                  double *sf_out, double *st_w, double *st_ir, double *st_pq, double *st_po) {
     double step_s = dt_hours * 3600.0;
     float dt32 = (float)step_s;
     const float beta_over = 0.6f;
-    size_t nn = (size_t)(n > 0 ? n : 1);
-    double *w = malloc(nn * sizeof(double)), *fast = calloc(nn, sizeof(double)), *slow = calloc(nn, sizeof(double));
-    double *sm = calloc(nn, sizeof(double));
-    double *inter_in = calloc(nn, sizeof(double)); /* interflow gathered into hillslope cells this step */
-    double *leak0 = calloc(nn, sizeof(double)), *leak1 = calloc(nn, sizeof(double)); /* per source, to t0 / t1 */
-    float *outflow = calloc(nn, sizeof(float)); /* this step's outflow of each cell (overland or channel) */
-    /* the solves of one level: inputs, outputs and scratch */
-    double *s_qin = malloc(nn * sizeof(double)), *s_x = malloc(nn * sizeof(double)), *s_y = malloc(nn * sizeof(double));
+    size_t nn = (size_t)(n > 0 ? n : 1), kn = nn * (size_t)(nk > 0 ? nk : 1);
+    int status = -1;
+    member *mem = calloc((size_t)(nk > 0 ? nk : 1), sizeof(member));
+    long *pos = malloc(nn * sizeof(long)), *ldown = malloc(nn * sizeof(long));
+    /* the solves of one level, all members: inputs, outputs and scratch */
+    double *s_qin = malloc(kn * sizeof(double)), *s_x = malloc(kn * sizeof(double)), *s_y = malloc(kn * sizeof(double));
     float *sf[16]; /* per-solve float arrays: 8 inputs and outputs, 8 of scratch */
-    for (int k = 0; k < 16; k++) sf[k] = malloc(nn * sizeof(float));
-    long *s_cell = malloc(nn * sizeof(long)), *s_who = malloc(nn * sizeof(long));
-    cellrec *cell = malloc(nn * sizeof(cellrec)), *lc = malloc(nn * sizeof(cellrec));
-    long *pos = malloc(nn * sizeof(long));
+    for (int k = 0; k < 16; k++) sf[k] = malloc(kn * sizeof(float));
+    long *s_who = malloc(kn * sizeof(long));
     schedule sc;
     memset(&sc, 0, sizeof sc);
     /* the gauges' nonzero weights, in index order (the same sums as a dense loop) */
@@ -551,11 +579,9 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
     long *g_ptr = malloc((size_t)(ng + 1) * sizeof(long));
     long *g_idx = malloc((nz > 0 ? nz : 1) * sizeof(long));
     double *g_w = malloc((nz > 0 ? nz : 1) * sizeof(double));
-    int status = -1;
     int scratch_ok = 1;
     for (int k = 0; k < 16; k++) scratch_ok &= sf[k] != NULL;
-    if (!w || !fast || !slow || !sm || !inter_in || !leak0 || !leak1 || !outflow || !s_qin || !s_x ||
-        !s_y || !scratch_ok || !s_cell || !s_who || !cell || !lc || !pos || !g_ptr || !g_idx || !g_w)
+    if (!mem || !pos || !ldown || !s_qin || !s_x || !s_y || !scratch_ok || !s_who || !g_ptr || !g_idx || !g_w)
         goto done;
     float *s_qold = sf[0], *s_qpow = sf[1], *s_lat = sf[2], *s_al = sf[3], *s_be = sf[4], *s_dx = sf[5];
     float *s_q = sf[6], *s_qp = sf[7];
@@ -571,153 +597,208 @@ int hak_run(long nt, long n, long ng, const double *precip, const double *pet, d
         }
         g_ptr[g + 1] = j;
     }
-    for (long i = 0; i < n; i++) {
-        cellrec *c = &cell[i];
-        c->down = (long)down[i];
-        c->t0 = (long)t0[i];
-        c->t1 = (long)t1[i];
-        c->s0 = s0[i];
-        c->s1 = s1[i];
-        c->area = area[i];
-        c->area_t0 = c->t0 >= 0 ? area[c->t0] : 1.0;
-        c->area_t1 = c->t1 >= 0 ? area[c->t1] : 1.0;
-        c->dx = (float)dx[i];
-        c->alpha0 = (float)alpha0[i];
-        c->alpha = (float)alpha[i];
-        c->beta = (float)beta[i];
-        c->leaki = (float)leaki[i];
-        c->channel = channel[i] != 0;
-        w[i] = w0[i];
-        c->ir = (float)ir0[i];
-        c->pq = (float)pq0[i];
-        c->po = (float)po0[i];
-        c->pq_pow = fpow(c->pq, c->channel ? c->beta : beta_over);
-        c->po_pow = fpow(c->po, beta_over);
-        st_w[i] = w[i]; /* the states "after step state_step": the initial ones until it is reached */
-        st_ir[i] = c->ir;
-        st_pq[i] = c->pq;
-        st_po[i] = c->po;
-    }
-    int rc = schedule_build(&sc, n, cell);
+    for (long i = 0; i < n; i++) ldown[i] = (long)down[i];
+    int rc = schedule_build(&sc, n, ldown, channel, pos);
     if (rc != 0) {
         status = rc;
         goto done;
     }
-    /* the records and every routing array in level order: a level is a contiguous range of positions */
-    for (long p = 0; p < n; p++) {
-        long i = sc.level.idx[p];
-        pos[i] = p;
-        lc[p] = cell[i];
-        lc[p].orig = i;
-    }
-    if (schedule_to_positions(&sc, n, pos) != 0) goto done;
-    for (long t = 0; t < nt; t++) {
-        water_balance(precip, pet, t, n, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm);
-        for (long g = 0; g < ng; g++) {
-            double acc_sm = 0.0, acc_ff = 0.0, acc_sf = 0.0;
-            for (long j = g_ptr[g]; j < g_ptr[g + 1]; j++) {
-                long i = g_idx[j];
-                acc_sm += g_w[j] * sm[i];
-                acc_ff += g_w[j] * fast[i];
-                acc_sf += g_w[j] * slow[i];
-            }
-            sm_out[t * ng + g] = acc_sm;
-            ff_out[t * ng + g] = acc_ff;
-            sf_out[t * ng + g] = acc_sf;
+    for (long k = 0; k < nk; k++) {
+        member *mb = &mem[k];
+        const size_t o = (size_t)k * nn;
+        mb->w = malloc(nn * sizeof(double));
+        mb->fast = calloc(nn, sizeof(double));
+        mb->slow = calloc(nn, sizeof(double));
+        mb->sm = calloc(nn, sizeof(double));
+        mb->inter_in = calloc(nn, sizeof(double));
+        mb->leak0 = calloc(nn, sizeof(double));
+        mb->leak1 = calloc(nn, sizeof(double));
+        mb->outflow = calloc(nn, sizeof(float));
+        mb->cell = malloc(nn * sizeof(cellrec));
+        if (!mb->w || !mb->fast || !mb->slow || !mb->sm || !mb->inter_in || !mb->leak0 || !mb->leak1 ||
+            !mb->outflow || !mb->cell)
+            goto done;
+        rc = leaks_build(&mb->lk, n, t0 + o, t1 + o, channel, &sc, pos);
+        if (rc != 0) {
+            status = rc;
+            goto done;
         }
+        for (long i = 0; i < n; i++) {
+            cellrec *c = &mb->cell[pos[i]];
+            long a0 = (long)t0[o + i], a1 = (long)t1[o + i];
+            c->orig = i;
+            c->t0 = a0;
+            c->t1 = a1;
+            c->s0 = s0[o + i];
+            c->s1 = s1[o + i];
+            c->area = area[i];
+            c->area_t0 = a0 >= 0 ? area[a0] : 1.0;
+            c->area_t1 = a1 >= 0 ? area[a1] : 1.0;
+            c->dx = (float)dx[i];
+            c->alpha0 = (float)alpha0[o + i];
+            c->alpha = (float)alpha[o + i];
+            c->beta = (float)beta[o + i];
+            c->leaki = (float)leaki[o + i];
+            c->channel = channel[i] != 0;
+            mb->w[i] = w0[o + i];
+            c->ir = (float)ir0[o + i];
+            c->pq = (float)pq0[i];
+            c->po = (float)po0[i];
+            c->pq_pow = fpow(c->pq, c->channel ? c->beta : beta_over);
+            c->po_pow = fpow(c->po, beta_over);
+            st_w[o + i] = mb->w[i]; /* the states "after step state_step": the initial ones until it is reached */
+            st_ir[o + i] = c->ir;
+            st_pq[o + i] = c->pq;
+            st_po[o + i] = c->po;
+        }
+    }
+    for (long t = 0; t < nt; t++) {
+        for (long k = 0; k < nk; k++) {
+            member *mb = &mem[k];
+            const size_t o = (size_t)k * nn, og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
+            water_balance(precip, pet, t, n, dt_hours, wm + o, b + o, im + o, ke + o, fc + o, mb->w, mb->fast,
+                          mb->slow, mb->sm);
+            for (long g = 0; g < ng; g++) {
+                double acc_sm = 0.0, acc_ff = 0.0, acc_sf = 0.0;
+                for (long j = g_ptr[g]; j < g_ptr[g + 1]; j++) {
+                    long i = g_idx[j];
+                    acc_sm += g_w[j] * mb->sm[i];
+                    acc_ff += g_w[j] * mb->fast[i];
+                    acc_sf += g_w[j] * mb->slow[i];
+                }
+                sm_out[og + g] = acc_sm;
+                ff_out[og + g] = acc_ff;
+                sf_out[og + g] = acc_sf;
+            }
+        }
+        /* overland flow, by levels of the hillslope network (a channel cell's own overland store included) */
         for (long l = 0; l < sc.nlev; l++) {
             long first = sc.level.ptr[l], m = sc.level.ptr[l + 1] - first;
-            cellrec *cl = lc + first;
-            /* overland flow of every cell of the level (a channel cell's own overland store included) */
-            long mc = 0;
-            for (long j = 0; j < m; j++) {
-                long p = first + j;
-                cellrec *c = &cl[j];
-                double qin = 0.0;
-                for (long e = sc.over.ptr[p]; e < sc.over.ptr[p + 1]; e++) qin += outflow[sc.over.idx[e]];
-                float fast_m = (float)((double)(float)fast[c->orig] / 1000.0); /* mm to m */
-                s_qin[j] = qin;
-                s_al[j] = c->alpha0;
-                s_be[j] = beta_over;
-                s_dx[j] = c->dx;
-                if (!c->channel) {
-                    s_qold[j] = c->pq;
-                    s_qpow[j] = c->pq_pow;
-                    s_lat[j] = fast_m;
-                } else {
-                    double inter = gather_inter(&sc, p, leak0, leak1);
-                    float slow_m = (float)((double)(float)((double)(float)slow[c->orig] + inter) / 1000.0);
-                    s_qold[j] = c->po;
-                    s_qpow[j] = c->po_pow;
-                    s_lat[j] = fast_m + slow_m;
-                    s_cell[mc++] = j;
+            for (long k = 0; k < nk; k++) {
+                member *mb = &mem[k];
+                for (long j = 0; j < m; j++) {
+                    long p = first + j, s = k * m + j;
+                    cellrec *c = &mb->cell[p];
+                    double qin = 0.0;
+                    for (long e = sc.over.ptr[p]; e < sc.over.ptr[p + 1]; e++) qin += mb->outflow[sc.over.idx[e]];
+                    float fast_m = (float)((double)(float)mb->fast[c->orig] / 1000.0); /* mm to m */
+                    s_qin[s] = qin;
+                    s_al[s] = c->alpha0;
+                    s_be[s] = beta_over;
+                    s_dx[s] = c->dx;
+                    if (!c->channel) {
+                        s_qold[s] = c->pq;
+                        s_qpow[s] = c->pq_pow;
+                        s_lat[s] = fast_m;
+                    } else {
+                        double inter = gather_inter(&mb->lk, p, mb->leak0, mb->leak1);
+                        float slow_m = (float)((double)(float)((double)(float)mb->slow[c->orig] + inter) / 1000.0);
+                        s_qold[s] = c->po;
+                        s_qpow[s] = c->po_pow;
+                        s_lat[s] = fast_m + slow_m;
+                    }
                 }
             }
-            kw_solve_many(m, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
-            for (long j = 0; j < m; j++) {
-                long p = first + j;
-                cellrec *c = &cl[j];
-                if (c->channel) {
-                    c->po_pow = s_qp[j];
-                    c->po = s_q[j];
-                    continue;
+            kw_solve_many(nk * m, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
+            for (long k = 0; k < nk; k++) {
+                member *mb = &mem[k];
+                for (long j = 0; j < m; j++) {
+                    long p = first + j, s = k * m + j;
+                    cellrec *c = &mb->cell[p];
+                    if (c->channel) { /* the overland result is the channel's lateral inflow */
+                        c->po_pow = s_qp[s];
+                        c->po = s_q[s];
+                    } else {
+                        c->pq_pow = s_qp[s];
+                        c->pq = s_q[s];
+                        mb->outflow[p] = s_q[s];
+                        /* the cell's interflow leak: its targets are downstream on the hillslope, at a higher
+                         * level, or on the cell itself (added after the step) */
+                        c->ir = c->ir + (float)mb->slow[c->orig];
+                        double leak = (double)(c->ir * c->leaki);
+                        c->ir = (float)((double)c->ir - leak);
+                        if (c->ir < 0.0f) c->ir = 0.0f;
+                        mb->leak0[p] = c->t0 >= 0 ? leak * c->s0 * c->area / c->area_t0 : 0.0;
+                        mb->leak1[p] = c->t1 >= 0 ? leak * c->s1 * c->area / c->area_t1 : 0.0;
+                    }
                 }
-                float q = s_q[j];
-                c->pq_pow = s_qp[j];
-                c->pq = q;
-                outflow[p] = q;
-                c->ir = c->ir + (float)slow[c->orig];
-                double leak = (double)(c->ir * c->leaki);
-                c->ir = (float)((double)c->ir - leak);
-                if (c->ir < 0.0f) c->ir = 0.0f;
-                leak0[p] = c->t0 >= 0 ? leak * c->s0 * c->area / c->area_t0 : 0.0;
-                leak1[p] = c->t1 >= 0 ? leak * c->s1 * c->area / c->area_t1 : 0.0;
-            }
-            if (mc == 0) continue;
-            /* channel flow of the level's channel cells, their overland flow as lateral inflow */
-            for (long k = 0; k < mc; k++) {
-                long j = s_cell[k], p = first + j;
-                cellrec *c = &cl[j];
-                double qin = 0.0;
-                for (long e = sc.chan.ptr[p]; e < sc.chan.ptr[p + 1]; e++) qin += outflow[sc.chan.idx[e]];
-                s_qin[k] = qin;
-                s_qold[k] = c->pq;
-                s_qpow[k] = c->pq_pow;
-                s_lat[k] = s_q[j];
-                s_al[k] = c->alpha;
-                s_be[k] = c->beta;
-                s_dx[k] = c->dx;
-            }
-            kw_solve_many(mc, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
-            for (long k = 0; k < mc; k++) {
-                cellrec *c = &cl[s_cell[k]];
-                c->pq_pow = s_qp[k];
-                c->pq = s_q[k];
-                outflow[first + s_cell[k]] = s_q[k];
             }
         }
-        for (long p = 0; p < n; p++) inter_in[p] = lc[p].channel ? 0.0 : gather_inter(&sc, p, leak0, leak1);
-        for (long g = 0; g < ng; g++) {
-            long k = (long)gauge_nodes[g], p = pos[k];
-            q_out[t * ng + g] = channel[k] ? (double)outflow[p] : (double)outflow[p] * dx[k] + inter_in[p] * area[k] / 3.6;
+        /* channel flow, by levels of the channel network, each cell's overland flow as lateral inflow */
+        for (long l = 0; l < sc.nlev_c; l++) {
+            long first = sc.level_c.ptr[l], m = sc.level_c.ptr[l + 1] - first;
+            for (long k = 0; k < nk; k++) {
+                member *mb = &mem[k];
+                for (long j = 0; j < m; j++) {
+                    long p = sc.level_c.idx[first + j], s = k * m + j;
+                    cellrec *c = &mb->cell[p];
+                    double qin = 0.0;
+                    for (long e = sc.chan.ptr[p]; e < sc.chan.ptr[p + 1]; e++) qin += mb->outflow[sc.chan.idx[e]];
+                    s_qin[s] = qin;
+                    s_qold[s] = c->pq;
+                    s_qpow[s] = c->pq_pow;
+                    s_lat[s] = c->po;
+                    s_al[s] = c->alpha;
+                    s_be[s] = c->beta;
+                    s_dx[s] = c->dx;
+                }
+            }
+            kw_solve_many(nk * m, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
+            for (long k = 0; k < nk; k++) {
+                member *mb = &mem[k];
+                for (long j = 0; j < m; j++) {
+                    long p = sc.level_c.idx[first + j], s = k * m + j;
+                    cellrec *c = &mb->cell[p];
+                    c->pq_pow = s_qp[s];
+                    c->pq = s_q[s];
+                    mb->outflow[p] = s_q[s];
+                }
+            }
         }
-        for (long p = 0; p < n; p++) lc[p].ir = (float)((double)lc[p].ir + inter_in[p]);
-        if (t == state_step || (state_step < 0 && t == nt - 1)) {
-            for (long p = 0; p < n; p++) {
-                long i = lc[p].orig;
-                st_w[i] = w[i];
-                st_ir[i] = lc[p].ir;
-                st_pq[i] = lc[p].pq;
-                st_po[i] = lc[p].po;
+        for (long k = 0; k < nk; k++) {
+            member *mb = &mem[k];
+            const size_t o = (size_t)k * nn, og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
+            cellrec *lc = mb->cell;
+            for (long p = 0; p < n; p++)
+                mb->inter_in[p] = lc[p].channel ? 0.0 : gather_inter(&mb->lk, p, mb->leak0, mb->leak1);
+            for (long g = 0; g < ng; g++) {
+                long i = (long)gauge_nodes[g], p = pos[i];
+                q_out[og + g] = channel[i] ? (double)mb->outflow[p]
+                                           : (double)mb->outflow[p] * dx[i] + mb->inter_in[p] * area[i] / 3.6;
+            }
+            for (long p = 0; p < n; p++) lc[p].ir = (float)((double)lc[p].ir + mb->inter_in[p]);
+            if (t == state_step || (state_step < 0 && t == nt - 1)) {
+                for (long p = 0; p < n; p++) {
+                    long i = lc[p].orig;
+                    st_w[o + i] = mb->w[i];
+                    st_ir[o + i] = lc[p].ir;
+                    st_pq[o + i] = lc[p].pq;
+                    st_po[o + i] = lc[p].po;
+                }
             }
         }
     }
     status = 0;
 done:
-    free(w); free(fast); free(slow); free(sm); free(inter_in); free(leak0); free(leak1);
-    free(outflow); free(s_qin); free(s_x); free(s_y); free(s_cell); free(s_who); free(cell); free(lc); free(pos); free(g_ptr);
-    free(g_idx); free(g_w);
+    if (mem)
+        for (long k = 0; k < nk; k++) member_free(&mem[k]);
+    free(mem); free(pos); free(ldown); free(s_qin); free(s_x); free(s_y); free(s_who); free(g_ptr); free(g_idx);
+    free(g_w);
     for (int k = 0; k < 16; k++) free(sf[k]);
     schedule_free(&sc);
     return status;
+}
+
+/* All steps for one parameter set: hak_run_batch with one member (per-member arrays are [n], outputs [nt][ng]). */
+int hak_run(long nt, long n, long ng, const double *precip, const double *pet, double dt_hours,
+            const double *wm, const double *b, const double *im, const double *ke, const double *fc,
+            const double *w0, const double *leaki, const double *alpha, const double *beta, const double *alpha0,
+            const uint8_t *channel, const double *ir0, const double *pq0, const double *po0, const int64_t *down,
+            const double *dx, const double *area, const int64_t *t0, const int64_t *t1, const double *s0,
+            const double *s1, const int64_t *gauge_nodes, const double *weights, long state_step,
+            double *q_out, double *sm_out, double *ff_out, double *sf_out,
+            double *st_w, double *st_ir, double *st_pq, double *st_po) {
+    return hak_run_batch(1, nt, n, ng, precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0,
+                         channel, ir0, pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights, state_step,
+                         q_out, sm_out, ff_out, sf_out, st_w, st_ir, st_pq, st_po);
 }
