@@ -82,9 +82,9 @@ def _c() -> Kernel:
             chunks += [list(part) for part in np.array_split(np.asarray(members), parts)]
 
         def one(ks: list[int]):
-            pick = [a[ks] for a in per_member]
-            return c.run_batch_kernel(precip, pet, dt_hours, *pick, channel[ks[0]], ir0[ks], pq0, po0, down, dx,
-                                      area, t0[ks], t1[ks], s0[ks], s1[ks], gauge_nodes, weights)
+            args = [precip, pet, dt_hours, *(a[ks] for a in per_member), channel[ks[0]], ir0[ks], pq0, po0, down,
+                    dx, area, t0[ks], t1[ks], s0[ks], s1[ks], gauge_nodes, weights]
+            return c.run_batch_kernel(*args)
 
         if n_threads > 1 and len(chunks) > 1:
             with ThreadPoolExecutor(min(n_threads, len(chunks))) as ex:
