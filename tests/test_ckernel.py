@@ -237,6 +237,37 @@ def test_c_kernel_refuses_an_interflow_target_off_the_hillslope_path():
         ckernel.run_kernel(*args)
 
 
+@needs_c
+def test_a_build_without_vector_lanes_gives_the_same_bits(tmp_path, monkeypatch):
+    """The library built with FPOW_W=0 (what a CPU without AVX2 and FMA gets: scalar solves, libm's pow) and the
+    native build (vectorised solves and power where the CPU has them) agree bit for bit, one run and a batch."""
+    import ctypes
+    import subprocess
+
+    from hydroagent_hpc.sim import ckernel
+
+    monkeypatch.setattr(kernels, "_THREADS", 1)
+    lib_path = tmp_path / "scalar.so"
+    cmd = [ckernel._compiler(), *ckernel.FLAGS, ckernel.NATIVE, "-DFPOW_W=0", "-o", str(lib_path),
+           str(ckernel.SOURCE), "-lm"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    scalar = ctypes.CDLL(str(lib_path))
+    ckernel._declare(scalar)
+    assert scalar.hak_fpow_lanes() == 0
+    spec = draw_case(4)
+    sim = EmbeddedSimulator(write_case(spec, tmp_path / "case"), cache_dir=False)
+    rng = np.random.default_rng(4)
+    sets = [{**spec.params, "alpha0": float(rng.uniform(0.2, 3.0)), "beta": float(rng.uniform(0.3, 2.0))}
+            for _ in range(3)]
+    out = {}
+    with kernels.using("c"):
+        for name, lib in (("native", ckernel.load()), ("scalar", scalar)):
+            monkeypatch.setattr(ckernel, "_LIB", lib)
+            out[name] = [sim.run(sets[0], keep_states=sim.task.states is not None), *sim.run_batch(sets)]
+    for a, b in zip(out["native"], out["scalar"]):
+        _assert_identical(a, b)
+
+
 def test_unknown_kernel_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HYDROAGENT_KERNEL", "fortran")
     monkeypatch.setattr(kernels, "_CHOSEN", None)

@@ -114,6 +114,22 @@ def _build(target: Path) -> None:
             os.unlink(tmp)
 
 
+def _declare(lib: ctypes.CDLL) -> None:
+    """Set the argument and result types of the library's functions."""
+    lib.hak_interflow_targets.restype = None
+    lib.hak_interflow_targets.argtypes = [_L, _I64, _F64, _F64, _F64, _U8, _D, _I64, _I64, _F64, _F64]
+    lib.hak_run.restype = ctypes.c_int
+    args: list[Any] = ([_L, _L, _L, _F64, _F64, _D] + [_F64] * 10 + [_U8, _F64, _F64, _F64, _I64, _F64, _F64,
+                       _I64, _I64, _F64, _F64, _I64, _F64, _L] + [_F64] * 8)
+    lib.hak_run.argtypes = args
+    lib.hak_run_batch.restype = ctypes.c_int
+    lib.hak_run_batch.argtypes = [_L, *args]
+    lib.hak_fpow_array.restype = None
+    lib.hak_fpow_array.argtypes = [_L, _F64, _F64, np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")]
+    lib.hak_fpow_lanes.restype = ctypes.c_int
+    lib.hak_fpow_lanes.argtypes = []
+
+
 def load(cache: Path | None = None) -> ctypes.CDLL:
     """The compiled kernel (built on first use; see the module doc)."""
     global _LIB
@@ -128,18 +144,7 @@ def load(cache: Path | None = None) -> ctypes.CDLL:
     except OSError as exc:
         raise CKernelUnavailable(f"C kernel: {path} does not load ({exc})",
                                  fix=f"delete {path} to rebuild it, or set HYDROAGENT_KERNEL=numba") from None
-    lib.hak_interflow_targets.restype = None
-    lib.hak_interflow_targets.argtypes = [_L, _I64, _F64, _F64, _F64, _U8, _D, _I64, _I64, _F64, _F64]
-    lib.hak_run.restype = ctypes.c_int
-    args: list[Any] = ([_L, _L, _L, _F64, _F64, _D] + [_F64] * 10 + [_U8, _F64, _F64, _F64, _I64, _F64, _F64,
-                       _I64, _I64, _F64, _F64, _I64, _F64, _L] + [_F64] * 8)
-    lib.hak_run.argtypes = args
-    lib.hak_run_batch.restype = ctypes.c_int
-    lib.hak_run_batch.argtypes = [_L, *args]
-    lib.hak_fpow_array.restype = None
-    lib.hak_fpow_array.argtypes = [_L, _F64, _F64, np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")]
-    lib.hak_fpow_lanes.restype = ctypes.c_int
-    lib.hak_fpow_lanes.argtypes = []
+    _declare(lib)
     _LIB = lib
     return lib
 
