@@ -393,8 +393,9 @@ static void water_balance(const double *precip, const double *pet, long t, long 
         }
         float w32 = (float)wo;
         w[i] = w32;
-        fast[i] = (float)(over / (double)step32);
-        slow[i] = (float)(inter / (double)step32);
+        /* +-0 divided by the (positive) step is the same zero: most cells have no excess, and skip the division */
+        fast[i] = over == 0.0 ? over : (float)(over / (double)step32);
+        slow[i] = inter == 0.0 ? inter : (float)(inter / (double)step32);
         sm[i] = (float)((double)w32 * 100.0 / (double)wmi);
     }
 }
@@ -477,11 +478,10 @@ typedef struct {
     long *lev;       /* lev[i]: cell i's overland level */
 } schedule;
 
-/* A member's interflow lists: per position, the leaking positions in decreasing source index, and which of the
- * source's two targets the entry is. */
+/* A member's interflow lists: per position, the leaks that reach it, in decreasing source index, each as an index
+ * into the member's leak array (2 p + k: the leak of position p towards its target k, 0 or 1). */
 typedef struct {
     rows inter;
-    uint8_t *which;
 } leaks;
 
 static int rows_alloc(rows *r, long nrows, long nent) {
@@ -584,7 +584,7 @@ static int leaks_build(leaks *lk, long n, const int64_t *t0, const int64_t *t1, 
             nent += t >= 0;
         }
     }
-    if (rows_alloc(&lk->inter, n, nent) != 0 || !(lk->which = malloc((size_t)(nent > 0 ? nent : 1)))) return -1;
+    if (rows_alloc(&lk->inter, n, nent) != 0) return -1;
     for (long i = 0; i < n; i++) {
         if (channel[i]) continue;
         if (t0[i] >= 0) lk->inter.ptr[pos[t0[i]] + 1]++;
@@ -599,8 +599,7 @@ static int leaks_build(leaks *lk, long n, const int64_t *t0, const int64_t *t1, 
             long t = k == 0 ? (long)t0[i] : (long)t1[i];
             if (t < 0) continue;
             long e = lk->inter.ptr[pos[t]] + fill[pos[t]]++;
-            lk->inter.idx[e] = pos[i];
-            lk->which[e] = (uint8_t)k;
+            lk->inter.idx[e] = 2 * pos[i] + k;
         }
     }
     free(fill);
@@ -609,17 +608,15 @@ static int leaks_build(leaks *lk, long n, const int64_t *t0, const int64_t *t1, 
 
 static void leaks_free(leaks *lk) {
     rows_free(&lk->inter);
-    free(lk->which);
-    lk->which = NULL;
 }
 
 /* The interflow that reaches position p this step: its sources' leaks in decreasing source index, as EF5 adds
  * them. */
-static inline double gather_inter(const leaks *lk, long p, const double *leak0, const double *leak1) {
+static inline double gather_inter(const leaks *lk, long p, const double *leak) {
     double inter = 0.0;
     for (long e = lk->inter.ptr[p]; e < lk->inter.ptr[p + 1]; e++) {
         long src = lk->inter.idx[e];
-        inter += lk->which[e] ? leak1[src] : leak0[src];
+        inter += leak[src];
     }
     return inter;
 }
@@ -628,15 +625,15 @@ static inline double gather_inter(const leaks *lk, long p, const double *leak0, 
  * (water balance) or by position (routing; `cell`). */
 typedef struct {
     double *w, *fast, *slow, *sm;   /* by cell index */
-    double *inter_in, *leak0, *leak1; /* by position */
+    double *inter_in, *leak; /* by position; leak[2 p + k]: position p's leak towards its target k */
     float *outflow;                 /* this step's outflow of each position (overland or channel) */
     cellrec *cell;                  /* by position */
     leaks lk;
 } member;
 
 static void member_free(member *mb) {
-    free(mb->w); free(mb->fast); free(mb->slow); free(mb->sm); free(mb->inter_in); free(mb->leak0);
-    free(mb->leak1); free(mb->outflow); free(mb->cell);
+    free(mb->w); free(mb->fast); free(mb->slow); free(mb->sm); free(mb->inter_in); free(mb->leak);
+    free(mb->outflow); free(mb->cell);
     leaks_free(&mb->lk);
 }
 
@@ -707,11 +704,10 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
         mb->slow = calloc(nn, sizeof(double));
         mb->sm = calloc(nn, sizeof(double));
         mb->inter_in = calloc(nn, sizeof(double));
-        mb->leak0 = calloc(nn, sizeof(double));
-        mb->leak1 = calloc(nn, sizeof(double));
+        mb->leak = calloc(2 * nn, sizeof(double));
         mb->outflow = calloc(nn, sizeof(float));
         mb->cell = malloc(nn * sizeof(cellrec));
-        if (!mb->w || !mb->fast || !mb->slow || !mb->sm || !mb->inter_in || !mb->leak0 || !mb->leak1 ||
+        if (!mb->w || !mb->fast || !mb->slow || !mb->sm || !mb->inter_in || !mb->leak ||
             !mb->outflow || !mb->cell)
             goto done;
         rc = leaks_build(&mb->lk, n, t0 + o, t1 + o, channel, &sc, pos);
@@ -787,7 +783,7 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
                         s_qpow[s] = c->pq_pow;
                         s_lat[s] = fast_m;
                     } else {
-                        double inter = gather_inter(&mb->lk, p, mb->leak0, mb->leak1);
+                        double inter = gather_inter(&mb->lk, p, mb->leak);
                         float slow_m = (float)((double)(float)((double)(float)mb->slow[c->orig] + inter) / 1000.0);
                         s_qold[s] = c->po;
                         s_qpow[s] = c->po_pow;
@@ -814,8 +810,8 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
                         double leak = (double)(c->ir * c->leaki);
                         c->ir = (float)((double)c->ir - leak);
                         if (c->ir < 0.0f) c->ir = 0.0f;
-                        mb->leak0[p] = c->t0 >= 0 ? leak * c->s0 * c->area / c->area_t0 : 0.0;
-                        mb->leak1[p] = c->t1 >= 0 ? leak * c->s1 * c->area / c->area_t1 : 0.0;
+                        mb->leak[2 * p] = c->t0 >= 0 ? leak * c->s0 * c->area / c->area_t0 : 0.0;
+                        mb->leak[2 * p + 1] = c->t1 >= 0 ? leak * c->s1 * c->area / c->area_t1 : 0.0;
                     }
                 }
             }
@@ -856,7 +852,7 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
             const size_t o = (size_t)k * nn, og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
             cellrec *lc = mb->cell;
             for (long p = 0; p < n; p++)
-                mb->inter_in[p] = lc[p].channel ? 0.0 : gather_inter(&mb->lk, p, mb->leak0, mb->leak1);
+                mb->inter_in[p] = lc[p].channel ? 0.0 : gather_inter(&mb->lk, p, mb->leak);
             for (long g = 0; g < ng; g++) {
                 long i = (long)gauge_nodes[g], p = pos[i];
                 q_out[og + g] = channel[i] ? (double)mb->outflow[p]
