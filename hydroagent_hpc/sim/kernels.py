@@ -78,7 +78,8 @@ def _c() -> Kernel:
         per_call = max(1, BATCH_CELLS // max(1, wm.shape[1]))
         chunks = []
         for members in groups.values():
-            parts = max(min(n_threads, len(members)), -(-len(members) // per_call))
+            calls = -(-len(members) // per_call)  # at least, for the cache
+            parts = min(len(members), max(n_threads, -(-calls // n_threads) * n_threads))  # whole rounds of threads
             chunks += [list(part) for part in np.array_split(np.asarray(members), parts)]
 
         def one(ks: list[int]):
