@@ -56,9 +56,10 @@ def _numba() -> Kernel:
 
 
 #: Members of a batch solved together in one C call: as many as keep members x cells within this. Measured on
-#: one core: 4-8 members of a 300-3,000-cell basin cost 10-25 % less per member than one at a time; 8 members of
-#: a 10,000-cell basin cost 20 % more (their states no longer stay in cache), 2-4 about the same.
-BATCH_CELLS = 32_768
+#: one core: 8 members of a 300-1,200-cell basin together cost 10-25 % less per member than one at a time; 8 of a
+#: 10,000-cell basin together cost 20 % more (their states no longer stay in cache), so there each member gets
+#: its own call.
+BATCH_CELLS = 16_384
 
 
 def _c() -> Kernel:
