@@ -107,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
 
     out("\n## SFT steps on the CPU, tiny Qwen3 (`python -m hydroagent_hpc.bench.train`; `--gpu` for the 4B shape)\n\n")
     out(tbench.markdown(tbench.cpu_rows()))
+    from hydroagent_hpc.train.grpo_throughput import EpisodeShape
+
+    out("\n## A GRPO step's parts on the CPU, tiny Qwen3 (`python -m hydroagent_hpc.bench.train --grpo`; "
+        "`--gpu --grpo` for the 4B shape and the paper-sized step)\n\n")
+    out(tbench.grpo_markdown(tbench.grpo_result(False, EpisodeShape(), sim_s=1.0, sim_slots=32)))
 
     from hydroagent_hpc.bench import grpo as gbench
 

@@ -1,4 +1,4 @@
-"""SFT throughput: ``python -m hydroagent_hpc.bench.train [--gpu]``.
+"""SFT and GRPO step throughput: ``python -m hydroagent_hpc.bench.train [--gpu] [--grpo]``.
 
 * CPU (the default; a section of ``make bench``): tokens/s and peak memory of full-parameter SFT
   steps (forward, weighted assistant-only loss, backward, clip, AdamW) of the tiny offline Qwen3
@@ -8,6 +8,13 @@
   (default 180): tokens/s per GPU, achieved TFLOP/s and MFU against the device's dense BF16 peak
   (989 TFLOP/s for H100/H200; ``--peak-tflops`` for others). The FLOP count and its formula are in
   :mod:`hydroagent_hpc.train.throughput`. Without CUDA it refuses with exit status 2.
+
+* ``--grpo`` (with or without ``--gpu``): the parts of a GRPO step measured with the trainer's own
+  code (prefill, decode through the rollout sampler, one GRPO optimizer step with the reference
+  model; :mod:`hydroagent_hpc.train.grpo_throughput`) and the step they add up to for the paper's
+  setting (4 prompts x K=8 episodes of up to 50 turns), on 1 GPU and on 4, the assumptions printed
+  with it. On the CPU it runs the tiny model with small sizes (seconds), which checks the code, not
+  the GPU figure.
 
 What is timed is the model math of one SFT step on one device, not the trainer's data pipeline,
 checkpointing or FSDP communication (one device has none). Issue 14's goal: MFU >= 35 % for the 4B
@@ -25,7 +32,7 @@ import logging
 import sys
 from typing import Any
 
-__all__ = ["cpu_rows", "gpu_result", "markdown", "main"]
+__all__ = ["cpu_rows", "gpu_result", "markdown", "grpo_result", "grpo_markdown", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,71 @@ def gpu_result(seconds: float, seq_len: int, batch: int, activation_checkpointin
     return r.as_dict()
 
 
+#: The layouts the GRPO estimate is printed for: (training GPUs, generating GPUs).
+GRPO_LAYOUTS = ((1, 1), (4, 1), (4, 4))
+
+
+def grpo_result(gpu: bool, shape: Any, *, sim_s: float, sim_slots: int, layers: int | None = None,
+                activation_checkpointing: bool = False, decode_ctx: int | None = None) -> dict[str, Any]:
+    """Measure a GRPO step's parts (4B shape in BF16 on CUDA device 0 with ``gpu``, else the tiny model on
+    the CPU at small sizes) and estimate ``shape``'s step for each of :data:`GRPO_LAYOUTS`."""
+    from hydroagent_hpc.train.grpo_throughput import estimate_step, measure_parts
+
+    if gpu:
+        from hydroagent_hpc.train.throughput import build_random_qwen3, qwen3_config
+
+        cfg = qwen3_config(**({"num_hidden_layers": layers} if layers else {}))
+        model = build_random_qwen3(cfg, "cuda", "bfloat16", seed=0)
+        reference = build_random_qwen3(cfg, "cuda", "bfloat16", seed=1).requires_grad_(False)
+        if activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        long_ctx = decode_ctx or min(shape.tokens, 8192)
+        sizes = dict(prefill_batch=8, prefill_len=2048, decode_batch=shape.episodes,
+                     decode_ctx=(shape.prompt, long_ctx), decode_tokens=32, train_seq_len=8192)
+    else:
+        from hydroagent_hpc.train.tiny import build_tiny
+
+        model, _ = build_tiny(seed=0)
+        reference, _ = build_tiny(seed=1)
+        model.float()
+        reference.float().requires_grad_(False)
+        sizes = dict(prefill_batch=4, prefill_len=256, decode_batch=4, decode_ctx=(64, decode_ctx or 256),
+                     decode_tokens=8, train_seq_len=256)
+    parts = measure_parts(model, reference, **sizes)
+    rows = [{"gpus": g, "engines": e, **estimate_step(parts, shape, gpus=g, engines=e, sim_s_per_run=sim_s,
+                                                      sim_slots=sim_slots)}
+            for g, e in GRPO_LAYOUTS]
+    return {"parts": parts.as_dict(), "shape": {**vars(shape), "tokens": shape.tokens}, "sim_s": sim_s,
+            "sim_slots": sim_slots, "estimates": rows}
+
+
+def grpo_markdown(r: dict[str, Any]) -> str:
+    p, sh = r["parts"], r["shape"]
+    (c0, c1), (d0, d1) = p["decode_ctx"], p["decode_s"]
+    cpu_note = (["The tiny model on the CPU: this checks the benchmark's code; the step estimate below is not a "
+                 "GPU figure (run `--gpu --grpo` on a GPU node for that).", ""] if p["device"] == "cpu" else [])
+    lines = [f"## GRPO step parts, {p['device']}, {p['dtype']}, {p['params'] / 1e6:,.1f} M parameters (random weights)",
+             "", *cpu_note, "| part | measured |", "|---|---|",
+             f"| prefill (no gradient) | {p['prefill_tps']:,.0f} tokens/s |",
+             f"| decode, batch {p['decode_batch']} | {d0 * 1e3:.2f} ms/step at {c0:,} tokens of context, "
+             f"{d1 * 1e3:.2f} ms at {c1:,} |",
+             f"| GRPO optimizer step (policy with gradient, reference, loss, AdamW) | "
+             f"{p['train_s_per_token'] * 1e6:.2f} us/token at {p['train_seq_len']:,} tokens |",
+             f"| peak memory | {p['peak_memory_mb'] / 1024:.1f} GB |", "",
+             f"## Estimated step: {sh['episodes']} episodes x {sh['turns']} turns ({sh['prompt']:,}-token prompt, "
+             f"{sh['turn']} tokens per turn, {sh['tool']} per tool reply: {sh['tokens']:,} tokens per episode), "
+             f"{sh['sims_per_episode']} simulations per episode at {r['sim_s']:g} s on {r['sim_slots']} slots",
+             "", "| training GPUs | generating GPUs | prefill s | decode s | train s | simulation s (overlapped) | "
+             "step s | step min |", "|---|---|---|---|---|---|---|---|"]
+    for e in r["estimates"]:
+        lines.append(f"| {e['gpus']} | {e['engines']} | {e['prefill_s']:.1f} | {e['decode_s']:.1f} | "
+                     f"{e['train_s']:.1f} | {e['simulate_s']:.1f} | {e['step_s']:.1f} | {e['step_s'] / 60:.2f} |")
+    lines += ["", "Formula and assumptions: hydroagent_hpc/train/grpo_throughput.py (a lower bound: FSDP's gathers "
+              "and the weight sync to an engine are not counted; the decode time of several generating GPUs is the "
+              "one measured at this batch). Issue 15's goal: a paper-sized step in <= 3 minutes on 4 H100s.", ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.bench.train", description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", action="store_true", help="the Qwen3-4B-shaped BF16 benchmark on CUDA device 0")
@@ -80,8 +152,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peak-tflops", type=float, help="--gpu: the device's dense BF16 peak (default: by name)")
     ap.add_argument("--layers", type=int, help="--gpu: fewer layers for a quick check (MFU then differs)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of Markdown")
+    g = ap.add_argument_group("--grpo: the GRPO step's parts and the estimated paper-sized step")
+    g.add_argument("--grpo", action="store_true", help="measure a GRPO step's parts (see the module doc)")
+    g.add_argument("--episodes", type=int, default=32, help="rollouts per step (default 32: 4 prompts x K=8)")
+    g.add_argument("--turns", type=int, default=50, help="assistant turns per episode (default 50, the cap)")
+    g.add_argument("--prompt-tokens", type=int, default=1500, help="system and task prompt (default 1500)")
+    g.add_argument("--turn-tokens", type=int, default=150, help="assistant tokens per turn (default 150)")
+    g.add_argument("--tool-tokens", type=int, default=250, help="tokens per tool reply (default 250)")
+    g.add_argument("--sims-per-episode", type=int, default=25, help="simulator runs per episode (default 25)")
+    g.add_argument("--sim-s", type=float, default=1.0,
+                   help="seconds per simulator run (default 1.0: a 10,000-cell basin, 90 days hourly, one core)")
+    g.add_argument("--sim-slots", type=int, default=32, help="simulations in flight (default 32, the paper's)")
+    g.add_argument("--decode-ctx", type=int, help="the longer decode context (default: the episode, at most 8192)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.grpo:
+        return _grpo_main(args)
     if not args.gpu:
         rows = cpu_rows()
         sys.stdout.write(json.dumps(rows) + "\n" if args.json else markdown(rows))
@@ -109,6 +195,27 @@ def main(argv: list[str] | None = None) -> int:
         f"{r['peak_memory_mb'] / 1024:.1f} |\n\nModel FLOPs per token = 6 x matmul params + 12 x layers x "
         f"(heads x head_dim) x seq_len = {r['flops_per_token'] / 1e9:.2f} GFLOP "
         "(hydroagent_hpc/train/throughput.py).\n")
+    return 0
+
+
+def _grpo_main(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.train.grpo_throughput import EpisodeShape
+    from hydroagent_hpc.train.throughput import cuda_device_count
+
+    try:
+        shape = EpisodeShape(episodes=args.episodes, prompt=args.prompt_tokens, turn=args.turn_tokens,
+                             tool=args.tool_tokens, turns=args.turns, sims_per_episode=args.sims_per_episode)
+    except ValueError as exc:
+        print(f"error: {exc} (the --episodes/--turns/--*-tokens/--sims-per-episode flags)", file=sys.stderr)
+        return 2
+    if args.gpu and cuda_device_count() == 0:
+        print("error: --gpu --grpo needs a CUDA device and a CUDA build of torch; this machine has none "
+              "(run it on a GPU node, e.g. `srun --gpus=1 python -m hydroagent_hpc.bench.train --gpu --grpo`, or "
+              "drop --gpu to check the code on the CPU with the tiny model)", file=sys.stderr)
+        return 2
+    r = grpo_result(args.gpu, shape, sim_s=args.sim_s, sim_slots=args.sim_slots, layers=args.layers,
+                    activation_checkpointing=args.activation_checkpointing, decode_ctx=args.decode_ctx)
+    sys.stdout.write(json.dumps(r) + "\n" if args.json else grpo_markdown(r))
     return 0
 
 
