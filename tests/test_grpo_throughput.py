@@ -54,6 +54,9 @@ def test_training_cost_scales_with_the_attention_term_beyond_the_measured_length
     assert p.train_at(100) == pytest.approx(1e-3)
     assert p.train_at(200) == pytest.approx(1.8e-3)
     assert p.decode_at(200) == pytest.approx(0.02) and p.decode_at(500) == pytest.approx(0.05)
+    noisy = _parts(decode_s=(0.02, 0.01))  # the longer context timed faster: taken as flat, not falling to 0
+    assert noisy.decode_at(100) == noisy.decode_at(10_000) == pytest.approx(0.02)
+    assert noisy.decode_at(50) == pytest.approx(0.02)
 
 
 @pytest.mark.parametrize("field", ["episodes", "prompt", "turn", "tool", "turns"])

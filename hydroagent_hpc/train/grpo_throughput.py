@@ -115,11 +115,12 @@ class GRPOStepParts:
         return self.train_s_per_token * f(seq_len) / f(self.train_seq_len)
 
     def decode_at(self, ctx: float) -> float:
-        """Seconds per decode step at context ``ctx``, linear through the two measurements."""
+        """Seconds per decode step at context ``ctx``: linear through the two measurements, never falling
+        with the context (a longer context costs at least as much; timing noise can say otherwise) and never
+        below the smaller of them."""
         (c0, c1), (s0, s1) = self.decode_ctx, self.decode_s
-        if c1 == c0:
-            return s0
-        return max(0.0, s0 + (s1 - s0) * (ctx - c0) / (c1 - c0))
+        slope = max(0.0, (s1 - s0) / (c1 - c0)) if c1 != c0 else 0.0
+        return max(min(s0, s1), s0 + slope * (ctx - c0))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
