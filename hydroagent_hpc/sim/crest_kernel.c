@@ -10,9 +10,10 @@
  *
  * Two things make it faster than a cell-by-cell loop without changing a bit of the result: cells are
  * routed by levels (the overland solves by levels of the hillslope network, then the channel solves by
- * levels of the channel network; see `schedule`), every cell of a level at once, and the float powers of
- * a level are computed together by a vectorised power with an exact rounding test (hak_fpow_array). A
- * batch of parameter sets on one basin (hak_run_batch) solves the level of every member together.
+ * levels of the channel network, several steps at once; see `schedule`), every cell of a level at once,
+ * and the float powers and the solves of a level are computed together on vector lanes, the powers by an
+ * approximation with an exact rounding test (hak_fpow_array). A batch of parameter sets on one basin
+ * (hak_run_batch) solves the level of every member together.
  *
  * Built by hydroagent_hpc/sim/ckernel.py with `cc -O2 -fPIC -shared -ffp-contract=off
  * -fno-fast-math -march=native`: no fused multiply-adds and no reassociation outside the power's
@@ -463,7 +464,13 @@ typedef struct {
  *   the leaks that reach it), so the overland solves are grouped into levels of the hillslope network
  *   (a cell's level is one more than the highest level of the hillslope cells draining into it);
  * - a channel solve reads its own cell's overland result and the outflow of the channel cells upstream, so
- *   after every overland solve the channel solves run by levels of the channel network.
+ *   after every overland solve the channel solves run by levels of the channel network;
+ * - nothing of a step's overland phase reads the channel phase of the step before, so the overland phases
+ *   of a block of WF_STEPS steps run first (keeping each channel cell's lateral inflow per step), and then
+ *   the block's channel solves run as a wavefront: level l of step s beside level l - 1 of step s + 1 and
+ *   so on, since a channel solve needs its upstream cells' outflow of the same step (lower levels, earlier
+ *   diagonals) and its own state of the step before (the previous diagonal). A basin's 60-170 channel
+ *   levels of 2-10 cells then fill the power's lanes.
  *
  * All solves of a level (of every member) run together, their powers vectorised. Every sum is still taken in
  * EF5's order: a cell gathers its inflows from a list of the cells that write to it, in decreasing index,
@@ -621,6 +628,11 @@ static inline double gather_inter(const leaks *lk, long p, const double *leak) {
     return inter;
 }
 
+/* Steps whose channel solves run together as one wavefront (see hak_run_batch). */
+#ifndef WF_STEPS
+#define WF_STEPS 32
+#endif
+
 /* One member of a batch: its states, per-step arrays and interflow lists. Per-node arrays by cell index
  * (water balance) or by position (routing; `cell`). */
 typedef struct {
@@ -628,12 +640,13 @@ typedef struct {
     double *inter_in, *leak; /* by position; leak[2 p + k]: position p's leak towards its target k */
     float *outflow;                 /* this step's outflow of each position (overland or channel) */
     cellrec *cell;                  /* by position */
+    float *lat, *out;               /* [WF_STEPS][channel cells]: the block's lateral inflow and channel outflow */
     leaks lk;
 } member;
 
 static void member_free(member *mb) {
     free(mb->w); free(mb->fast); free(mb->slow); free(mb->sm); free(mb->inter_in); free(mb->leak);
-    free(mb->outflow); free(mb->cell);
+    free(mb->outflow); free(mb->cell); free(mb->lat); free(mb->out);
     leaks_free(&mb->lk);
 }
 
@@ -665,6 +678,8 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
     long *s_who = malloc(kn * sizeof(long));
     schedule sc;
     memset(&sc, 0, sizeof sc);
+    rows chanc = {NULL, NULL}; /* per channel cell (ci), the channel cells draining into it */
+    long *ci_of = NULL;        /* per position, its channel index, or -1 */
     /* the gauges' nonzero weights, in index order (the same sums as a dense loop) */
     size_t nz = 0;
     for (long g = 0; g < ng; g++)
@@ -696,6 +711,19 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
         status = rc;
         goto done;
     }
+    /* the channel cells in channel level order (ci), and who drains into each, as channel indices */
+    const long nch = sc.level_c.ptr[sc.nlev_c];
+    const long *ci_pos = sc.level_c.idx;
+    ci_of = malloc(nn * sizeof(long));
+    if (!ci_of || rows_alloc(&chanc, nch > 0 ? nch : 1, n) != 0) goto done;
+    for (long p = 0; p < n; p++) ci_of[p] = -1;
+    for (long ci = 0; ci < nch; ci++) ci_of[ci_pos[ci]] = ci;
+    chanc.ptr[0] = 0;
+    for (long ci = 0; ci < nch; ci++) {
+        long p = ci_pos[ci], len = sc.chan.ptr[p + 1] - sc.chan.ptr[p];
+        for (long e = 0; e < len; e++) chanc.idx[chanc.ptr[ci] + e] = ci_of[sc.chan.idx[sc.chan.ptr[p] + e]];
+        chanc.ptr[ci + 1] = chanc.ptr[ci] + len;
+    }
     for (long k = 0; k < nk; k++) {
         member *mb = &mem[k];
         const size_t o = (size_t)k * nn;
@@ -707,8 +735,10 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
         mb->leak = calloc(2 * nn, sizeof(double));
         mb->outflow = calloc(nn, sizeof(float));
         mb->cell = malloc(nn * sizeof(cellrec));
+        mb->lat = malloc((size_t)WF_STEPS * (size_t)(nch > 0 ? nch : 1) * sizeof(float));
+        mb->out = malloc((size_t)WF_STEPS * (size_t)(nch > 0 ? nch : 1) * sizeof(float));
         if (!mb->w || !mb->fast || !mb->slow || !mb->sm || !mb->inter_in || !mb->leak ||
-            !mb->outflow || !mb->cell)
+            !mb->outflow || !mb->cell || !mb->lat || !mb->out)
             goto done;
         rc = leaks_build(&mb->lk, n, t0 + o, t1 + o, channel, &sc, pos);
         if (rc != 0) {
@@ -744,129 +774,155 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
             st_po[o + i] = c->po;
         }
     }
-    for (long t = 0; t < nt; t++) {
-        for (long k = 0; k < nk; k++) {
-            member *mb = &mem[k];
-            const size_t o = (size_t)k * nn, og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
-            water_balance(precip, pet, t, n, dt_hours, wm + o, b + o, im + o, ke + o, fc + o, mb->w, mb->fast,
-                          mb->slow, mb->sm);
-            for (long g = 0; g < ng; g++) {
-                double acc_sm = 0.0, acc_ff = 0.0, acc_sf = 0.0;
-                for (long j = g_ptr[g]; j < g_ptr[g + 1]; j++) {
-                    long i = g_idx[j];
-                    acc_sm += g_w[j] * mb->sm[i];
-                    acc_ff += g_w[j] * mb->fast[i];
-                    acc_sf += g_w[j] * mb->slow[i];
-                }
-                sm_out[og + g] = acc_sm;
-                ff_out[og + g] = acc_ff;
-                sf_out[og + g] = acc_sf;
-            }
-        }
-        /* overland flow, by levels of the hillslope network (a channel cell's own overland store included) */
-        for (long l = 0; l < sc.nlev; l++) {
-            long first = sc.level.ptr[l], m = sc.level.ptr[l + 1] - first;
+    for (long t0 = 0; t0 < nt; t0 += WF_STEPS) {
+        const long nb = nt - t0 < WF_STEPS ? nt - t0 : WF_STEPS;
+        for (long t = t0; t < t0 + nb; t++) {
             for (long k = 0; k < nk; k++) {
                 member *mb = &mem[k];
-                for (long j = 0; j < m; j++) {
-                    long p = first + j, s = k * m + j;
-                    cellrec *c = &mb->cell[p];
-                    double qin = 0.0;
-                    for (long e = sc.over.ptr[p]; e < sc.over.ptr[p + 1]; e++) qin += mb->outflow[sc.over.idx[e]];
-                    float fast_m = (float)((double)(float)mb->fast[c->orig] / 1000.0); /* mm to m */
-                    s_qin[s] = qin;
-                    s_al[s] = c->alpha0;
-                    s_be[s] = beta_over;
-                    s_dx[s] = c->dx;
-                    if (!c->channel) {
-                        s_qold[s] = c->pq;
-                        s_qpow[s] = c->pq_pow;
-                        s_lat[s] = fast_m;
-                    } else {
-                        double inter = gather_inter(&mb->lk, p, mb->leak);
-                        float slow_m = (float)((double)(float)((double)(float)mb->slow[c->orig] + inter) / 1000.0);
-                        s_qold[s] = c->po;
-                        s_qpow[s] = c->po_pow;
-                        s_lat[s] = fast_m + slow_m;
+                const size_t o = (size_t)k * nn, og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
+                water_balance(precip, pet, t, n, dt_hours, wm + o, b + o, im + o, ke + o, fc + o, mb->w, mb->fast,
+                              mb->slow, mb->sm);
+                for (long g = 0; g < ng; g++) {
+                    double acc_sm = 0.0, acc_ff = 0.0, acc_sf = 0.0;
+                    for (long j = g_ptr[g]; j < g_ptr[g + 1]; j++) {
+                        long i = g_idx[j];
+                        acc_sm += g_w[j] * mb->sm[i];
+                        acc_ff += g_w[j] * mb->fast[i];
+                        acc_sf += g_w[j] * mb->slow[i];
+                    }
+                    sm_out[og + g] = acc_sm;
+                    ff_out[og + g] = acc_ff;
+                    sf_out[og + g] = acc_sf;
+                }
+            }
+            /* overland flow, by levels of the hillslope network (a channel cell's own overland store included) */
+            for (long l = 0; l < sc.nlev; l++) {
+                long first = sc.level.ptr[l], m = sc.level.ptr[l + 1] - first;
+                for (long k = 0; k < nk; k++) {
+                    member *mb = &mem[k];
+                    for (long j = 0; j < m; j++) {
+                        long p = first + j, s = k * m + j;
+                        cellrec *c = &mb->cell[p];
+                        double qin = 0.0;
+                        for (long e = sc.over.ptr[p]; e < sc.over.ptr[p + 1]; e++) qin += mb->outflow[sc.over.idx[e]];
+                        float fast_m = (float)((double)(float)mb->fast[c->orig] / 1000.0); /* mm to m */
+                        s_qin[s] = qin;
+                        s_al[s] = c->alpha0;
+                        s_be[s] = beta_over;
+                        s_dx[s] = c->dx;
+                        if (!c->channel) {
+                            s_qold[s] = c->pq;
+                            s_qpow[s] = c->pq_pow;
+                            s_lat[s] = fast_m;
+                        } else {
+                            double inter = gather_inter(&mb->lk, p, mb->leak);
+                            float slow_m = (float)((double)(float)((double)(float)mb->slow[c->orig] + inter) / 1000.0);
+                            s_qold[s] = c->po;
+                            s_qpow[s] = c->po_pow;
+                            s_lat[s] = fast_m + slow_m;
+                        }
+                    }
+                }
+                kw_solve_many(nk * m, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
+                for (long k = 0; k < nk; k++) {
+                    member *mb = &mem[k];
+                    for (long j = 0; j < m; j++) {
+                        long p = first + j, s = k * m + j;
+                        cellrec *c = &mb->cell[p];
+                        if (c->channel) { /* the overland result is the channel's lateral inflow */
+                            c->po_pow = s_qp[s];
+                            c->po = s_q[s];
+                        } else {
+                            c->pq_pow = s_qp[s];
+                            c->pq = s_q[s];
+                            mb->outflow[p] = s_q[s];
+                            /* the cell's interflow leak: its targets are downstream on the hillslope, at a higher
+                             * level, or on the cell itself (added after the step) */
+                            c->ir = c->ir + (float)mb->slow[c->orig];
+                            double leak = (double)(c->ir * c->leaki);
+                            c->ir = (float)((double)c->ir - leak);
+                            if (c->ir < 0.0f) c->ir = 0.0f;
+                            mb->leak[2 * p] = c->t0 >= 0 ? leak * c->s0 * c->area / c->area_t0 : 0.0;
+                            mb->leak[2 * p + 1] = c->t1 >= 0 ? leak * c->s1 * c->area / c->area_t1 : 0.0;
+                        }
                     }
                 }
             }
-            kw_solve_many(nk * m, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
             for (long k = 0; k < nk; k++) {
                 member *mb = &mem[k];
-                for (long j = 0; j < m; j++) {
-                    long p = first + j, s = k * m + j;
-                    cellrec *c = &mb->cell[p];
-                    if (c->channel) { /* the overland result is the channel's lateral inflow */
-                        c->po_pow = s_qp[s];
-                        c->po = s_q[s];
-                    } else {
-                        c->pq_pow = s_qp[s];
-                        c->pq = s_q[s];
-                        mb->outflow[p] = s_q[s];
-                        /* the cell's interflow leak: its targets are downstream on the hillslope, at a higher
-                         * level, or on the cell itself (added after the step) */
-                        c->ir = c->ir + (float)mb->slow[c->orig];
-                        double leak = (double)(c->ir * c->leaki);
-                        c->ir = (float)((double)c->ir - leak);
-                        if (c->ir < 0.0f) c->ir = 0.0f;
-                        mb->leak[2 * p] = c->t0 >= 0 ? leak * c->s0 * c->area / c->area_t0 : 0.0;
-                        mb->leak[2 * p + 1] = c->t1 >= 0 ? leak * c->s1 * c->area / c->area_t1 : 0.0;
+                const size_t o = (size_t)k * nn, og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
+                cellrec *lc = mb->cell;
+                float *lat = mb->lat + (t - t0) * nch;
+                for (long ci = 0; ci < nch; ci++) lat[ci] = lc[ci_pos[ci]].po; /* the channel's lateral inflow */
+                for (long p = 0; p < n; p++)
+                    mb->inter_in[p] = lc[p].channel ? 0.0 : gather_inter(&mb->lk, p, mb->leak);
+                for (long g = 0; g < ng; g++) {
+                    long i = (long)gauge_nodes[g], p = pos[i];
+                    if (!channel[i]) q_out[og + g] = (double)mb->outflow[p] * dx[i] + mb->inter_in[p] * area[i] / 3.6;
+                }
+                for (long p = 0; p < n; p++) lc[p].ir = (float)((double)lc[p].ir + mb->inter_in[p]);
+                if (t == state_step || (state_step < 0 && t == nt - 1)) {
+                    for (long p = 0; p < n; p++) { /* a channel cell's pq: after its channel solve, below */
+                        long i = lc[p].orig;
+                        st_w[o + i] = mb->w[i];
+                        st_ir[o + i] = lc[p].ir;
+                        if (!lc[p].channel) st_pq[o + i] = lc[p].pq;
+                        st_po[o + i] = lc[p].po;
                     }
                 }
             }
         }
-        /* channel flow, by levels of the channel network, each cell's overland flow as lateral inflow */
-        for (long l = 0; l < sc.nlev_c; l++) {
-            long first = sc.level_c.ptr[l], m = sc.level_c.ptr[l + 1] - first;
+        /* channel flow of the block's steps by a wavefront: level l of step s with level l - 1 of step s + 1
+         * and so on (a solve needs its upstream cells' outflow of the same step and its own state of the step
+         * before: both on earlier diagonals) */
+        for (long d = 0; d < nb + sc.nlev_c - 1; d++) {
+            long lmin = d - nb + 1 > 0 ? d - nb + 1 : 0, lmax = d < sc.nlev_c - 1 ? d : sc.nlev_c - 1;
+            long ns = 0;
             for (long k = 0; k < nk; k++) {
                 member *mb = &mem[k];
-                for (long j = 0; j < m; j++) {
-                    long p = sc.level_c.idx[first + j], s = k * m + j;
-                    cellrec *c = &mb->cell[p];
-                    double qin = 0.0;
-                    for (long e = sc.chan.ptr[p]; e < sc.chan.ptr[p + 1]; e++) qin += mb->outflow[sc.chan.idx[e]];
-                    s_qin[s] = qin;
-                    s_qold[s] = c->pq;
-                    s_qpow[s] = c->pq_pow;
-                    s_lat[s] = c->po;
-                    s_al[s] = c->alpha;
-                    s_be[s] = c->beta;
-                    s_dx[s] = c->dx;
+                for (long l = lmin; l <= lmax; l++) {
+                    const float *out = mb->out + (d - l) * nch, *lat = mb->lat + (d - l) * nch;
+                    for (long ci = sc.level_c.ptr[l]; ci < sc.level_c.ptr[l + 1]; ci++, ns++) {
+                        cellrec *c = &mb->cell[ci_pos[ci]];
+                        double qin = 0.0;
+                        for (long e = chanc.ptr[ci]; e < chanc.ptr[ci + 1]; e++) qin += out[chanc.idx[e]];
+                        s_qin[ns] = qin;
+                        s_qold[ns] = c->pq;
+                        s_qpow[ns] = c->pq_pow;
+                        s_lat[ns] = lat[ci];
+                        s_al[ns] = c->alpha;
+                        s_be[ns] = c->beta;
+                        s_dx[ns] = c->dx;
+                    }
                 }
             }
-            kw_solve_many(nk * m, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
+            kw_solve_many(ns, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
+            ns = 0;
             for (long k = 0; k < nk; k++) {
                 member *mb = &mem[k];
-                for (long j = 0; j < m; j++) {
-                    long p = sc.level_c.idx[first + j], s = k * m + j;
-                    cellrec *c = &mb->cell[p];
-                    c->pq_pow = s_qp[s];
-                    c->pq = s_q[s];
-                    mb->outflow[p] = s_q[s];
+                for (long l = lmin; l <= lmax; l++) {
+                    float *out = mb->out + (d - l) * nch;
+                    for (long ci = sc.level_c.ptr[l]; ci < sc.level_c.ptr[l + 1]; ci++, ns++) {
+                        cellrec *c = &mb->cell[ci_pos[ci]];
+                        c->pq_pow = s_qp[ns];
+                        c->pq = s_q[ns];
+                        out[ci] = s_q[ns];
+                    }
                 }
             }
         }
         for (long k = 0; k < nk; k++) {
             member *mb = &mem[k];
-            const size_t o = (size_t)k * nn, og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
-            cellrec *lc = mb->cell;
-            for (long p = 0; p < n; p++)
-                mb->inter_in[p] = lc[p].channel ? 0.0 : gather_inter(&mb->lk, p, mb->leak);
-            for (long g = 0; g < ng; g++) {
-                long i = (long)gauge_nodes[g], p = pos[i];
-                q_out[og + g] = channel[i] ? (double)mb->outflow[p]
-                                           : (double)mb->outflow[p] * dx[i] + mb->inter_in[p] * area[i] / 3.6;
-            }
-            for (long p = 0; p < n; p++) lc[p].ir = (float)((double)lc[p].ir + mb->inter_in[p]);
-            if (t == state_step || (state_step < 0 && t == nt - 1)) {
-                for (long p = 0; p < n; p++) {
-                    long i = lc[p].orig;
-                    st_w[o + i] = mb->w[i];
-                    st_ir[o + i] = lc[p].ir;
-                    st_pq[o + i] = lc[p].pq;
-                    st_po[o + i] = lc[p].po;
+            const size_t o = (size_t)k * nn;
+            for (long t = t0; t < t0 + nb; t++) {
+                const float *out = mb->out + (t - t0) * nch;
+                const size_t og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
+                for (long g = 0; g < ng; g++) {
+                    long i = (long)gauge_nodes[g];
+                    if (channel[i]) q_out[og + g] = (double)out[ci_of[pos[i]]];
                 }
+                if (t == state_step || (state_step < 0 && t == nt - 1))
+                    for (long ci = 0; ci < nch; ci++) st_pq[o + mb->cell[ci_pos[ci]].orig] = out[ci];
             }
         }
     }
@@ -878,6 +934,8 @@ done:
     free(g_w);
     for (int k = 0; k < 16; k++) free(sf[k]);
     schedule_free(&sc);
+    rows_free(&chanc);
+    free(ci_of);
     return status;
 }
 
