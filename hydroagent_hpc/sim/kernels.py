@@ -56,10 +56,11 @@ def _numba() -> Kernel:
 
 
 #: Members of a batch solved together in one C call: as many as keep members x cells within this. Measured on
-#: one core: 8 members of a 300-1,200-cell basin together cost 10-25 % less per member than one at a time; 8 of a
-#: 10,000-cell basin together cost 20 % more (their states no longer stay in cache), so there each member gets
-#: its own call.
-BATCH_CELLS = 16_384
+#: one core (docs/performance.md): since the channel solves of several steps share the lanes (the wavefront),
+#: 8 members of a 300-cell basin together cost 7.1 runs against 8.2 one at a time, and of 900-1,200-cell basins
+#: the same within noise; 8 members of a 10,000-cell basin together cost 20 % more (their states no longer stay
+#: in cache). So only small basins share calls.
+BATCH_CELLS = 4_096
 
 
 def _c() -> Kernel:
