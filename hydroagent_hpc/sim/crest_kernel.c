@@ -479,10 +479,12 @@ typedef struct {
 typedef struct {
     long nlev, nlev_c;
     rows level;   /* positions of each overland level: level.ptr[l] .. level.ptr[l + 1] - 1 */
-    rows level_c; /* the channel cells of each channel level, as positions */
-    rows over, chan; /* per position, the positions that write to it: hillslope outflow, channel outflow */
-    long *perm;      /* perm[p]: the cell at position p */
-    long *lev;       /* lev[i]: cell i's overland level */
+    rows level_c; /* the channel cells of each channel level, as positions; entry ci is channel cell ci */
+    rows over;    /* per position, the positions whose hillslope outflow drains into it */
+    rows chan;    /* per channel cell ci, the channel cells (ci) whose outflow drains into it */
+    long *perm;   /* perm[p]: the cell at position p */
+    long *ci_of;  /* ci_of[p]: the channel index of position p, or -1 */
+    long *lev;    /* lev[i]: cell i's overland level */
 } schedule;
 
 /* A member's interflow lists: per position, the leaks that reach it, in decreasing source index, each as an index
@@ -522,15 +524,16 @@ static int rows_by_key(rows *r, long nrows, long n, const long *key, const long 
 
 /* Builds the shared schedule from the network (down, channel); pos[i] receives cell i's position. -1 when out
  * of memory, -2 when a cell drains to a cell that is not downstream of it in the routing order. */
-static int schedule_build(schedule *sc, long n, const long *down, const uint8_t *channel, long *pos) {
+static int schedule_build(schedule *sc, long n, const int64_t *down, const uint8_t *channel, long *pos) {
     memset(sc, 0, sizeof *sc);
     size_t nn = (size_t)(n > 0 ? n : 1);
     long *lev = calloc(nn, sizeof(long)), *levc = calloc(nn, sizeof(long)), *key = malloc(nn * sizeof(long));
+    sc->ci_of = malloc(nn * sizeof(long));
     int status = -1;
-    if (!lev || !levc || !key) goto out;
+    if (!lev || !levc || !key || !sc->ci_of) goto out;
     long nlev = n > 0 ? 1 : 0, nlevc = 0;
     for (long i = n - 1; i >= 0; i--) {
-        long t = down[i];
+        long t = (long)down[i];
         if (t < 0) continue;
         if (t >= i) {
             status = -2;
@@ -556,8 +559,15 @@ static int schedule_build(schedule *sc, long n, const long *down, const uint8_t 
     /* who drains into each cell, by position of the target, in decreasing source index */
     for (long i = 0; i < n; i++) key[i] = down[i] >= 0 && !channel[i] ? pos[down[i]] : -1;
     if (rows_by_key(&sc->over, n, n, key, pos) != 0) goto out;
-    for (long i = 0; i < n; i++) key[i] = down[i] >= 0 && channel[i] ? pos[down[i]] : -1;
-    if (rows_by_key(&sc->chan, n, n, key, pos) != 0) goto out;
+    /* channel cells by channel index, and who drains into each, in the same indices */
+    const long nch = sc->level_c.ptr[nlevc];
+    for (long p = 0; p < n; p++) sc->ci_of[p] = -1;
+    for (long ci = 0; ci < nch; ci++) sc->ci_of[sc->level_c.idx[ci]] = ci;
+    for (long i = 0; i < n; i++) {
+        key[i] = down[i] >= 0 && channel[i] ? sc->ci_of[pos[down[i]]] : -1; /* -1 too below a hillslope cell */
+        levc[i] = channel[i] ? sc->ci_of[pos[i]] : -1; /* levc, done with, maps a cell to its channel index */
+    }
+    if (rows_by_key(&sc->chan, nch > 0 ? nch : 1, n, key, levc) != 0) goto out;
     status = 0;
 out:
     sc->lev = lev;
@@ -572,7 +582,8 @@ static void schedule_free(schedule *sc) {
     rows_free(&sc->over);
     rows_free(&sc->chan);
     free(sc->lev);
-    sc->perm = sc->lev = NULL;
+    free(sc->ci_of);
+    sc->perm = sc->lev = sc->ci_of = NULL;
 }
 
 /* A member's interflow lists (targets t0, t1 of each hillslope cell, by cell index). A leak is computed when its
@@ -670,7 +681,7 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
     size_t nn = (size_t)(n > 0 ? n : 1), kn = nn * (size_t)(nk > 0 ? nk : 1);
     int status = -1;
     member *mem = calloc((size_t)(nk > 0 ? nk : 1), sizeof(member));
-    long *pos = malloc(nn * sizeof(long)), *ldown = malloc(nn * sizeof(long));
+    long *pos = malloc(nn * sizeof(long));
     /* the solves of one level, all members: inputs, outputs and scratch */
     double *s_qin = malloc(kn * sizeof(double)), *s_x = malloc(kn * sizeof(double)), *s_y = malloc(kn * sizeof(double));
     float *sf[16]; /* per-solve float arrays: 8 inputs and outputs, 8 of scratch */
@@ -678,8 +689,6 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
     long *s_who = malloc(kn * sizeof(long));
     schedule sc;
     memset(&sc, 0, sizeof sc);
-    rows chanc = {NULL, NULL}; /* per channel cell (ci), the channel cells draining into it */
-    long *ci_of = NULL;        /* per position, its channel index, or -1 */
     /* the gauges' nonzero weights, in index order (the same sums as a dense loop) */
     size_t nz = 0;
     for (long g = 0; g < ng; g++)
@@ -689,7 +698,7 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
     double *g_w = malloc((nz > 0 ? nz : 1) * sizeof(double));
     int scratch_ok = 1;
     for (int k = 0; k < 16; k++) scratch_ok &= sf[k] != NULL;
-    if (!mem || !pos || !ldown || !s_qin || !s_x || !s_y || !scratch_ok || !s_who || !g_ptr || !g_idx || !g_w)
+    if (!mem || !pos || !s_qin || !s_x || !s_y || !scratch_ok || !s_who || !g_ptr || !g_idx || !g_w)
         goto done;
     float *s_qold = sf[0], *s_qpow = sf[1], *s_lat = sf[2], *s_al = sf[3], *s_be = sf[4], *s_dx = sf[5];
     float *s_q = sf[6], *s_qp = sf[7];
@@ -705,25 +714,13 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
         }
         g_ptr[g + 1] = j;
     }
-    for (long i = 0; i < n; i++) ldown[i] = (long)down[i];
-    int rc = schedule_build(&sc, n, ldown, channel, pos);
+    int rc = schedule_build(&sc, n, down, channel, pos);
     if (rc != 0) {
         status = rc;
         goto done;
     }
-    /* the channel cells in channel level order (ci), and who drains into each, as channel indices */
-    const long nch = sc.level_c.ptr[sc.nlev_c];
+    const long nch = sc.level_c.ptr[sc.nlev_c]; /* channel cells, in channel level order (ci) */
     const long *ci_pos = sc.level_c.idx;
-    ci_of = malloc(nn * sizeof(long));
-    if (!ci_of || rows_alloc(&chanc, nch > 0 ? nch : 1, n) != 0) goto done;
-    for (long p = 0; p < n; p++) ci_of[p] = -1;
-    for (long ci = 0; ci < nch; ci++) ci_of[ci_pos[ci]] = ci;
-    chanc.ptr[0] = 0;
-    for (long ci = 0; ci < nch; ci++) {
-        long p = ci_pos[ci], len = sc.chan.ptr[p + 1] - sc.chan.ptr[p];
-        for (long e = 0; e < len; e++) chanc.idx[chanc.ptr[ci] + e] = ci_of[sc.chan.idx[sc.chan.ptr[p] + e]];
-        chanc.ptr[ci + 1] = chanc.ptr[ci] + len;
-    }
     for (long k = 0; k < nk; k++) {
         member *mb = &mem[k];
         const size_t o = (size_t)k * nn;
@@ -854,13 +851,15 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
                 cellrec *lc = mb->cell;
                 float *lat = mb->lat + (t - t0) * nch;
                 for (long ci = 0; ci < nch; ci++) lat[ci] = lc[ci_pos[ci]].po; /* the channel's lateral inflow */
-                for (long p = 0; p < n; p++)
-                    mb->inter_in[p] = lc[p].channel ? 0.0 : gather_inter(&mb->lk, p, mb->leak);
+                for (long p = 0; p < n; p++) { /* the interflow that reached each cell joins its store */
+                    double in = lc[p].channel ? 0.0 : gather_inter(&mb->lk, p, mb->leak);
+                    mb->inter_in[p] = in;
+                    lc[p].ir = (float)((double)lc[p].ir + in);
+                }
                 for (long g = 0; g < ng; g++) {
                     long i = (long)gauge_nodes[g], p = pos[i];
                     if (!channel[i]) q_out[og + g] = (double)mb->outflow[p] * dx[i] + mb->inter_in[p] * area[i] / 3.6;
                 }
-                for (long p = 0; p < n; p++) lc[p].ir = (float)((double)lc[p].ir + mb->inter_in[p]);
                 if (t == state_step || (state_step < 0 && t == nt - 1)) {
                     for (long p = 0; p < n; p++) { /* a channel cell's pq: after its channel solve, below */
                         long i = lc[p].orig;
@@ -885,7 +884,7 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
                     for (long ci = sc.level_c.ptr[l]; ci < sc.level_c.ptr[l + 1]; ci++, ns++) {
                         cellrec *c = &mb->cell[ci_pos[ci]];
                         double qin = 0.0;
-                        for (long e = chanc.ptr[ci]; e < chanc.ptr[ci + 1]; e++) qin += out[chanc.idx[e]];
+                        for (long e = sc.chan.ptr[ci]; e < sc.chan.ptr[ci + 1]; e++) qin += out[sc.chan.idx[e]];
                         s_qin[ns] = qin;
                         s_qold[ns] = c->pq;
                         s_qpow[ns] = c->pq_pow;
@@ -919,7 +918,7 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
                 const size_t og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
                 for (long g = 0; g < ng; g++) {
                     long i = (long)gauge_nodes[g];
-                    if (channel[i]) q_out[og + g] = (double)out[ci_of[pos[i]]];
+                    if (channel[i]) q_out[og + g] = (double)out[sc.ci_of[pos[i]]];
                 }
                 if (t == state_step || (state_step < 0 && t == nt - 1))
                     for (long ci = 0; ci < nch; ci++) st_pq[o + mb->cell[ci_pos[ci]].orig] = out[ci];
@@ -930,12 +929,10 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
 done:
     if (mem)
         for (long k = 0; k < nk; k++) member_free(&mem[k]);
-    free(mem); free(pos); free(ldown); free(s_qin); free(s_x); free(s_y); free(s_who); free(g_ptr); free(g_idx);
+    free(mem); free(pos); free(s_qin); free(s_x); free(s_y); free(s_who); free(g_ptr); free(g_idx);
     free(g_w);
     for (int k = 0; k < 16; k++) free(sf[k]);
     schedule_free(&sc);
-    rows_free(&chanc);
-    free(ci_of);
     return status;
 }
 
