@@ -219,7 +219,7 @@ def measure_parts(model: PreTrainedModel, reference: PreTrainedModel, *, prefill
                   decode_batch: int, decode_ctx: tuple[int, int], decode_tokens: int, train_seq_len: int,
                   train_micro: int = 1, repeats: int = 2) -> GRPOStepParts:
     """Measure the three parts on ``model``'s device (``reference``: a frozen copy, on the same device)."""
-    from hydroagent_hpc.train.throughput import _peak_rss_mb, matmul_params
+    from hydroagent_hpc.train.throughput import matmul_params, peak_rss_mb
 
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
@@ -239,7 +239,7 @@ def measure_parts(model: PreTrainedModel, reference: PreTrainedModel, *, prefill
         params=sum(p.numel() for p in model.parameters()), prefill_tps=prefill, decode_batch=decode_batch,
         decode_ctx=(int(decode_ctx[0]), int(decode_ctx[1])), decode_s=(decode[0], decode[1]),
         train_seq_len=train_seq_len, train_s_per_token=train,
-        peak_memory_mb=torch.cuda.max_memory_allocated(device) / 2**20 if cuda else _peak_rss_mb(),
+        peak_memory_mb=torch.cuda.max_memory_allocated(device) / 2**20 if cuda else peak_rss_mb(),
         matmul_params=matmul_params(model), layers=int(cfg.num_hidden_layers),
         attn_width=int(cfg.num_attention_heads) * head_dim)
 

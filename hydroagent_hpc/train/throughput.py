@@ -34,7 +34,7 @@ from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
 __all__ = ["QWEN3_4B_SHAPE", "PEAK_BF16_TFLOPS", "ThroughputResult", "qwen3_config", "matmul_params",
            "flops_per_token", "peak_tflops_for", "weighted_assistant_loss", "measure_sft_steps",
-           "build_random_qwen3", "cuda_device_count"]
+           "build_random_qwen3", "cuda_device_count", "peak_rss_mb"]
 
 #: Qwen3-4B (and Qwen3-4B-Instruct-2507) dimensions, from the model's published config.json on the hub
 #: (hidden_size 2560, 36 layers, 32 query heads of 128, 8 key/value heads, intermediate 9728, vocabulary
@@ -112,7 +112,8 @@ class ThroughputResult:
         return asdict(self)
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MB (Linux reports KiB, macOS bytes)."""
     import resource
     import sys
 
@@ -179,7 +180,7 @@ def measure_sft_steps(model: PreTrainedModel, *, seq_len: int, batch: int = 1, s
     achieved = fpt * tps / 1e12
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     peak = peak_tflops if peak_tflops is not None else (peak_tflops_for(name) if cuda else None)
-    mem = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else _peak_rss_mb()
+    mem = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else peak_rss_mb()
     return ThroughputResult(device=name, dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
                             params=n_total, matmul_params=n_mm, seq_len=seq_len, batch=batch, steps=done,
                             seconds=elapsed, tokens_per_s=tps, flops_per_token=fpt, achieved_tflops=achieved,
