@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -29,7 +31,7 @@ import numpy as np
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.registry import Registry
 
-__all__ = ["Kernel", "KERNELS", "kernel", "using", "threads", "set_threads"]
+__all__ = ["Kernel", "KERNELS", "kernel", "using", "threads", "set_threads", "thread_cap"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,7 @@ KERNELS.register("numba", _numba)
 
 _CHOSEN: Kernel | None = None
 _THREADS: int | None = None
+_LOCAL = threading.local()  # .cap: this thread's cap (thread_cap), None when uncapped
 
 
 def kernel() -> Kernel:
@@ -145,13 +148,39 @@ def using(name: str) -> Iterator[Kernel]:
 
 
 def threads() -> int:
-    """Threads a batch may use (default: the CPUs this process may run on)."""
+    """Threads a batch may use on the calling thread (default: the CPUs this process may run on;
+    :func:`set_threads` caps it for the process, :func:`thread_cap` for one thread)."""
+    cap: int | None = getattr(_LOCAL, "cap", None)
     if _THREADS is not None:
-        return _THREADS
+        n = _THREADS
+    else:
+        try:
+            n = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            n = os.cpu_count() or 1
+    return n if cap is None else min(n, cap)
+
+
+@contextmanager
+def thread_cap(n: int) -> Iterator[None]:
+    """Cap :func:`threads` at ``n`` on the calling thread only, for the block (nested caps keep the
+    smaller). A rollout's batch holds one simulation slot, so it must use one thread while other
+    threads of the process keep theirs. With the numba kernel, numba's own (thread-local) thread
+    count is capped alike."""
+    if n < 1:
+        raise ValueError(f"thread_cap: need at least 1 thread, got {n}")
+    before: int | None = getattr(_LOCAL, "cap", None)
+    _LOCAL.cap = int(n) if before is None else min(before, int(n))
+    numba = sys.modules.get("numba") if _CHOSEN is not None and _CHOSEN.name == "numba" else None
+    numba_before = numba.get_num_threads() if numba is not None else None
+    if numba is not None:
+        numba.set_num_threads(min(_LOCAL.cap, numba.config.NUMBA_NUM_THREADS))
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        yield
+    finally:
+        _LOCAL.cap = before
+        if numba is not None:
+            numba.set_num_threads(numba_before)
 
 
 def set_threads(n: int) -> None:
