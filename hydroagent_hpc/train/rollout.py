@@ -17,7 +17,11 @@ group, a seed) as a full calibration episode through the same
   (:class:`SimulationSlots`, 32 by default as in the paper), shared by all rollouts, and
   :class:`SharedRuns`, so one parameter set on one basin is simulated once per batch (the K
   members of a group usually start from the same defaults) and the result is shared. Each
-  rollout's environment still records, credits and counts that run as its own.
+  rollout's environment still records, credits and counts that run as its own. Runs of one basin
+  that wait for a slot at the same moment (the K members of a group, typically) are gathered by a
+  :class:`~hydroagent_hpc.train.coalesce.RunCoalescer` into one batched call that holds one slot
+  and one thread (``sim_batch`` members at most; 1 turns it off); a run that finds a slot free
+  runs at once.
 - **Rewards come from the environment's ledger only**: the per-turn payments of the turns an
   assistant message caused (:attr:`Rollout.turn_rewards`) and the terminal payment. The text the
   model wrote never scores itself.
@@ -41,13 +45,15 @@ from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.episode import run_episode
 from hydroagent_hpc.sim import Simulator
+from hydroagent_hpc.sim.kernels import thread_cap
+from hydroagent_hpc.train.coalesce import Params, RunCoalescer
 from hydroagent_hpc.train.sampler import GenerationServer, Sampling
 from hydroagent_hpc.types import Episode, SimulationResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RolloutSpec", "Rollout", "SimulationSlots", "SharedRuns", "RolloutSimulator", "RolloutPolicy",
-           "RemoteRunner", "TurnGate", "run_rollouts", "assistant_spans", "message_rewards"]
+__all__ = ["RolloutSpec", "Rollout", "SimulationSlots", "SlotUse", "SharedRuns", "RolloutSimulator",
+           "RolloutPolicy", "RemoteRunner", "TurnGate", "run_rollouts", "assistant_spans", "message_rewards"]
 
 
 @dataclass(frozen=True)
@@ -90,8 +96,19 @@ class Rollout:
         return self.error is None and bool(self.spans)
 
 
+@dataclass
+class SlotUse:
+    """What one hold of a slot ran: ``runs`` member runs (1 unless a batch), ``batched`` when they
+    ran as one batched call (set by :class:`~hydroagent_hpc.train.coalesce.RunCoalescer`)."""
+
+    runs: int = 1
+    batched: bool = False
+
+
 class SimulationSlots:
-    """At most ``limit`` simulations in flight across all rollouts; records the peak and busy time."""
+    """At most ``limit`` simulations in flight across all rollouts (a batch of runs holds one);
+    records the peak, the busy time, the member ``runs``, the slot holds (``batches``: a lone run
+    is a batch of one) and the ``batched_runs`` that ran inside a batch of two or more."""
 
     def __init__(self, limit: int = 32) -> None:
         if limit < 1:
@@ -102,22 +119,35 @@ class SimulationSlots:
         self.in_flight = 0
         self.peak = 0
         self.runs = 0
+        self.batches = 0
+        self.batched_runs = 0
         self.busy_s = 0.0  # summed over slots
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
+    def slot(self) -> Iterator[SlotUse]:
+        """Hold one slot for the block; the holder says in the yielded :class:`SlotUse` what it ran."""
         with self._sem:
             with self._lock:
                 self.in_flight += 1
                 self.peak = max(self.peak, self.in_flight)
             t0 = time.perf_counter()
+            use = SlotUse()
             try:
-                yield
+                yield use
             finally:
                 with self._lock:
                     self.in_flight -= 1
-                    self.runs += 1
+                    self.runs += use.runs
+                    self.batches += 1
+                    if use.batched and use.runs >= 2:
+                        self.batched_runs += use.runs
                     self.busy_s += time.perf_counter() - t0
+
+    def stats(self) -> dict[str, float]:
+        """The counters as one mapping (for logs and the GRPO metrics)."""
+        with self._lock:
+            return {"peak": self.peak, "runs": self.runs, "batches": self.batches,
+                    "batched_runs": self.batched_runs, "busy_s": self.busy_s}
 
 
 class SharedRuns:
@@ -160,42 +190,83 @@ class RemoteRunner:
         self.backend = backend
 
     def __call__(self, basin_dir: str, params: Mapping[str, float] | None) -> SimulationResult:
+        value: SimulationResult = self._submit(basin_dir, _plain(params))
+        return value
+
+    def run_batch(self, basin_dir: str, param_sets: Sequence[Mapping[str, float] | None]) -> list[SimulationResult]:
+        """Run ``param_sets`` on one worker as one task (a batch on one thread there); if any member
+        fails, the whole task fails with :class:`~hydroagent_hpc.sim.errors.SimulationError`."""
+        values: list[SimulationResult] = self._submit(basin_dir, [_plain(p) for p in param_sets])
+        return list(values)
+
+    def _submit(self, basin_dir: str, params: Any) -> Any:
         from hydroagent_hpc.sim.errors import SimulationError
         from hydroagent_hpc.sim.task import simulate_task
 
-        item = (basin_dir, self.backend, None if params is None else {str(k): float(v) for k, v in params.items()})
-        result = self.pool.submit(simulate_task, item).result()
-        if not result.ok:
-            last = (result.error or "failed").strip().splitlines()[-1]
+        result = self.pool.submit(simulate_task, (basin_dir, self.backend, params)).result()
+        if not result.ok:  # the worker's reason: its last line that is not the error's "fix:" line
+            lines = [ln for ln in (result.error or "").strip().splitlines() if not ln.strip().startswith("fix:")]
+            last = lines[-1].strip() if lines else "failed"
             raise SimulationError(f"{basin_dir}: simulation failed on a worker: {last}",
                                   fix="see the worker's log; the rollout records it as a failed simulation")
-        value: SimulationResult = result.value
-        return value
+        return result.value
+
+
+def _plain(params: Mapping[str, float] | None) -> dict[str, float] | None:
+    """``params`` as a plain picklable dict of floats (None stays None)."""
+    return None if params is None else {str(k): float(v) for k, v in params.items()}
 
 
 class RolloutSimulator:
     """A :class:`~hydroagent_hpc.sim.Simulator` for one rollout: the basin's simulator behind the
     global slots and the batch's shared runs (see the module doc). With ``runner`` (a
     :class:`RemoteRunner`) the runs execute on the pool's workers, ``inner`` giving only the base
-    parameters."""
+    parameters. With ``coalescer`` the runs that wait for a slot join the other waiting runs of the
+    basin in one batch, where a batch is one vectorised call on one thread: the embedded engine
+    here, or a :class:`RemoteRunner` of the embedded engine. Other simulators (EF5, whose
+    ``run_batch`` starts a process per core) keep one run per slot."""
 
     def __init__(self, inner: Simulator, slots: SimulationSlots, shared: SharedRuns | None, basin_key: str,
-                 runner: Callable[[str, Mapping[str, float] | None], SimulationResult] | None = None) -> None:
+                 runner: Callable[[str, Mapping[str, float] | None], SimulationResult] | None = None,
+                 coalescer: RunCoalescer | None = None) -> None:
         self.inner = inner
         self.slots = slots
         self.shared = shared
         self.basin_key = basin_key
         self.runner = runner
+        self.coalescer = coalescer if coalescer is not None and self._batches_in_one_call() else None
 
     @property
     def base_params(self) -> dict[str, float]:
         return dict(self.inner.base_params)
 
+    def _batches_in_one_call(self) -> bool:
+        """Whether a batch of this basin's runs is one call on one thread (so it may hold one slot)."""
+        if self.runner is not None:
+            return isinstance(self.runner, RemoteRunner) and self.runner.backend == "embedded"
+        from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+
+        return isinstance(self.inner, EmbeddedSimulator)
+
     def _run_now(self, params: Mapping[str, float] | None) -> SimulationResult:
+        if self.coalescer is not None:
+            # the simulator's identity is part of the key: only runs of one simulator share a call
+            key = (self.basin_key, id(self.inner), id(self.runner))
+            return self.coalescer.run(key, params, self._run_many, self._run_one)
         with self.slots.slot():
-            if self.runner is not None:
-                return self.runner(self.basin_key, params)
-            return self.inner.run(params)
+            return self._run_one(params)
+
+    def _run_one(self, params: Params) -> SimulationResult:
+        if self.runner is not None:
+            return self.runner(self.basin_key, params)
+        return self.inner.run(params)
+
+    def _run_many(self, param_sets: Sequence[Params]) -> list[SimulationResult]:
+        """One batched call: on a worker (one task), or here on this thread only (the batch holds one slot)."""
+        if isinstance(self.runner, RemoteRunner):
+            return self.runner.run_batch(self.basin_key, param_sets)
+        with thread_cap(1):
+            return self.inner.run_batch(param_sets)
 
     def run(self, params: Mapping[str, float] | None = None) -> SimulationResult:
         if self.shared is None:
@@ -301,7 +372,7 @@ def run_rollouts(specs: Sequence[RolloutSpec], *, env_factory: Callable[[Rollout
                  simulators: Mapping[str, Simulator], policy_factory: Callable[[RolloutSpec], RolloutPolicy],
                  slots: SimulationSlots, shared: SharedRuns | None = None, max_workers: int | None = None,
                  runner: Callable[[str, Mapping[str, float] | None], SimulationResult] | None = None,
-                 lockstep: bool = False) -> list[Rollout]:
+                 lockstep: bool = False, sim_batch: int = 8) -> list[Rollout]:
     """Play ``specs`` concurrently (see the module doc); results in the order of ``specs``.
 
     ``simulators`` maps a basin folder to its (thread-safe) simulator; ``env_factory(spec, sim)``
@@ -310,14 +381,19 @@ def run_rollouts(specs: Sequence[RolloutSpec], *, env_factory: Callable[[Rollout
     identical parameter sets on a basin once (None: every request runs). ``runner``: run the
     simulations elsewhere (:class:`RemoteRunner` over MPI ranks) instead of in the rollout's thread.
     ``lockstep=True`` puts every rollout behind one :class:`TurnGate` (the baseline schedule the
-    benchmark compares against; it needs ``max_workers`` >= the number of rollouts).
+    benchmark compares against; it needs ``max_workers`` >= the number of rollouts). ``sim_batch``:
+    the most runs of one basin gathered into one batch while they wait for a slot (1: none; see
+    :class:`~hydroagent_hpc.train.coalesce.RunCoalescer`).
     """
+    if sim_batch < 1:
+        raise ValueError(f"sim_batch={sim_batch}: must be at least 1 (1 runs every simulation alone)")
     gate = TurnGate(len(specs)) if lockstep else None
+    coalescer = RunCoalescer(slots, sim_batch) if sim_batch > 1 else None
 
     def play(spec: RolloutSpec) -> Rollout:
         t0 = time.perf_counter()
         try:
-            sim = RolloutSimulator(simulators[spec.basin_dir], slots, shared, spec.basin_dir, runner)
+            sim = RolloutSimulator(simulators[spec.basin_dir], slots, shared, spec.basin_dir, runner, coalescer)
             env = env_factory(spec, sim)
             policy = policy_factory(spec)
             policy.gate = gate
