@@ -9,7 +9,8 @@ One step, top to bottom (:func:`train_grpo`):
 2. **Rollouts.** ``group_size`` (K) episodes per prompt, all at once through
    :func:`~hydroagent_hpc.train.rollout.run_rollouts` (one thread per episode, batched model turns,
    at most ``max_simulations_in_flight`` simulations, identical parameter sets on a basin simulated
-   once). Member ``k`` of group ``g`` at step ``s`` samples with the seed derived from
+   once, runs of one basin that wait for a slot gathered into batches of up to ``sim_batch``).
+   Member ``k`` of group ``g`` at step ``s`` samples with the seed derived from
    ``(seed, s, g, k)``, so a resumed step replays the same episodes. Every rollout is stored as an
    episode in ``RUN/rollouts.h5`` (the campaign store format: ``hydroagent report`` reads it).
 3. **Rewards and advantages** from the environment's ledger only: per assistant message the
@@ -107,7 +108,7 @@ METRICS_COLUMNS = ("step", "reward_mean", "reward_std", "turn_reward_mean", "ter
                    "clip_fraction", "grad_norm", "lr", "tokens", "logprob_mismatch_mean", "logprob_mismatch_max",
                    "tis_weight_mean", "generation_s", "simulation_s", "training_s",
                    "step_s", "sim_peak_in_flight", "shared_run_hits", "stop_reasons", "val_reward_mean",
-                   "val_best_nse_mean", "weight_sync_s")
+                   "val_best_nse_mean", "weight_sync_s", "sim_batches", "sim_batched_runs")
 
 
 def rollout_seed(seed: int, step: int, group: int, member: int) -> int:
@@ -268,11 +269,15 @@ def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpe
             simulators=sims,
             policy_factory=lambda spec: RolloutPolicy(model, tokenizer, server, sampling, seed=spec.seed,
                                                       max_context_tokens=config.max_context_tokens, name=agent),
-            slots=slots, shared=shared, runner=runner)
+            slots=slots, shared=shared, runner=runner, sim_batch=config.sim_batch)
         stats = dict(server.stats)
     model.train(was_training)
-    stats.update(wall_s=time.perf_counter() - t0, sim_busy_s=slots.busy_s, sim_peak=slots.peak, sim_runs=slots.runs,
+    sim = slots.stats()
+    stats.update(wall_s=time.perf_counter() - t0, sim_busy_s=sim["busy_s"], sim_peak=sim["peak"], sim_runs=sim["runs"],
+                 sim_batches=sim["batches"], sim_batched_runs=sim["batched_runs"],
                  shared_hits=shared.hits if shared else 0)
+    log.debug("%s: %d simulations in %d slot holds (%d of them in batches of 2+), peak %d in flight, %.1f s busy",
+              agent, sim["runs"], sim["batches"], sim["batched_runs"], sim["peak"], sim["busy_s"])
     return rollouts, stats
 
 
@@ -538,16 +543,20 @@ def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any,
                        "simulation_s": float(gen_stats["sim_busy_s"]), "training_s": training_s,
                        "step_s": time.perf_counter() - t_step, "sim_peak_in_flight": int(gen_stats["sim_peak"]),
                        "shared_run_hits": int(gen_stats.get("shared_hits", 0)),
+                       "sim_batches": int(gen_stats["sim_batches"]),
+                       "sim_batched_runs": int(gen_stats["sim_batched_runs"]),
                        "val_reward_mean": last_val.get("reward_mean", float("nan")),
                        "val_best_nse_mean": last_val.get("best_nse_mean", float("nan")),
                        "weight_sync_s": weight_sync_s}
                 metrics.write(row)
                 summary_rows.append(row)
                 log.info("step %d/%d reward %.3f (turn %.3f, terminal %.3f) best NSE %.3f | loss %.4f kl %.4f "
-                         "entropy %.3f | %d/%d trainable, %d degenerate groups | rollouts %.1f s train %.1f s",
+                         "entropy %.3f | %d/%d trainable, %d degenerate groups | rollouts %.1f s train %.1f s | "
+                         "%d simulations in %d slot holds, %d of them batched",
                          step, config.max_steps, row["reward_mean"], row.get("turn_reward_mean", float("nan")),
                          row.get("terminal_mean", float("nan")), row["best_nse_mean"], row["loss"], row["kl"],
-                         row["entropy"], row["trainable"], len(rollouts), degenerate, t_rollout, training_s)
+                         row["entropy"], row["trainable"], len(rollouts), degenerate, t_rollout, training_s,
+                         int(gen_stats["sim_runs"]), row["sim_batches"], row["sim_batched_runs"])
             # 6. checkpoints (every rank agrees on a signal that reached any of them)
             fault("usr1", step)
             fault("term", step)

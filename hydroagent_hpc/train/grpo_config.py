@@ -61,7 +61,10 @@ With more than one process the policy is trained on every rank but only rank 0 g
 
 Both: lr 1e-6 with ``warmup_steps`` linear warm-up then constant, weight decay 0, gradient clip
 1.0, entropy 0.01, clip 0.2 / 0.2, ``token-mean`` aggregation, temperature 1.0, top-p 0.95,
-at most 32 simulations in flight. Unknown keys, wrong types and out-of-range values are refused
+at most 32 simulations in flight (``max_simulations_in_flight``), and ``sim_batch: 8``: up to 8
+runs of one basin that wait for a simulation slot at the same moment (a GRPO group's members) run
+as one batched call in one slot (:mod:`hydroagent_hpc.train.coalesce`; results bit-identical to
+single runs; 1 runs every simulation alone). Unknown keys, wrong types and out-of-range values are refused
 with the file and line of the key; relative paths are resolved against the config file's folder.
 """
 
@@ -125,6 +128,7 @@ class GRPOConfig:
     max_new_tokens: int = 512
     max_context_tokens: int = 8192
     max_simulations_in_flight: int = 32
+    sim_batch: int = 8
     share_runs: bool = True
     generation_batch: int = 64
     prefix_cache: bool = True
@@ -180,6 +184,11 @@ def _check(data: dict[str, Any], where: Any) -> dict[str, Any]:
         elif key == "fsdp":
             if value not in (True, False, "auto"):
                 raise GRPOConfigError(f"{at}: fsdp: expected auto, true or false, got {brief(value)}")
+        elif key == "sim_batch":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise GRPOConfigError(f"{at}: sim_batch: expected a whole number of at least 1, got {brief(value)}",
+                                      "give the most queued runs of one basin to gather into one batched call "
+                                      "(8, a GRPO group; 1 runs every simulation alone)")
         elif key in _INT:
             if value is None and key == "norm_length":
                 pass
