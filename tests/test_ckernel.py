@@ -306,6 +306,25 @@ def test_a_broken_compiler_is_reported_and_leaves_no_library(tmp_path, monkeypat
     assert not list((tmp_path / "cache").glob("*.so")) and not list((tmp_path / "cache").glob("*.tmp"))
 
 
+def test_library_path_runs_nothing_and_follows_the_compiler_file(tmp_path, monkeypatch):
+    """Finding the built library runs no program (a drop-in start pays no ``cc --version``), and a
+    changed compiler file (an upgrade) names a different library."""
+    from hydroagent_hpc.sim import ckernel
+
+    marker = tmp_path / "ran"
+    fake = tmp_path / "cc"
+    fake.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    first = ckernel.library_path(tmp_path / "cache")
+    assert ckernel.library_path(tmp_path / "cache") == first
+    assert not marker.exists()
+    fake.write_text(f"#!/bin/sh\ntouch {marker}\nexit 2\n")  # an upgraded compiler: another file
+    os.utime(fake, ns=(1, 1))
+    assert ckernel.library_path(tmp_path / "cache") != first
+    assert not marker.exists()
+
+
 @needs_c
 def test_simulate_process_does_not_import_numba(tmp_path):
     """The drop-in command with the C kernel starts without numba (its import costs ~0.7 s)."""

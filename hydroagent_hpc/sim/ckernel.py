@@ -7,7 +7,7 @@ numba and loading its cache (~0.7 s), and C's ``float``/``double`` arithmetic is
 Building: the first use compiles ``crest_kernel.c`` with ``$CC`` (default ``cc``) and
 ``-O2 -ffp-contract=off -fno-fast-math -march=native`` (without ``-march=native`` where the
 compiler refuses it) into ``<cache>/ckernel-<hash>.so``. The hash covers the source, the flags, the
-compiler's version line and this CPU's model and feature flags, so nodes of different CPU types
+compiler's file (its resolved path, size, inode and modification time; nothing is run) and this CPU's model and feature flags, so nodes of different CPU types
 that share a cache folder (a home directory on a cluster) each build their own library and never
 load one built for instructions they lack. ``<cache>`` is the forcing cache's folder,
 :func:`hydroagent_hpc.sim.cache.cache_root`. It writes a temporary file and renames it, so pool
@@ -29,6 +29,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -63,25 +64,41 @@ def _compiler() -> str:
 
 
 def library_path(cache: Path | None = None) -> Path:
-    """Where the library for this source, these flags and this compiler lives (built or not)."""
+    """Where the library for this source, these flags and this compiler lives (built or not).
+
+    Nothing is run to find it: the compiler is known by its resolved path and its file's identity
+    (size, inode, modification time), which an upgrade changes, so a process start pays no
+    ``cc --version`` (a few milliseconds of a drop-in run)."""
     from hydroagent_hpc.sim.cache import cache_root
 
-    cc = _compiler()
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise CKernelUnavailable(f"C kernel: the compiler {cc!r} cannot be run ({exc})",
-                                 fix="install a C compiler (gcc or clang) or set CC; the numba kernel is used "
-                                     "meanwhile") from None
     h = hashlib.blake2b(digest_size=12)
-    for part in (SOURCE.read_bytes(), " ".join((*FLAGS, NATIVE)).encode(), (version[0] if version else cc).encode(),
+    for part in (SOURCE.read_bytes(), " ".join((*FLAGS, NATIVE)).encode(), _compiler_identity().encode(),
                  _cpu_identity().encode()):
         h.update(part)
     return (cache or cache_root()) / f"ckernel-{h.hexdigest()}.so"
 
 
+def _compiler_identity() -> str:
+    """``$CC`` resolved on ``PATH`` to its file, with that file's size, inode and modification time."""
+    cc = _compiler()
+    found = shutil.which(cc)
+    if found is None:
+        raise CKernelUnavailable(f"C kernel: the compiler {cc!r} cannot be run (not found on PATH)",
+                                 fix="install a C compiler (gcc or clang) or set CC; the numba kernel is used "
+                                     "meanwhile")
+    real = os.path.realpath(found)
+    try:
+        st = os.stat(real)
+    except OSError as exc:
+        raise CKernelUnavailable(f"C kernel: the compiler {cc!r} ({real}) cannot be read ({exc})",
+                                 fix="install a C compiler (gcc or clang) or set CC; the numba kernel is used "
+                                     "meanwhile") from None
+    return f"{real}|{st.st_size}|{st.st_ino}|{st.st_mtime_ns}"
+
+
 def _cpu_identity() -> str:
-    """This CPU's model and feature flags (Linux ``/proc/cpuinfo``; elsewhere what ``platform`` knows)."""
+    """This CPU's model and feature flags (Linux ``/proc/cpuinfo``; elsewhere what ``platform`` knows;
+    ``platform.processor()`` runs ``uname -p`` on Linux, so it is asked only where there is no cpuinfo)."""
     import platform
 
     keep = ("model name", "flags", "features", "cpu part", "cpu implementer")
@@ -90,7 +107,7 @@ def _cpu_identity() -> str:
     except OSError:
         lines = []
     found = [ln.strip() for ln in lines if ln.split(":", 1)[0].strip().lower() in keep]
-    return "\n".join([platform.machine(), platform.processor(), *found])
+    return "\n".join([platform.machine(), *(found or [platform.processor()])])
 
 
 def _build(target: Path) -> None:
