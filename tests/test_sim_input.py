@@ -728,6 +728,40 @@ def test_parameter_grid_holes_are_warned(tmp_path, caplog):
     assert msgs and "2 of the basin's 16 cells" in msgs[0] and "WM grid" in msgs[0], msgs
 
 
+def test_parameter_grids_come_from_the_cache_until_a_grid_changes(tmp_path, caplog, monkeypatch):
+    """A second simulator of the same basin reads no parameter grid (the sampled values are cached under the
+    files' stat identity) and still warns of holes; an edited grid is read again."""
+    from hydroagent_hpc.sim import embedded
+
+    control = make_case(tmp_path)
+    (tmp_path / "params").mkdir()
+    wm = np.full((4, 4), 1.5)
+    wm[1, 1] = -9999.0
+    write_tif(tmp_path / "params" / "wm.tif", Grid(wm, XLL, YLL, CS))
+    control.write_text(control.read_text().replace("[CrestParamSet C]\n", "[CrestParamSet C]\nwm_grid=params/wm.tif\n"))
+    cache = tmp_path / "cache"
+    first = EmbeddedSimulator(control, cache_dir=cache)
+    assert len(list(cache.glob("paramgrids-*.npz"))) == 1
+
+    def no_reading(path):
+        raise AssertionError(f"{path} was read although it did not change")
+
+    caplog.set_level(logging.WARNING)
+    with monkeypatch.context() as m:
+        m.setattr(embedded, "read_tif", no_reading)
+        second = EmbeddedSimulator(control, cache_dir=cache)
+    assert np.array_equal(first._grid_values["wm"], second._grid_values["wm"], equal_nan=True)
+    assert any("1 of the basin's 16 cells" in r.getMessage() for r in caplog.records)
+    assert np.array_equal(first.run().discharge, second.run().discharge)
+    wm[:] = 3.0
+    write_tif(tmp_path / "params" / "wm.tif", Grid(wm, XLL, YLL, CS))
+    third = EmbeddedSimulator(control, cache_dir=cache)
+    assert np.all(third._grid_values["wm"] == 3.0)
+    assert len(list(cache.glob("paramgrids-*.npz"))) == 2
+    uncached = EmbeddedSimulator(control, cache_dir=False)
+    assert np.array_equal(third._grid_values["wm"], uncached._grid_values["wm"])
+
+
 def test_negative_cellsize_is_refused(tmp_path):
     control = make_case(tmp_path)
     for name in ("dem", "ddm", "fam"):

@@ -14,6 +14,11 @@ Any write to a file, and any ``touch``, renaming or replacement, changes its cha
 which no user-level tool can set back), so an unchanged fingerprint means unchanged files; a new
 fingerprint falls back to hashing the content (and remembers it).
 
+The parameter grids a basin samples are remembered the same way (:func:`file_identity`,
+:func:`load_arrays`, :func:`store_arrays`): the sampled values under the grid files' stat identity
+and the basin's cell layout, so a drop-in process neither imports the TIFF reader nor parses a
+grid it has read before.
+
 Location: ``$HYDROAGENT_CACHE``, else ``$XDG_CACHE_HOME/hydroagent-hpc``, else
 ``~/.cache/hydroagent-hpc``. Pass ``cache_dir=False`` to the simulator to bypass it.
 """
@@ -33,7 +38,8 @@ from hydroagent_hpc.sim.forcing import forcing_checksum, forcing_file_names
 
 log = logging.getLogger(__name__)
 
-__all__ = ["cache_root", "stat_fingerprint", "content_checksum", "make_key", "load", "store"]
+__all__ = ["cache_root", "stat_fingerprint", "content_checksum", "make_key", "load", "store", "file_identity",
+           "load_arrays", "store_arrays"]
 
 
 def cache_root(cache_dir: str | Path | bool | None = None) -> Path:
@@ -122,3 +128,49 @@ def store(key: str, values: np.ndarray, missing: int, cache_dir=None) -> None:
         os.replace(tmp, path)
     except OSError as exc:  # a read-only or full cache must not fail the run
         log.warning("could not write the forcing cache in %s: %s", root, exc)
+
+
+def file_identity(paths: list[str | Path], extra: tuple = ()) -> str:
+    """A checksum of each file's absolute name and ``os.stat`` identity (size, inode, device, mtime
+    and ctime in ns; a missing file counts as such) and of ``extra`` (bytes or anything with a
+    ``str``): the key of arrays derived from those files (see the module doc)."""
+    h = hashlib.blake2b(digest_size=20)
+    for path in paths:
+        name = os.path.abspath(path)
+        try:
+            st = os.stat(name)
+        except OSError:
+            h.update(f"{name}|<missing>\n".encode())
+            continue
+        h.update(f"{name}|{st.st_size}|{st.st_ino}|{st.st_dev}|{st.st_mtime_ns}|{st.st_ctime_ns}\n".encode())
+    for part in extra:
+        h.update(part if isinstance(part, bytes) else str(part).encode())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+def load_arrays(kind: str, key: str, cache_dir=None) -> dict[str, np.ndarray] | None:
+    """The arrays stored under ``kind`` and ``key``, or None (absent or unreadable)."""
+    path = cache_root(cache_dir) / f"{kind}-{key}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {name: z[name] for name in z.files}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError) as exc:
+        log.warning("ignoring unreadable cache entry %s (%s)", path, exc)
+        return None
+
+
+def store_arrays(kind: str, key: str, arrays: dict[str, np.ndarray], cache_dir=None) -> None:
+    """Store ``arrays`` under ``kind`` and ``key``, atomically; a cache that cannot be written is
+    logged, never an error."""
+    root = cache_root(cache_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / f"{kind}-{key}.npz"
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not write the cache in %s: %s", root, exc)

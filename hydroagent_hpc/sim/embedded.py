@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["EmbeddedSimulator", "NodeParams"]
 
+#: Part of the parameter-grid cache key: raise it when the sampling of a grid at the cells changes.
+_GRID_CACHE_VERSION = 1
+
 
 @dataclass
 class NodeParams:
@@ -100,6 +103,7 @@ class EmbeddedSimulator:
             raise InputError(f"snow_physics={snow_physics!r} is unknown",
                              fix=f"use one of: {', '.join(snow17.PHYSICS)}")
         self.snow_physics = snow_physics
+        self._cache_dir = cache_dir
         self.control = control if isinstance(control, ControlFile) else parse_control(control)
         cf = self.control
         self.task = cf.task(task)
@@ -222,22 +226,45 @@ class EmbeddedSimulator:
         return series.values, len(series.missing)
 
     def _param_grids(self, ps) -> dict[str, np.ndarray]:
-        out = {}
+        """Each grid of parameter set ``ps`` sampled at the basin's cells (NaN off the grid), from the
+        cache when the grid files are unchanged (:func:`hydroagent_hpc.sim.cache.file_identity`)."""
         for name, path in ps.grids.items():
             if Path(path).suffix.lower() == ".asc":
                 raise InputError(f"[{ps.kind}paramset {ps.name}] {name}_grid={path}: EF5 reads parameter grids only as "
                                  "GeoTIFF and silently skips the run for an .asc grid",
                                  fix="convert the grid to a float32 GeoTIFF (hydroagent_hpc.sim.grids.write_tif)")
+        if not ps.grids:
+            return {}
+        key = None
+        if self._cache_dir is not False:
+            names = list(ps.grids)
+            key = fcache.file_identity([ps.grids[n] for n in names], (
+                _GRID_CACHE_VERSION, *names, self.net.rows.tobytes(), self.net.cols.tobytes(), self.dem.data.shape,
+                repr((self.dem.xll, self.dem.yll, self.dem.cellsize))))
+            hit = fcache.load_arrays("paramgrids", key, self._cache_dir)
+            if hit is not None and all(n in hit and f"{n}.holes" in hit for n in names):
+                for name in names:
+                    self._warn_holes(ps.grids[name], name, int(hit[f"{name}.holes"]))
+                return {name: hit[name] for name in names}
+        out: dict[str, np.ndarray] = {}
+        holes_of: dict[str, np.ndarray] = {}
+        for name, path in ps.grids.items():
             grid = read_tif(path)
             out[name] = self._sample_param(grid)
             inside = self._inside(grid)
-            holes = inside & (~np.isfinite(out[name]) | (out[name] == grid.nodata))
-            if holes.any():
-                log.warning("%s: %d of the basin's %d cells hold nodata or a non-finite value in this %s grid; the run "
-                            "uses them as they are (nodata times the scalar, then EF5's clamps; a non-finite cell "
-                            "falls back to the scalar). Fill the grid to silence this", path, int(holes.sum()),
-                            holes.size, name.upper())
+            holes = int((inside & (~np.isfinite(out[name]) | (out[name] == grid.nodata))).sum())
+            holes_of[f"{name}.holes"] = np.int64(holes)
+            self._warn_holes(path, name, holes)
+        if key is not None:
+            fcache.store_arrays("paramgrids", key, {**out, **holes_of}, self._cache_dir)
         return out
+
+    def _warn_holes(self, path, name: str, holes: int) -> None:
+        if holes:
+            log.warning("%s: %d of the basin's %d cells hold nodata or a non-finite value in this %s grid; the run "
+                        "uses them as they are (nodata times the scalar, then EF5's clamps; a non-finite cell "
+                        "falls back to the scalar). Fill the grid to silence this", path, holes, self.net.n,
+                        name.upper())
 
     def _inside(self, grid: Grid) -> np.ndarray:
         """Which basin cells fall on ``grid`` (all of them when it has the DEM's rows and columns)."""
