@@ -33,26 +33,31 @@ def ts_filename(gauge: str, model: str = "crest") -> str:
     return f"ts.{gauge.lower()}.{model}.csv"
 
 
-def _f2(x: float) -> str:
-    return "nan" if not np.isfinite(x) else f"{x:.2f}"
+def _nan_if_not_finite(a: np.ndarray) -> list[float]:
+    """The column as Python floats, with every non-finite value as NaN (printed ``nan``, as EF5 does)."""
+    a = np.asarray(a, dtype=np.float64)
+    return np.where(np.isfinite(a), a, np.nan).tolist()
 
 
 def write_ts_csv(path: str | Path, result: SimulationResult, gauge: str) -> Path:
-    """Write one gauge's rows (warm-up excluded) in EF5's exact format."""
+    """Write one gauge's rows (warm-up excluded) in EF5's exact format.
+
+    A row is one ``%``-format of the whole line (``%.2f`` prints NaN as ``nan``; other non-finite
+    values are made NaN first), which is several times faster than formatting field by field; a
+    drop-in run of a small basin spends a noticeable share of its time here."""
     g: GaugeSeries = result.gauges[gauge]
     keep = ~result.warmup
     snow = g.temperature is not None and g.swe is not None
+    times = [t.replace("T", " ") for t in result.times[keep].astype("datetime64[m]").astype(str).tolist()]
+    cols = [_nan_if_not_finite(c[keep]) for c in (g.discharge, g.observed, g.precip, g.pet, g.soil_moisture)]
+    cols += [(np.asarray(c[keep], dtype=np.float64) * 1000.0).tolist() for c in (g.fast_flow, g.slow_flow)]
+    fmt = "%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.4f,%.4f"
+    if snow:
+        assert g.temperature is not None and g.swe is not None
+        cols += [_nan_if_not_finite(g.temperature[keep]), _nan_if_not_finite(g.swe[keep])]
+        fmt += ",%.2f,%.2f"
     lines = [HEADER + (SNOW_HEADER if snow else "")]
-    times = result.times[keep].astype("datetime64[m]").astype(str)
-    cols = [g.discharge[keep], g.observed[keep], g.precip[keep], g.pet[keep], g.soil_moisture[keep],
-            g.fast_flow[keep] * 1000.0, g.slow_flow[keep] * 1000.0]
-    for i, t in enumerate(times):
-        q, o, p, e, s, ff, sf = (c[i] for c in cols)
-        row = f"{t.replace('T', ' ')},{_f2(q)},{_f2(o)},{_f2(p)},{_f2(e)},{_f2(s)},{ff:.4f},{sf:.4f}"
-        if snow:
-            assert g.temperature is not None and g.swe is not None
-            row += f",{_f2(g.temperature[keep][i])},{_f2(g.swe[keep][i])}"
-        lines.append(row)
+    lines += [fmt % row for row in zip(times, *cols)]
     p = Path(path)
     _atomic_write(p, "\n".join(lines) + "\n")
     return p
