@@ -170,7 +170,7 @@ def store_arrays(kind: str, key: str, arrays: dict[str, np.ndarray], cache_dir=N
         root.mkdir(parents=True, exist_ok=True)
         path = root / f"{kind}-{key}.npz"
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, **arrays)
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub types the keywords as allow_pickle
         os.replace(tmp, path)
     except OSError as exc:
         log.warning("could not write the cache in %s: %s", root, exc)

@@ -7,8 +7,9 @@ numba and loading its cache (~0.7 s), and C's ``float``/``double`` arithmetic is
 Building: the first use compiles ``crest_kernel.c`` with ``$CC`` (default ``cc``) and
 ``-O2 -ffp-contract=off -fno-fast-math -march=native`` (without ``-march=native`` where the
 compiler refuses it) into ``<cache>/ckernel-<hash>.so``. The hash covers the source, the flags, the
-compiler's file (its resolved path, size, inode and modification time; nothing is run) and this CPU's model and feature flags, so nodes of different CPU types
-that share a cache folder (a home directory on a cluster) each build their own library and never
+compiler's file (its resolved path, size, inode and modification time: nothing is run to find the
+library) and this CPU's model and feature flags, so nodes of different CPU types that share a cache
+folder (a home directory on a cluster) each build their own library and never
 load one built for instructions they lack. ``<cache>`` is the forcing cache's folder,
 :func:`hydroagent_hpc.sim.cache.cache_root`. It writes a temporary file and renames it, so pool
 workers and MPI ranks that start together never load half a library. :func:`load` raises
