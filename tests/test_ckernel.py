@@ -337,3 +337,35 @@ def test_simulate_process_does_not_import_numba(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "False"
     assert (tmp_path / "out").is_dir()
+
+
+@needs_c
+def test_a_repeat_simulate_process_imports_only_what_it_needs(tmp_path):
+    """With the caches warm, the drop-in command loads no TIFF reader (parameter grids cached), starts no
+    program (the library is found by the compiler file's identity), imports no numba, and asks numpy's
+    OpenBLAS for one thread unless the user chose."""
+    import shutil
+
+    src = tmp_path / "dendritic"
+    shutil.copytree(GOLDEN / "dendritic", src, ignore=shutil.ignore_patterns("expected_*"))
+    control_text = (src / "control_a.txt").read_text()
+    assert "TIME_STATE=" in control_text
+    (src / "control_a.txt").write_text(control_text.replace("TIME_STATE=", "#TIME_STATE="))  # no state grids
+    code = ("import sys, os\nsys.argv = ['hydroagent', '-q', 'simulate', sys.argv[1], '--output', sys.argv[2]]\n"
+            "from hydroagent_hpc.cli import main\nrc = main()\nassert rc == 0, rc\n"
+            "print(sorted(m for m in ('tifffile', 'subprocess', 'numba') if m in sys.modules), "
+            "os.environ.get('OPENBLAS_NUM_THREADS'))\n")
+    env = {**os.environ, "HYDROAGENT_KERNEL": "c", "PYTHONPATH": str(ROOT), "HYDROAGENT_CACHE": str(tmp_path / "cache")}
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    control = str(src / "control_a.txt")
+
+    def run(extra: dict[str, str]) -> str:
+        proc = subprocess.run([sys.executable, "-c", code, control, str(tmp_path / "out")], capture_output=True,
+                              text=True, env={**env, **extra}, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip().splitlines()[-1]
+
+    first = run({})
+    assert "tifffile" in first  # the first start reads the parameter grids
+    assert run({}) == "[] 1"
+    assert run({"OPENBLAS_NUM_THREADS": "3"}).endswith(" 3")

@@ -31,8 +31,6 @@ import hashlib
 import logging
 import os
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +110,9 @@ def _cpu_identity() -> str:
 
 
 def _build(target: Path) -> None:
+    import subprocess  # here, not at the top: a drop-in start that finds the library built never needs them
+    import tempfile
+
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
