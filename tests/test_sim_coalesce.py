@@ -141,6 +141,33 @@ def test_a_batch_takes_at_most_max_batch_members(sims, monkeypatch):
     assert slots.runs == 1 + 7 and slots.batched_runs == 6
 
 
+def test_a_leader_takes_its_share_of_the_waiting_runs_and_the_next_member_leads_the_rest(sims, monkeypatch):
+    """6 runs wait, 2 slots: the first slot to free takes ceil(6 / 2) = 3 of them, not all 6, so the
+    other slot is not left idle while one slot works through the whole queue."""
+    inner = sims["b1"]
+    sets = _params(6, seed=7)
+    expected = [inner.run(p) for p in sets]
+    calls = Calls(inner, monkeypatch)
+    slots = SimulationSlots(2)
+    coalescer = RunCoalescer(slots)
+    sim = RolloutSimulator(inner, slots, None, "b1", coalescer=coalescer)
+    out: dict[int, SimulationResult] = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, sim.run(sets[i]))) for i in range(6)]
+    with slots.slot():  # the second slot stays busy throughout
+        with slots.slot():
+            for t in threads:
+                t.start()
+            _wait_until(lambda: coalescer.waiting() == 6)
+        for t in threads:
+            t.join(timeout=60)
+            assert not t.is_alive()
+    # 3 of 6 waiting on 2 slots; then 2 of the 3 left (ceil(3 / 2)); then the last one alone
+    assert calls.batches == [3, 2] and calls.singles == 1
+    for i, want in enumerate(expected):
+        _same(out[i], want)
+    assert (slots.runs, slots.batches, slots.batched_runs) == (2 + 6, 2 + 3, 5) and coalescer.waiting() == 0
+
+
 def test_free_running_rollouts_on_one_slot_batch_and_still_equal_solo_runs(sims):
     inner = sims["b1"]
     sets = _params(24, seed=1)
