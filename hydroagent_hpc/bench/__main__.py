@@ -1,4 +1,4 @@
-"""``python -m hydroagent_hpc.bench`` (``make bench``): simulator, metrics, report, HPC, SFT and GRPO benchmarks.
+"""``python -m hydroagent_hpc.bench`` (``make bench``): simulator, metrics, report, HPC, queued runs, SFT, GRPO.
 
 Prints Markdown tables; every speed is a ratio against a baseline measured in the same run.
 """
@@ -102,6 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     hpc_control = next((str(c) for _, c in cases if c.parent.name == "syn_01403060"), None)
     out("\n## HPC pools and Slurm (`python -m hydroagent_hpc.bench.hpc`)\n\n")
     out(hbench.markdown(hpc_control or hbench.default_control()))
+
+    out("\n## Rollout-style queued runs: a basin's waiting runs in one batch (`python -m "
+        "hydroagent_hpc.bench.queued_runs`)\n\n")
+    queued = next((c for _, c in cases if c.parent.name == "syn_02338660"), None)
+    if queued is not None:
+        from hydroagent_hpc.bench import queued_runs
+
+        out(queued_runs.markdown(queued_runs.measure(queued)))
+    else:
+        out("(skipped with --skip-demo: it runs the smallest demo basin)\n")
+    sys.stdout.flush()
 
     from hydroagent_hpc.bench import train as tbench
 
