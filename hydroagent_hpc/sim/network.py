@@ -11,9 +11,12 @@ Facts (EF5 v1.2.3, ``docs/ef5-crest-spec.md`` section 2a, checked against the go
 * Geographic lengths: one degree of latitude is 110 574 m (``metersSN = cellsize * 110574``,
   float32); east-west lengths are ``metersSN * cos(lat)`` with ``lat`` the cell's **north edge**
   and pi taken as 3.1415926; diagonals by Pythagoras. Cell area (km2) is
-  ``metersSN * metersSN * cos(lat) / 1e6``.
-* Slope of an upstream node: ``max(1, trunc(DEM_up) - trunc(DEM_down)) / dx`` (DEM truncated to
-  whole metres). The gauge (outlet) node: ``max(1, DEM - trunc(DEM_next)) / dx`` when the cell it
+  ``metersSN * metersSN * cos(lat) / 1e6``. Each rounded where EF5 rounds (``lat / 180`` is a float
+  division, the diagonal squares the unrounded double east-west length, the area divides a double
+  product), so lengths, areas and slopes are EF5's floats bit for bit; a one-ulp length or area
+  changes routed flows by ulps that a Newton stopping test can amplify to a printed 0.01-0.02.
+* Slope of an upstream node: ``max(1, trunc(DEM_up) - trunc(DEM_down)) / dx`` (DEM read as float32,
+  truncated to whole metres). The gauge (outlet) node: ``max(1, DEM - trunc(DEM_next)) / dx`` when the cell it
   drains to is on the grid with data, otherwise ``1 / dx_NS``.
 * A node's FAM value ``fac`` is what the channel threshold TH compares against (``fac > TH``).
 """
@@ -21,6 +24,7 @@ Facts (EF5 v1.2.3, ``docs/ef5-crest-spec.md`` section 2a, checked against the go
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,18 +107,34 @@ def flow_offsets(ddm: Grid, esri: bool) -> np.ndarray:
     return d
 
 
+def _cos_lat(lat_north: np.ndarray) -> np.ndarray:
+    """``cos(TORADIANS(y))`` as EF5 evaluates it: ``#define TORADIANS(x) (x) / 180 * 3.1415926`` with ``y`` a
+    float, so ``y / 180`` is a float division and only the product with pi and the cosine are double."""
+    lat = np.asarray(lat_north, dtype=np.float32)
+    # the C library's cos, as EF5's (numpy's own vectorised cos need not round the same); one call per row
+    uniq, inv = np.unique(lat, return_inverse=True)
+    cos = np.array([math.cos(float(v) * _PI) for v in (uniq / np.float32(180.0)).astype(np.float32)])
+    return cos[inv].reshape(lat.shape)
+
+
 def _lengths(lat_north: np.ndarray, cellsize: float, d: np.ndarray) -> np.ndarray:
-    sn = np.float32(np.float32(cellsize) * _METERS_PER_DEGREE)
-    ew = (np.float64(sn) * np.cos(lat_north.astype(np.float64) / 180.0 * _PI)).astype(np.float32)
-    diag = np.sqrt(ew.astype(np.float64) ** 2 + np.float64(sn) ** 2).astype(np.float32)
-    out = np.where(np.isin(d, (3, 7)), sn, np.where(np.isin(d, (1, 5)), ew, diag))
+    """EF5 ``GeographicProjection::GetLen``: ``metersSNPerCell`` is a double holding the float product
+    ``cellSize * 110574``; the east-west length ``metersSN * cos`` is double, rounded to float on return, and
+    the diagonal ``sqrt(pow(metersSN * cos, 2.0) + pow(metersSN, 2.0))`` squares that double unrounded."""
+    sn = np.float64(np.float32(np.float32(cellsize) * _METERS_PER_DEGREE))
+    ew64 = sn * _cos_lat(lat_north)
+    ew = ew64.astype(np.float32)
+    diag = np.sqrt(ew64 * ew64 + sn * sn).astype(np.float32)
+    out = np.where(np.isin(d, (3, 7)), np.float32(sn), np.where(np.isin(d, (1, 5)), ew, diag))
     return out.astype(np.float64)
 
 
 def _area(lat_north: np.ndarray, cellsize: float) -> np.ndarray:
-    sn = np.float32(np.float32(cellsize) * _METERS_PER_DEGREE)
-    ew = (np.float64(sn) * np.cos(lat_north.astype(np.float64) / 180.0 * _PI)).astype(np.float32)
-    return (np.float32(ew * sn) / np.float32(1e6)).astype(np.float64)
+    """EF5 ``GeographicProjection::GetArea``: ``float lenEW = metersSN * cos(..)``, then
+    ``(lenEW * metersSN) / 1000000`` in double (metersSN is a double), rounded to float once on return."""
+    sn = np.float64(np.float32(np.float32(cellsize) * _METERS_PER_DEGREE))
+    ew = (sn * _cos_lat(lat_north)).astype(np.float32)
+    return ((ew.astype(np.float64) * sn) / 1e6).astype(np.float32).astype(np.float64)
 
 
 def _locate_gauge(g: Gauge, dem: Grid, fam: Grid, valid: np.ndarray) -> tuple[int, int]:
@@ -251,7 +271,8 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
     rows, cols = cells_a // ncols, cells_a % ncols
     lat_north = (np.float64(dem.top) - rows.astype(np.float64) * dem.cellsize).astype(np.float32)
     dirs = d.ravel()[cells_a]
-    dem_v = dem.data.ravel()[cells_a]
+    # EF5 holds the DEM as float (an ASCII grid is read with fscanf "%f") and truncates those floats to long
+    dem_v = dem.data.ravel()[cells_a].astype(np.float32).astype(np.float64)
     dem_t = np.trunc(dem_v)
     is_root = down_a < 0
     # Upstream nodes: length along the direction from the node to its downstream cell.
@@ -260,7 +281,9 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
     # Roots: the cell they drain to, if on the grid with data, else a north-south length.
     tcell = target.ravel()[cells_a]
     root_in = is_root & (tcell >= 0)
-    drop = np.where(root_in, dem_v - np.trunc(dem.data.ravel()[np.clip(tcell, 0, None)]), drop)
+    # float DEMDiff = DEM (float) - outsideHeight (long): one float rounding
+    t_dem = np.trunc(dem.data.ravel()[np.clip(tcell, 0, None)].astype(np.float32).astype(np.float64))
+    drop = np.where(root_in, (dem_v - t_dem).astype(np.float32).astype(np.float64), drop)
     sn = float(np.float32(np.float32(dem.cellsize) * _METERS_PER_DEGREE))
     dx = np.where(is_root & ~root_in, sn, dx)
     drop = np.where(is_root & ~root_in, 1.0, drop)
