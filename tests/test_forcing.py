@@ -11,7 +11,7 @@ import pytest
 from hydroagent_hpc.sim.controlfile import Forcing
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import InputError
-from hydroagent_hpc.sim.forcing import forcing_file_names, read_observations, step_times, unit_factor
+from hydroagent_hpc.sim.forcing import forcing_file_names, load_forcing, read_observations, step_times, unit_factor
 from hydroagent_hpc.sim.grids import Grid, read_asc, write_asc
 from hydroagent_hpc.sim.outputs import read_ts_csv
 
@@ -60,6 +60,20 @@ def test_three_hourly_files_are_reused_and_converted(tmp_path, reference_dir):
     sim = EmbeddedSimulator(p, cache_dir=False)
     np.testing.assert_allclose(sim.precip, 2.0)  # 6 mm per 3 h = 2 mm/h, every hourly step
     assert sim.missing_precip == 0
+
+
+def test_rates_are_ef5s_float_products(tmp_path):
+    """EF5: rate = grid value (float) * float(3600 / seconds); 5.73 mm/d is 0.23875001f mm/h there, not
+    the double quotient's 0.23875f (a one-ulp PET shifts every later soil water and flow by ulps)."""
+    dem = Grid(np.zeros((1, 2)), 0.0, 0.0, 0.1)
+    write_asc(tmp_path / "PET.20200602.asc", Grid(np.array([[5.73, 2.0]]), 0.0, 0.0, 0.1))
+    f = Forcing("e", "asc", "mm/d", "1d", tmp_path, "PET.YYYYMMDD.asc")
+    begin = datetime(2020, 6, 1)
+    series = load_forcing(f, step_times(begin, datetime(2020, 6, 1, 1), "1h"), begin, dem, np.array([0, 0]),
+                          np.array([0, 1]))
+    want = np.float32(5.73) * np.float32(3600.0 / 86400.0)
+    assert series.values[0, 0] == want == np.float32(0.23875001) != np.float32(5.73 / 24.0)
+    assert series.values[0, 1] == np.float32(2.0) * np.float32(3600.0 / 86400.0)
 
 
 def test_observation_formats(tmp_path):

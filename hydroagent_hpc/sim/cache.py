@@ -38,6 +38,9 @@ from hydroagent_hpc.sim.forcing import forcing_checksum, forcing_file_names
 
 log = logging.getLogger(__name__)
 
+# Bumped whenever the cached values change for the same files (2: the unit conversion is a float32 product).
+_VALUES_FORMAT = b"values-2|"
+
 __all__ = ["cache_root", "stat_fingerprint", "content_checksum", "make_key", "load", "store", "file_identity",
            "load_arrays", "store_arrays"]
 
@@ -94,6 +97,7 @@ def content_checksum(f: Forcing, steps: list[datetime], begin: datetime, cache_d
 def make_key(f: Forcing, steps: list[datetime], begin: datetime, extra: tuple, cache_dir=None) -> str:
     """The cache key of one forcing section read at these steps for these nodes."""
     h = hashlib.blake2b(digest_size=20)
+    h.update(_VALUES_FORMAT)
     h.update(content_checksum(f, steps, begin, cache_dir).encode())
     h.update(f"{begin:%Y%m%d%H%M%S}|{steps[0]:%Y%m%d%H%M%S}|{steps[-1]:%Y%m%d%H%M%S}|{len(steps)}".encode())
     for part in extra:

@@ -8,7 +8,8 @@ EF5 facts (``docs/ef5-crest-spec.md`` section 5):
 * File names come from the NAME pattern with ``YYYY MM DD HH UU SS`` replaced.
 * A missing file is all zeros; missing precipitation files are counted (``missingQPE``).
 * Negative, nodata or non-finite values become 0.
-* Units: only the time part of UNIT counts; rate in mm/h = value * 3600 / seconds(unit span),
+* Units: only the time part of UNIT counts; rate in mm/h = value * 3600 / seconds(unit span) (EF5: the
+  float value times the float factor, a float product),
   a month being 30 days and a year 365 days. ``mm/100d`` is 0.01 mm/day.
 * A grid with the DEM's rows and columns is co-registered; otherwise each DEM cell samples the
   forcing at the DEM cell's upper-left corner (nearest cell), and outside the grid reads 0.
@@ -207,9 +208,15 @@ def _sample(grid: Grid, dem: Grid, rows: np.ndarray, cols: np.ndarray) -> np.nda
 def load_forcing(f: Forcing, steps: list[datetime], begin: datetime, dem: Grid, rows: np.ndarray,
                  cols: np.ndarray) -> ForcingSeries:
     """Read every file the steps need once, sample it at the nodes, convert to mm/h."""
-    factor = unit_factor(f.unit)
-    return _read_series(f, steps, begin, rows.size, np.float64, lambda path: _sample(read_grid(path), dem, rows, cols)
-                        * factor, what="forcing", missing_as="zero", section="that forcing section")
+    # EF5: rate = grid value (float) * convert (float(3600.0 / seconds)), a float product
+    factor = np.float32(unit_factor(f.unit))
+
+    def read(path: Path) -> np.ndarray:
+        v = _sample(read_grid(path), dem, rows, cols).astype(np.float32)
+        return (v * factor).astype(np.float64)
+
+    return _read_series(f, steps, begin, rows.size, np.float64, read, what="forcing", missing_as="zero",
+                        section="that forcing section")
 
 
 def _sample_temperature(grid: Grid, dem: Grid, rows: np.ndarray, cols: np.ndarray, path: Path,
