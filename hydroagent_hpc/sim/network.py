@@ -7,7 +7,11 @@ Facts (EF5 v1.2.3, ``docs/ef5-crest-spec.md`` section 2a, checked against the go
   the area (in cells). Gauges are processed in descending FAM; the basin is traced upstream from
   each gauge not already reached. Node 0 is the first outlet; every upstream node has a larger
   index than its downstream node, so iterating nodes in reverse index order goes upstream to
-  downstream.
+  downstream. The numbering is EF5's own (``BasicGrids.cpp``, the basin walk): a depth-first walk
+  on a stack that numbers a cell when it is pushed, pushing a cell's upstream neighbours in
+  direction order E, NE, N, NW, W, SW, S, SE. EF5 adds each cell's inflows (and the interflow
+  leaks reaching it) as doubles in decreasing node index, and sums the float gauge averages in
+  node order, so with three or more terms another numbering changes the sums by ulps.
 * Geographic lengths: one degree of latitude is 110 574 m (``metersSN = cellsize * 110574``,
   float32); east-west lengths are ``metersSN * cos(lat)`` with ``lat`` the cell's **north edge**
   and pi taken as 3.1415926; diagonals by Pythagoras. Cell area (km2) is
@@ -207,7 +211,10 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
     # Upstream adjacency (CSR) over valid cells.
     src = np.nonzero(tflat >= 0)[0]
     dst = tflat[src]
-    order = np.argsort(dst, kind="stable")
+    # a cell's upstream neighbours in EF5's walk order: by the direction from the cell to the neighbour
+    # (E, NE, N, NW, W, SW, S, SE), the reverse of the neighbour's own flow direction
+    back = (d.ravel()[src] + 3) % 8 + 1
+    order = np.lexsort((back, dst))
     src, dst = src[order], dst[order]
     start = np.searchsorted(dst, np.arange(nrows * ncols + 1))
 
@@ -241,30 +248,32 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
         down.append(-1)
         owner.append(gi)
         gauge_nodes[gi] = node_of[cell]
-        head = node_of[cell]
-        while head < len(cells):
+        # EF5's walk: pop a node, then number and push its upstream neighbours (numbered when pushed)
+        stack = [int(node_of[cell])]
+        while stack:
+            head = stack.pop()
             here = cells[head]
+            ug = gauge_at.get(here)
+            if ug is not None and down[head] >= 0:
+                # a gauge met on the walk (EF5 checks when it pops the node): every gauge downstream of it
+                # gains it as an upstream gauge, in the order met, and its upstream cells count to it
+                gauge_nodes[ug] = head
+                k = owner[head]
+                while True:
+                    upstream_gauges[k].append(ug)
+                    nxt = down[gauge_nodes[k]]
+                    if nxt < 0:
+                        break
+                    k = owner[nxt]
+                owner[head] = ug
             for up in src[start[here]:start[here + 1]]:
                 if node_of[up] >= 0:
                     continue
                 node_of[up] = len(cells)
                 cells.append(int(up))
-                down.append(int(head))
-                ug = gauge_at.get(int(up))
-                if ug is not None:
-                    gauge_nodes[ug] = node_of[up]
-                    # every gauge downstream of `up` gains it as an upstream gauge
-                    k = owner[head]
-                    while True:
-                        upstream_gauges[k].append(ug)
-                        nxt = down[gauge_nodes[k]]
-                        if nxt < 0:
-                            break
-                        k = owner[nxt]
-                    owner.append(ug)
-                else:
-                    owner.append(owner[head])
-            head += 1
+                down.append(head)
+                owner.append(owner[head])
+                stack.append(len(cells) - 1)
 
     cells_a = np.array(cells, dtype=np.int64)
     down_a = np.array(down, dtype=np.int64)
