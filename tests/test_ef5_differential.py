@@ -39,16 +39,9 @@ def _needs_ef5() -> None:
 
 
 @pytest.mark.ef5
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", [*SEEDS, *REGRESSION_SEEDS])
 def test_engine_matches_ef5_on_generated_case(tmp_path, seed):
-    _needs_ef5()
-    result = compare_case(draw_case(seed), tmp_path)
-    assert result.ok, f"{result.label}: " + "; ".join(result.failures)
-
-
-@pytest.mark.ef5
-@pytest.mark.parametrize("seed", REGRESSION_SEEDS)
-def test_engine_matches_ef5_on_a_case_that_once_failed(tmp_path, seed):
+    """The seeds of ``make test``, then cases that once failed (REGRESSION_SEEDS)."""
     _needs_ef5()
     result = compare_case(draw_case(seed), tmp_path)
     assert result.ok, f"{result.label}: " + "; ".join(result.failures)
