@@ -64,13 +64,18 @@ def stat_fingerprint(f: Forcing, names: list[str]) -> str:
     h.update(f"{f.unit}|{f.freq}|{f.pattern}|{f.loc}".encode())
     loc = str(f.loc)
     for name in names:
-        try:
-            st = os.stat(os.path.join(loc, name))
-        except FileNotFoundError:
-            h.update(f"{name}|<missing>\n".encode())
-            continue
-        h.update(f"{name}|{st.st_size}|{st.st_ino}|{st.st_dev}|{st.st_mtime_ns}|{st.st_ctime_ns}\n".encode())
+        h.update(_stat_line(name, os.path.join(loc, name)).encode())
     return h.hexdigest()
+
+
+def _stat_line(label: str, path: str, missing: type[OSError] = FileNotFoundError) -> str:
+    """``label`` and the file's ``os.stat`` identity (size, inode, device, mtime and ctime in ns), one
+    line; ``label|<missing>`` when ``os.stat`` raises ``missing``."""
+    try:
+        st = os.stat(path)
+    except missing:
+        return f"{label}|<missing>\n"
+    return f"{label}|{st.st_size}|{st.st_ino}|{st.st_dev}|{st.st_mtime_ns}|{st.st_ctime_ns}\n"
 
 
 def content_checksum(f: Forcing, steps: list[datetime], begin: datetime, cache_dir=None) -> str:
@@ -107,31 +112,20 @@ def make_key(f: Forcing, steps: list[datetime], begin: datetime, extra: tuple, c
 
 def load(key: str, shape: tuple[int, int], cache_dir=None):
     """``(values, n_missing)`` from the cache, or None."""
-    path = cache_root(cache_dir) / f"forcing-{key}.npz"
-    if not path.exists():
+    arrays = load_arrays("forcing", key, cache_dir)
+    if arrays is None:
         return None
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            values, missing = z["values"], int(z["missing"])
-    except (OSError, ValueError, KeyError) as exc:
-        log.warning("ignoring unreadable cache entry %s (%s)", path, exc)
+    if "values" not in arrays or "missing" not in arrays:
+        log.warning("ignoring cache entry forcing-%s.npz without values and missing", key)
         return None
-    if values.shape != shape:
+    if arrays["values"].shape != shape:
         return None
-    log.debug("forcing from cache %s", path)
-    return values, missing
+    log.debug("forcing from cache forcing-%s.npz", key)
+    return arrays["values"], int(arrays["missing"])
 
 
 def store(key: str, values: np.ndarray, missing: int, cache_dir=None) -> None:
-    root = cache_root(cache_dir)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        path = root / f"forcing-{key}.npz"
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, values=values, missing=np.int64(missing))
-        os.replace(tmp, path)
-    except OSError as exc:  # a read-only or full cache must not fail the run
-        log.warning("could not write the forcing cache in %s: %s", root, exc)
+    store_arrays("forcing", key, {"values": values, "missing": np.int64(missing)}, cache_dir)
 
 
 def file_identity(paths: list[str | Path], extra: tuple = ()) -> str:
@@ -141,12 +135,7 @@ def file_identity(paths: list[str | Path], extra: tuple = ()) -> str:
     h = hashlib.blake2b(digest_size=20)
     for path in paths:
         name = os.path.abspath(path)
-        try:
-            st = os.stat(name)
-        except OSError:
-            h.update(f"{name}|<missing>\n".encode())
-            continue
-        h.update(f"{name}|{st.st_size}|{st.st_ino}|{st.st_dev}|{st.st_mtime_ns}|{st.st_ctime_ns}\n".encode())
+        h.update(_stat_line(name, name, missing=OSError).encode())
     for part in extra:
         h.update(part if isinstance(part, bytes) else str(part).encode())
         h.update(b"|")
@@ -176,5 +165,5 @@ def store_arrays(kind: str, key: str, arrays: dict[str, np.ndarray], cache_dir=N
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
         np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub types the keywords as allow_pickle
         os.replace(tmp, path)
-    except OSError as exc:
+    except OSError as exc:  # a read-only or full cache must not fail the run
         log.warning("could not write the cache in %s: %s", root, exc)
