@@ -361,65 +361,95 @@ static void kw_solve_many(long m, const double *qin, const float *qold, const fl
 #endif
 }
 
-/* CREST's water balance for every cell over step t (EF5 CRESTModel::WaterBalanceInt). */
+/* CREST's water balance of cell i over one step (EF5 CRESTModel::WaterBalanceInt), pr and pe the step's forcing.
+ * A cell that infiltrates into an unsaturated soil needs the float power rel = fpow(x, y) of its relative
+ * deficit: with known = 0 such a cell writes nothing, stores x and y and returns 1 (the caller computes its power
+ * with the others' and calls again with known = 1 and rel); every other cell is done and returns 0. */
+static inline __attribute__((always_inline)) int wb_cell(long i, const double *pr, const double *pe, float dth,
+                                                         float step32, const double *wm, const double *b,
+                                                         const double *im, const double *ke, const double *fc,
+                                                         double *w, double *fast, double *slow, double *sm,
+                                                         int known, float rel_known, double *x, double *y) {
+    double p = (double)((float)pr[i] * dth);
+    double ep = (double)((float)pe[i] * dth) * ke[i];
+    float wmi = (float)wm[i];
+    float wi = (float)w[i];
+    double over, inter, wo;
+    if (p > ep) {
+        double ps = (p - ep) * (double)(float)(1.0 - (double)(float)im[i]);
+        double pi = p - ep - ps;
+        double extra = (double)(wi - wmi);
+        if (extra < 0.0) extra = 0.0;
+        if (wi > wmi) wi = wmi;
+        double r;
+        if (wi < wmi) {
+            float opb = (float)(1.0 + (double)(float)b[i]);
+            double wmm = (double)(wmi * opb);
+            if (!known) {
+                *x = (double)(float)(1.0 - (double)(wi / wmi));
+                *y = (double)(float)(1.0 / (double)opb);
+                return 1;
+            }
+            float rel = rel_known; /* fpow((float)(1 - wi / wmi), (float)(1 / opb)) */
+            double a = wmm * (double)(float)(1.0 - (double)rel);
+            if (ps + a >= wmm) {
+                r = ps - (double)(wmi - wi);
+                if (r < 0.0) r = 0.0;
+                wo = (double)wmi;
+            } else {
+                double infil = (double)wmi * (pow(1.0 - a / wmm, (double)opb) - pow(1.0 - (a + ps) / wmm, (double)opb));
+                if (infil > ps) infil = ps;
+                r = ps - infil;
+                if (r < 0.0) r = 0.0;
+                wo = (double)wi + infil;
+            }
+        } else {
+            r = ps;
+            wo = (double)wmi;
+        }
+        double cap = ((double)wi + wo) / (double)wmi / 2.0 * (double)((float)fc[i] * dth);
+        inter = r <= cap ? r : cap;
+        over = r - inter + pi;
+        inter += extra;
+    } else {
+        over = 0.0;
+        inter = (double)(wi - wmi);
+        if (inter < 0.0) inter = 0.0;
+        if (wi > wmi) wi = wmi;
+        double e2 = (ep - p) * (double)wi / (double)wmi;
+        wo = e2 < (double)wi ? (double)wi - e2 : 0.0;
+    }
+    float w32 = (float)wo;
+    w[i] = w32;
+    /* +-0 divided by the (positive) step is the same zero: most cells have no excess, and skip the division */
+    fast[i] = over == 0.0 ? over : (float)(over / (double)step32);
+    slow[i] = inter == 0.0 ? inter : (float)(inter / (double)step32);
+    sm[i] = (float)((double)w32 * 100.0 / (double)wmi);
+    return 0;
+}
+
+/* Scratch of the water balance: the cells waiting for their power, its arguments and results (n each). */
+typedef struct {
+    double *x, *y;
+    float *rel;
+    long *who;
+} wb_ws;
+
+/* CREST's water balance for every cell over step t (EF5 CRESTModel::WaterBalanceInt): every cell that needs no
+ * power first, then the powers of the others together (hak_fpow_array, bit for bit fpow), then those cells. */
 static void water_balance(const double *precip, const double *pet, long t, long n, double dt_hours,
                           const double *wm, const double *b, const double *im, const double *ke, const double *fc,
-                          double *w, double *fast, double *slow, double *sm) {
+                          double *w, double *fast, double *slow, double *sm, wb_ws *ws) {
     float dth = (float)dt_hours;
     float step32 = (float)(dt_hours * 3600.0);
     const double *pr = precip + t * n, *pe = pet + t * n;
-    for (long i = 0; i < n; i++) {
-        double p = (double)((float)pr[i] * dth);
-        double ep = (double)((float)pe[i] * dth) * ke[i];
-        float wmi = (float)wm[i];
-        float wi = (float)w[i];
-        double over, inter, wo;
-        if (p > ep) {
-            double ps = (p - ep) * (double)(float)(1.0 - (double)(float)im[i]);
-            double pi = p - ep - ps;
-            double extra = (double)(wi - wmi);
-            if (extra < 0.0) extra = 0.0;
-            if (wi > wmi) wi = wmi;
-            double r;
-            if (wi < wmi) {
-                float opb = (float)(1.0 + (double)(float)b[i]);
-                double wmm = (double)(wmi * opb);
-                float rel = fpow((double)(float)(1.0 - (double)(wi / wmi)), (double)(float)(1.0 / (double)opb));
-                double a = wmm * (double)(float)(1.0 - (double)rel);
-                if (ps + a >= wmm) {
-                    r = ps - (double)(wmi - wi);
-                    if (r < 0.0) r = 0.0;
-                    wo = (double)wmi;
-                } else {
-                    double infil = (double)wmi * (pow(1.0 - a / wmm, (double)opb) - pow(1.0 - (a + ps) / wmm, (double)opb));
-                    if (infil > ps) infil = ps;
-                    r = ps - infil;
-                    if (r < 0.0) r = 0.0;
-                    wo = (double)wi + infil;
-                }
-            } else {
-                r = ps;
-                wo = (double)wmi;
-            }
-            double cap = ((double)wi + wo) / (double)wmi / 2.0 * (double)((float)fc[i] * dth);
-            inter = r <= cap ? r : cap;
-            over = r - inter + pi;
-            inter += extra;
-        } else {
-            over = 0.0;
-            inter = (double)(wi - wmi);
-            if (inter < 0.0) inter = 0.0;
-            if (wi > wmi) wi = wmi;
-            double e2 = (ep - p) * (double)wi / (double)wmi;
-            wo = e2 < (double)wi ? (double)wi - e2 : 0.0;
-        }
-        float w32 = (float)wo;
-        w[i] = w32;
-        /* +-0 divided by the (positive) step is the same zero: most cells have no excess, and skip the division */
-        fast[i] = over == 0.0 ? over : (float)(over / (double)step32);
-        slow[i] = inter == 0.0 ? inter : (float)(inter / (double)step32);
-        sm[i] = (float)((double)w32 * 100.0 / (double)wmi);
-    }
+    long np = 0;
+    for (long i = 0; i < n; i++)
+        if (wb_cell(i, pr, pe, dth, step32, wm, b, im, ke, fc, w, fast, slow, sm, 0, 0.0f, ws->x + np, ws->y + np))
+            ws->who[np++] = i;
+    hak_fpow_array(np, ws->x, ws->y, ws->rel);
+    for (long k = 0; k < np; k++)
+        wb_cell(ws->who[k], pr, pe, dth, step32, wm, b, im, ke, fc, w, fast, slow, sm, 1, ws->rel[k], NULL, NULL);
 }
 
 /* Where each hillslope cell's interflow leak lands after one step (EF5 InitializeRouting). */
@@ -458,16 +488,6 @@ void hak_interflow_targets(long n, const int64_t *down, const double *dx, const 
     free(cross);
 }
 
-/* What the routing reads and writes per cell and member, in one record. */
-typedef struct {
-    long t0, t1;
-    double s0, s1, area, area_t0, area_t1; /* leak shares; the cell's area and its targets' */
-    float dx, alpha0, alpha, beta, leaki;
-    float pq, po, pq_pow, po_pow, ir; /* routing states */
-    int channel;
-    long orig; /* the cell's index in the caller's arrays (the record array is in overland level order) */
-} cellrec;
-
 /* Lists in compressed rows: the entries of row i are idx[ptr[i]] .. idx[ptr[i + 1] - 1]. */
 typedef struct {
     long *ptr, *idx;
@@ -496,10 +516,17 @@ typedef struct {
  * All solves of a level (of every member) run together, their powers vectorised. Every sum is still taken in
  * EF5's order: a cell gathers its inflows from a list of the cells that write to it, in decreasing index,
  * starting from 0, as the sequential loop adds them; so the results are bit-identical to the cell-by-cell
- * loop. The records are stored in overland level order (a level is a contiguous range of positions). */
+ * loop.
+ *
+ * Positions order the cells by overland level and, within a level, hillslope cells before channel cells
+ * (rows 2 l and 2 l + 1 of `level`); channel indices (ci) order the channel cells by channel level. The routing
+ * state lives in arrays of slots, s = p K + k for position p of member k (K members), or ci K + k for the
+ * channel stores: a level's solves of every member are one contiguous range of slots, which the solves read
+ * and write in place, and the work around them runs over whole arrays. */
 typedef struct {
     long nlev, nlev_c;
-    rows level;   /* positions of each overland level: level.ptr[l] .. level.ptr[l + 1] - 1 */
+    rows level;   /* positions of overland level l: hillslope cells level.ptr[2 l] .. level.ptr[2 l + 1] - 1, then
+                   * channel cells up to level.ptr[2 l + 2] - 1 */
     rows level_c; /* the channel cells of each channel level, as positions; entry ci is channel cell ci */
     rows over;    /* per position, the positions whose hillslope outflow drains into it */
     rows chan;    /* per channel cell ci, the channel cells (ci) whose outflow drains into it */
@@ -507,12 +534,6 @@ typedef struct {
     long *ci_of;  /* ci_of[p]: the channel index of position p, or -1 */
     long *lev;    /* lev[i]: cell i's overland level */
 } schedule;
-
-/* A member's interflow lists: per position, the leaks that reach it, in decreasing source index, each as an index
- * into the member's leak array (2 p + k: the leak of position p towards its target k, 0 or 1). */
-typedef struct {
-    rows inter;
-} leaks;
 
 static int rows_alloc(rows *r, long nrows, long nent) {
     r->ptr = calloc((size_t)nrows + 1, sizeof(long));
@@ -548,7 +569,7 @@ static int rows_by_key(rows *r, long nrows, long n, const long *key, const long 
 static int schedule_build(schedule *sc, long n, const int64_t *down, const uint8_t *channel, long *pos) {
     memset(sc, 0, sizeof *sc);
     size_t nn = (size_t)(n > 0 ? n : 1);
-    long *lev = calloc(nn, sizeof(long)), *levc = calloc(nn, sizeof(long)), *key = malloc(nn * sizeof(long));
+    long *lev = calloc(nn, sizeof(long)), *levc = calloc(nn, sizeof(long)), *key = calloc(nn, sizeof(long));
     sc->ci_of = malloc(nn * sizeof(long));
     int status = -1;
     if (!lev || !levc || !key || !sc->ci_of) goto out;
@@ -571,8 +592,9 @@ static int schedule_build(schedule *sc, long n, const int64_t *down, const uint8
         if (channel[i] && levc[i] + 1 > nlevc) nlevc = levc[i] + 1;
     sc->nlev = nlev;
     sc->nlev_c = nlevc;
-    /* positions: by overland level, upstream first within a level, as EF5 walks */
-    if (rows_by_key(&sc->level, nlev, n, lev, NULL) != 0) goto out;
+    /* positions: by overland level, hillslope cells first, upstream first within each part, as EF5 walks */
+    for (long i = 0; i < n; i++) key[i] = 2 * lev[i] + (channel[i] != 0);
+    if (rows_by_key(&sc->level, 2 * nlev, n, key, NULL) != 0) goto out;
     sc->perm = sc->level.idx;
     for (long p = 0; p < n; p++) pos[sc->perm[p]] = p;
     for (long i = 0; i < n; i++) key[i] = channel[i] ? levc[i] : -1;
@@ -607,57 +629,110 @@ static void schedule_free(schedule *sc) {
     sc->perm = sc->lev = sc->ci_of = NULL;
 }
 
-/* A member's interflow lists (targets t0, t1 of each hillslope cell, by cell index). A leak is computed when its
- * source's overland solve is, so a target other than the source itself must be at a higher overland level (it is
- * downstream of the source on the hillslope, as interflow_targets finds it). -3 when one is not, -1 when out of
- * memory. */
-static int leaks_build(leaks *lk, long n, const int64_t *t0, const int64_t *t1, const uint8_t *channel,
+/* The interflow lists of every member, one row per slot (K members, slot p K + k): the leaks that reach the
+ * slot, in decreasing source index (the order of EF5's sums), each as an index j N + s into the leak array
+ * (N = n K slots; the leak of slot s towards its target j, 0 or 1). Targets t0, t1 are [K][n], by cell index. A
+ * leak is computed when its source's overland solve is, so a target other than the source itself must be at a
+ * higher overland level (it is downstream of the source on the hillslope, as interflow_targets finds it). -3
+ * when one is not, -1 when out of memory. */
+static int leaks_build(rows *inter, long nk, long n, const int64_t *t0, const int64_t *t1, const uint8_t *channel,
                        const schedule *sc, const long *pos) {
-    memset(lk, 0, sizeof *lk);
+    const long ns = n * nk;
     long nent = 0;
-    for (long i = 0; i < n; i++) {
-        if (channel[i]) continue;
-        for (int k = 0; k < 2; k++) {
-            long t = k == 0 ? (long)t0[i] : (long)t1[i];
-            if (t >= n || (t >= 0 && t != i && sc->lev[t] <= sc->lev[i])) return -3;
-            nent += t >= 0;
+    for (long k = 0; k < nk; k++) {
+        const int64_t *a0 = t0 + k * n, *a1 = t1 + k * n;
+        for (long i = 0; i < n; i++) {
+            if (channel[i]) continue;
+            for (int j = 0; j < 2; j++) {
+                long t = j == 0 ? (long)a0[i] : (long)a1[i];
+                if (t >= n || (t >= 0 && t != i && sc->lev[t] <= sc->lev[i])) return -3;
+                nent += t >= 0;
+            }
         }
     }
-    if (rows_alloc(&lk->inter, n, nent) != 0) return -1;
-    for (long i = 0; i < n; i++) {
-        if (channel[i]) continue;
-        if (t0[i] >= 0) lk->inter.ptr[pos[t0[i]] + 1]++;
-        if (t1[i] >= 0) lk->inter.ptr[pos[t1[i]] + 1]++;
+    if (rows_alloc(inter, ns, nent) != 0) return -1;
+    for (long k = 0; k < nk; k++) {
+        const int64_t *a0 = t0 + k * n, *a1 = t1 + k * n;
+        for (long i = 0; i < n; i++) {
+            if (channel[i]) continue;
+            if (a0[i] >= 0) inter->ptr[pos[a0[i]] * nk + k + 1]++;
+            if (a1[i] >= 0) inter->ptr[pos[a1[i]] * nk + k + 1]++;
+        }
     }
-    for (long p = 0; p < n; p++) lk->inter.ptr[p + 1] += lk->inter.ptr[p];
-    long *fill = calloc((size_t)(n > 0 ? n : 1), sizeof(long));
+    for (long s = 0; s < ns; s++) inter->ptr[s + 1] += inter->ptr[s];
+    long *fill = calloc((size_t)(ns > 0 ? ns : 1), sizeof(long));
     if (!fill) return -1;
-    for (long i = n - 1; i >= 0; i--) { /* decreasing source index: the order of EF5's sums */
-        if (channel[i]) continue;
-        for (int k = 0; k < 2; k++) {
-            long t = k == 0 ? (long)t0[i] : (long)t1[i];
-            if (t < 0) continue;
-            long e = lk->inter.ptr[pos[t]] + fill[pos[t]]++;
-            lk->inter.idx[e] = 2 * pos[i] + k;
+    for (long k = 0; k < nk; k++) {
+        const int64_t *a0 = t0 + k * n, *a1 = t1 + k * n;
+        for (long i = n - 1; i >= 0; i--) { /* decreasing source index: the order of EF5's sums */
+            if (channel[i]) continue;
+            for (int j = 0; j < 2; j++) {
+                long t = j == 0 ? (long)a0[i] : (long)a1[i];
+                if (t < 0) continue;
+                long row = pos[t] * nk + k;
+                inter->idx[inter->ptr[row] + fill[row]++] = j * ns + pos[i] * nk + k;
+            }
         }
     }
     free(fill);
     return 0;
 }
 
-static void leaks_free(leaks *lk) {
-    rows_free(&lk->inter);
+/* The interflow that reaches slot s this step: its sources' leaks in decreasing source index, as EF5 adds them. */
+static inline double gather_inter(const rows *inter, long s, const double *leak) {
+    double sum = 0.0;
+    for (long e = inter->ptr[s]; e < inter->ptr[s + 1]; e++) sum += leak[inter->idx[e]];
+    return sum;
 }
 
-/* The interflow that reaches position p this step: its sources' leaks in decreasing source index, as EF5 adds
- * them. */
-static inline double gather_inter(const leaks *lk, long p, const double *leak) {
-    double inter = 0.0;
-    for (long e = lk->inter.ptr[p]; e < lk->inter.ptr[p + 1]; e++) {
-        long src = lk->inter.idx[e];
-        inter += leak[src];
+/* mm to m, as EF5 converts a float excess: (float)((double)x / 1000.0); a zero is the same zero without the
+ * division (most cells have no excess). */
+static inline float mm_to_m(float x) { return x == 0.0f ? x : (float)((double)x / 1000.0); }
+
+/* After the overland solves of m hillslope slots: each slot's interflow store takes this step's slow excess
+ * (`slow`, float mm) and leaks towards its targets (EF5 CRESTModel's interflow leak). A missing target (has0,
+ * has1 zero) gets no leak. FPOW_W slots at a time where the power is vectorised: every lane rounds as the scalar
+ * code does (the divisions are the cost, and whole vectors of them are about as fast as one). */
+static void hillslope_leaks(long m, const float *restrict slow, float *restrict ir, const float *restrict leaki,
+                            const double *restrict s0, const double *restrict s1, const double *restrict area,
+                            const double *restrict area_t0, const double *restrict area_t1,
+                            const int64_t *restrict has0, const int64_t *restrict has1, double *restrict leak0,
+                            double *restrict leak1) {
+    long j = 0;
+#if FPOW_W > 0
+    for (; j + FPOW_W <= m; j += FPOW_W) {
+        vflt r, sl, lk;
+        vdbl a0, a1, ar, at0, at1;
+        vi64 h0, h1;
+        memcpy(&r, ir + j, sizeof r);
+        memcpy(&sl, slow + j, sizeof sl);
+        memcpy(&lk, leaki + j, sizeof lk);
+        memcpy(&a0, s0 + j, sizeof a0);
+        memcpy(&a1, s1 + j, sizeof a1);
+        memcpy(&ar, area + j, sizeof ar);
+        memcpy(&at0, area_t0 + j, sizeof at0);
+        memcpy(&at1, area_t1 + j, sizeof at1);
+        memcpy(&h0, has0 + j, sizeof h0);
+        memcpy(&h1, has1 + j, sizeof h1);
+        r = r + sl;
+        vdbl leak = TO_DBL(r * lk);
+        r = TO_FLT(TO_DBL(r) - leak);
+        r = vfblend(r < 0.0f, (vflt){0}, r);
+        vdbl l0 = vdblend(h0, leak * a0 * ar / at0, (vdbl){0});
+        vdbl l1 = vdblend(h1, leak * a1 * ar / at1, (vdbl){0});
+        memcpy(ir + j, &r, sizeof r);
+        memcpy(leak0 + j, &l0, sizeof l0);
+        memcpy(leak1 + j, &l1, sizeof l1);
     }
-    return inter;
+#endif
+    for (; j < m; j++) {
+        float r = ir[j] + slow[j];
+        double leak = (double)(r * leaki[j]);
+        r = (float)((double)r - leak);
+        ir[j] = r < 0.0f ? 0.0f : r;
+        leak0[j] = has0[j] ? leak * s0[j] * area[j] / area_t0[j] : 0.0;
+        leak1[j] = has1[j] ? leak * s1[j] * area[j] / area_t1[j] : 0.0;
+    }
 }
 
 /* Steps whose channel solves run together as one wavefront (see hak_run_batch). */
@@ -665,21 +740,63 @@ static inline double gather_inter(const leaks *lk, long p, const double *leak) {
 #define WF_STEPS 32
 #endif
 
-/* One member of a batch: its states, per-step arrays and interflow lists. Per-node arrays by cell index
- * (water balance) or by position (routing; `cell`). */
+/* The routing state and constants of every member, by slot (see schedule). */
 typedef struct {
-    double *w, *fast, *slow, *sm;   /* by cell index */
-    double *inter_in, *leak; /* by position; leak[2 p + k]: position p's leak towards its target k */
-    float *outflow;                 /* this step's outflow of each position (overland or channel) */
-    cellrec *cell;                  /* by position */
-    float *lat, *out;               /* [WF_STEPS][channel cells]: the block's lateral inflow and channel outflow */
-    leaks lk;
-} member;
+    /* per slot p K + k */
+    float *oq, *opow;   /* the overland store: pq of a hillslope cell, po of a channel cell; and its power */
+    float *ir, *leaki, *alpha0, *dx, *beta_over;
+    double *s0, *s1, *area, *area_t0, *area_t1; /* the leak's shares and areas (a missing target's area: 1) */
+    int64_t *has0, *has1;                       /* whether the leak's targets exist (-1) or not (0) */
+    double *leak;                               /* [2][slots]: this step's leak towards target 0, then 1 */
+    double *inter_in;                           /* the interflow that reached the slot this step */
+    rows inter;                                 /* the leaks reaching each slot (leaks_build) */
+    /* per channel slot ci K + k */
+    float *cq, *cpow, *calpha, *cbeta, *cdx; /* the channel store (pq), its power, and its parameters */
+    float *lat, *out; /* [WF_STEPS][channel slots]: the block's lateral inflow and channel outflow */
+    /* per member, by cell index: [K][n] */
+    double *w, *fast, *slow, *sm;
+    /* the solves' inputs and scratch */
+    double *qin;
+    float *qlat, *fscr;
+    wb_ws wb; /* the water balance's scratch */
+} routing;
 
-static void member_free(member *mb) {
-    free(mb->w); free(mb->fast); free(mb->slow); free(mb->sm); free(mb->inter_in); free(mb->leak);
-    free(mb->outflow); free(mb->cell); free(mb->lat); free(mb->out);
-    leaks_free(&mb->lk);
+static void routing_free(routing *r) {
+    void *all[] = {r->oq, r->opow, r->ir, r->leaki, r->alpha0, r->dx, r->beta_over, r->s0, r->s1, r->area,
+                   r->area_t0, r->area_t1, r->has0, r->has1, r->leak, r->inter_in, r->cq, r->cpow, r->calpha,
+                   r->cbeta, r->cdx, r->lat, r->out, r->w, r->fast, r->slow, r->sm, r->qin, r->qlat, r->fscr, r->wb.x, r->wb.y,
+                   r->wb.rel, r->wb.who};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) free(all[k]);
+    rows_free(&r->inter);
+}
+
+/* Allocates the arrays of `r` for nk members of n cells and nch channel cells; -1 when out of memory. */
+static int routing_alloc(routing *r, long nk, long n, long nch) {
+    memset(r, 0, sizeof *r);
+    size_t ns = (size_t)(n > 0 ? n : 1) * (size_t)(nk > 0 ? nk : 1);
+    size_t nc = (size_t)(nch > 0 ? nch : 1) * (size_t)(nk > 0 ? nk : 1);
+    size_t pad = ns + 16; /* room for a whole vector past the end (the solves' scratch) */
+    float **f_slot[] = {&r->oq, &r->opow, &r->ir, &r->leaki, &r->alpha0, &r->dx, &r->beta_over};
+    double **d_slot[] = {&r->s0, &r->s1, &r->area, &r->area_t0, &r->area_t1, &r->inter_in, &r->w, &r->fast,
+                         &r->slow, &r->sm, &r->qin};
+    float **f_chan[] = {&r->cq, &r->cpow, &r->calpha, &r->cbeta, &r->cdx};
+    int ok = 1;
+    for (size_t k = 0; k < sizeof f_slot / sizeof f_slot[0]; k++) ok &= (*f_slot[k] = malloc(ns * sizeof(float))) != NULL;
+    for (size_t k = 0; k < sizeof d_slot / sizeof d_slot[0]; k++) ok &= (*d_slot[k] = calloc(ns, sizeof(double))) != NULL;
+    for (size_t k = 0; k < sizeof f_chan / sizeof f_chan[0]; k++) ok &= (*f_chan[k] = malloc(nc * sizeof(float))) != NULL;
+    ok &= (r->has0 = malloc(ns * sizeof(int64_t))) != NULL;
+    ok &= (r->has1 = malloc(ns * sizeof(int64_t))) != NULL;
+    ok &= (r->leak = calloc(2 * ns, sizeof(double))) != NULL;
+    ok &= (r->lat = malloc((size_t)WF_STEPS * nc * sizeof(float))) != NULL;
+    ok &= (r->out = malloc((size_t)WF_STEPS * nc * sizeof(float))) != NULL;
+    ok &= (r->qlat = malloc(pad * sizeof(float))) != NULL;
+    ok &= (r->fscr = malloc(pad * sizeof(float))) != NULL;
+    size_t nn = (size_t)(n > 0 ? n : 1);
+    ok &= (r->wb.x = malloc(nn * sizeof(double))) != NULL;
+    ok &= (r->wb.y = malloc(nn * sizeof(double))) != NULL;
+    ok &= (r->wb.rel = malloc(nn * sizeof(float))) != NULL;
+    ok &= (r->wb.who = malloc(nn * sizeof(long))) != NULL;
+    return ok ? 0 : -1;
 }
 
 /* All steps for K parameter sets on one network; see kernel.run_kernel for one. Per-member arrays are
@@ -688,7 +805,7 @@ static void member_free(member *mb) {
  * members' solves of each routing level run together, so a small basin fills the power's lanes; every member's
  * results are bit for bit those of a run on its own. Returns 0; -1 when out of memory; -2 when the network is
  * not in routing order. */
-int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const double *pet, double dt_hours,
+static inline __attribute__((always_inline)) int run_batch(long nk, long nt, long n, long ng, const double *precip, const double *pet, double dt_hours,
                   const double *wm, const double *b, const double *im, const double *ke, const double *fc,
                   const double *w0, const double *leaki, const double *alpha, const double *beta,
                   const double *alpha0, const uint8_t *channel, const double *ir0, const double *pq0,
@@ -699,17 +816,20 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
     double step_s = dt_hours * 3600.0;
     float dt32 = (float)step_s;
     const float beta_over = 0.6f;
-    size_t nn = (size_t)(n > 0 ? n : 1), kn = nn * (size_t)(nk > 0 ? nk : 1);
+    size_t nn = (size_t)(n > 0 ? n : 1);
+    const long ns = n * nk; /* slots */
     int status = -1;
-    member *mem = calloc((size_t)(nk > 0 ? nk : 1), sizeof(member));
     long *pos = malloc(nn * sizeof(long));
-    /* the solves of one level, all members: inputs, outputs and scratch */
-    double *s_qin = malloc(kn * sizeof(double)), *s_x = malloc(kn * sizeof(double)), *s_y = malloc(kn * sizeof(double));
-    float *sf[16]; /* per-solve float arrays: 8 inputs and outputs, 8 of scratch */
-    for (int k = 0; k < 16; k++) sf[k] = malloc((kn + 16) * sizeof(float)); /* + a whole vector (backs) */
+    /* the scalar solves' scratch (kw_solve_many_scalar) */
+    size_t kn = nn * (size_t)(nk > 0 ? nk : 1);
+    double *s_x = malloc(kn * sizeof(double)), *s_y = malloc(kn * sizeof(double));
+    float *sf[8];
+    for (int k = 0; k < 8; k++) sf[k] = malloc((kn + 16) * sizeof(float));
     long *s_who = malloc(kn * sizeof(long));
     schedule sc;
     memset(&sc, 0, sizeof sc);
+    routing R;
+    memset(&R, 0, sizeof R);
     /* the gauges' nonzero weights, in index order (the same sums as a dense loop) */
     size_t nz = 0;
     for (long g = 0; g < ng; g++)
@@ -718,12 +838,8 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
     long *g_idx = malloc((nz > 0 ? nz : 1) * sizeof(long));
     double *g_w = malloc((nz > 0 ? nz : 1) * sizeof(double));
     int scratch_ok = 1;
-    for (int k = 0; k < 16; k++) scratch_ok &= sf[k] != NULL;
-    if (!mem || !pos || !s_qin || !s_x || !s_y || !scratch_ok || !s_who || !g_ptr || !g_idx || !g_w)
-        goto done;
-    float *s_qold = sf[0], *s_qpow = sf[1], *s_lat = sf[2], *s_al = sf[3], *s_be = sf[4], *s_dx = sf[5];
-    float *s_q = sf[6], *s_qp = sf[7];
-    solve_ws ws = {s_x, s_y, sf[8], sf[9], sf[10], sf[11], sf[12], sf[13], sf[14], sf[15], s_who};
+    for (int k = 0; k < 8; k++) scratch_ok &= sf[k] != NULL;
+    if (!pos || !s_x || !s_y || !scratch_ok || !s_who || !g_ptr || !g_idx || !g_w) goto done;
     g_ptr[0] = 0;
     for (long g = 0, j = 0; g < ng; g++) {
         for (long i = 0; i < n; i++) {
@@ -741,220 +857,203 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
         goto done;
     }
     const long nch = sc.level_c.ptr[sc.nlev_c]; /* channel cells, in channel level order (ci) */
+    const long ncs = nch * nk;                  /* channel slots */
     const long *ci_pos = sc.level_c.idx;
-    for (long k = 0; k < nk; k++) {
-        member *mb = &mem[k];
-        const size_t o = (size_t)k * nn;
-        mb->w = malloc(nn * sizeof(double));
-        mb->fast = calloc(nn, sizeof(double));
-        mb->slow = calloc(nn, sizeof(double));
-        mb->sm = calloc(nn, sizeof(double));
-        mb->inter_in = calloc(nn, sizeof(double));
-        mb->leak = calloc(2 * nn, sizeof(double));
-        mb->outflow = calloc(nn, sizeof(float));
-        mb->cell = malloc(nn * sizeof(cellrec));
-        mb->lat = malloc((size_t)WF_STEPS * (size_t)(nch > 0 ? nch : 1) * sizeof(float));
-        mb->out = malloc((size_t)WF_STEPS * (size_t)(nch > 0 ? nch : 1) * sizeof(float));
-        if (!mb->w || !mb->fast || !mb->slow || !mb->sm || !mb->inter_in || !mb->leak ||
-            !mb->outflow || !mb->cell || !mb->lat || !mb->out)
-            goto done;
-        rc = leaks_build(&mb->lk, n, t0 + o, t1 + o, channel, &sc, pos);
-        if (rc != 0) {
-            status = rc;
-            goto done;
-        }
-        for (long i = 0; i < n; i++) {
-            cellrec *c = &mb->cell[pos[i]];
+    const long *perm = sc.perm;
+    if (routing_alloc(&R, nk, n, nch) != 0) goto done;
+    solve_ws ws = {s_x, s_y, R.fscr, sf[0], sf[1], sf[2], sf[3], sf[4], sf[5], sf[6], s_who};
+    rc = leaks_build(&R.inter, nk, n, t0, t1, channel, &sc, pos);
+    if (rc != 0) {
+        status = rc;
+        goto done;
+    }
+    for (long p = 0; p < n; p++) {
+        const long i = perm[p];
+        for (long k = 0; k < nk; k++) {
+            const long s = p * nk + k, o = k * n;
             long a0 = (long)t0[o + i], a1 = (long)t1[o + i];
-            c->orig = i;
-            c->t0 = a0;
-            c->t1 = a1;
-            c->s0 = s0[o + i];
-            c->s1 = s1[o + i];
-            c->area = area[i];
-            c->area_t0 = a0 >= 0 ? area[a0] : 1.0;
-            c->area_t1 = a1 >= 0 ? area[a1] : 1.0;
-            c->dx = (float)dx[i];
-            c->alpha0 = (float)alpha0[o + i];
-            c->alpha = (float)alpha[o + i];
-            c->beta = (float)beta[o + i];
-            c->leaki = (float)leaki[o + i];
-            c->channel = channel[i] != 0;
-            mb->w[i] = w0[o + i];
-            c->ir = (float)ir0[o + i];
-            c->pq = (float)pq0[i];
-            c->po = (float)po0[i];
-            c->pq_pow = fpow(c->pq, c->channel ? c->beta : beta_over);
-            c->po_pow = fpow(c->po, beta_over);
-            st_w[o + i] = mb->w[i]; /* the states "after step state_step": the initial ones until it is reached */
-            st_ir[o + i] = c->ir;
-            st_pq[o + i] = c->pq;
-            st_po[o + i] = c->po;
+            R.s0[s] = s0[o + i];
+            R.s1[s] = s1[o + i];
+            R.area[s] = area[i];
+            R.has0[s] = a0 >= 0 ? -1 : 0;
+            R.has1[s] = a1 >= 0 ? -1 : 0;
+            R.area_t0[s] = a0 >= 0 ? area[a0] : 1.0;
+            R.area_t1[s] = a1 >= 0 ? area[a1] : 1.0;
+            R.dx[s] = (float)dx[i];
+            R.alpha0[s] = (float)alpha0[o + i];
+            R.leaki[s] = (float)leaki[o + i];
+            R.beta_over[s] = beta_over;
+            R.ir[s] = (float)ir0[o + i];
+            R.oq[s] = (float)(channel[i] ? po0[i] : pq0[i]);
+            R.opow[s] = fpow(R.oq[s], beta_over);
+            st_w[o + i] = w0[o + i]; /* the states "after step state_step": the initial ones until it is reached */
+            st_ir[o + i] = R.ir[s];
+            st_pq[o + i] = (float)pq0[i];
+            st_po[o + i] = (float)po0[i];
         }
     }
-    for (long t0 = 0; t0 < nt; t0 += WF_STEPS) {
-        const long nb = nt - t0 < WF_STEPS ? nt - t0 : WF_STEPS;
-        for (long t = t0; t < t0 + nb; t++) {
+    for (long ci = 0; ci < nch; ci++) {
+        const long i = perm[ci_pos[ci]];
+        for (long k = 0; k < nk; k++) {
+            const long c = ci * nk + k, o = k * n;
+            R.cq[c] = (float)pq0[i];
+            R.calpha[c] = (float)alpha[o + i];
+            R.cbeta[c] = (float)beta[o + i];
+            R.cdx[c] = (float)dx[i];
+            R.cpow[c] = fpow(R.cq[c], R.cbeta[c]);
+        }
+    }
+    memcpy(R.w, w0, (size_t)ns * sizeof(double));
+    for (long tb = 0; tb < nt; tb += WF_STEPS) {
+        const long nb = nt - tb < WF_STEPS ? nt - tb : WF_STEPS;
+        for (long t = tb; t < tb + nb; t++) {
             for (long k = 0; k < nk; k++) {
-                member *mb = &mem[k];
                 const size_t o = (size_t)k * nn, og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
-                water_balance(precip, pet, t, n, dt_hours, wm + o, b + o, im + o, ke + o, fc + o, mb->w, mb->fast,
-                              mb->slow, mb->sm);
+                double *sm = R.sm + o, *fast = R.fast + o, *slow = R.slow + o;
+                water_balance(precip, pet, t, n, dt_hours, wm + o, b + o, im + o, ke + o, fc + o, R.w + o, fast,
+                              slow, sm, &R.wb);
                 for (long g = 0; g < ng; g++) {
                     double acc_sm = 0.0, acc_ff = 0.0, acc_sf = 0.0;
                     for (long j = g_ptr[g]; j < g_ptr[g + 1]; j++) {
                         long i = g_idx[j];
-                        acc_sm += g_w[j] * mb->sm[i];
-                        acc_ff += g_w[j] * mb->fast[i];
-                        acc_sf += g_w[j] * mb->slow[i];
+                        acc_sm += g_w[j] * sm[i];
+                        acc_ff += g_w[j] * fast[i];
+                        acc_sf += g_w[j] * slow[i];
                     }
                     sm_out[og + g] = acc_sm;
                     ff_out[og + g] = acc_ff;
                     sf_out[og + g] = acc_sf;
                 }
             }
-            /* overland flow, by levels of the hillslope network (a channel cell's own overland store included) */
+            /* overland flow, by levels of the hillslope network (a channel cell's own overland store included):
+             * the level's slots [h0, e1) are its hillslope slots [h0, h1), then its channel slots */
             for (long l = 0; l < sc.nlev; l++) {
-                long first = sc.level.ptr[l], m = sc.level.ptr[l + 1] - first;
-                for (long k = 0; k < nk; k++) {
-                    member *mb = &mem[k];
-                    for (long j = 0; j < m; j++) {
-                        long p = first + j, s = k * m + j;
-                        cellrec *c = &mb->cell[p];
+                const long p0 = sc.level.ptr[2 * l], p1 = sc.level.ptr[2 * l + 1], p2 = sc.level.ptr[2 * l + 2];
+                const long h0 = p0 * nk, h1 = p1 * nk, m = (p2 - p0) * nk;
+                if (m == 0) continue;
+                for (long p = p0; p < p2; p++) {
+                    const long i = perm[p], q0 = sc.over.ptr[p], q1 = sc.over.ptr[p + 1];
+                    for (long k = 0; k < nk; k++) {
+                        const long s = p * nk + k, j = s - h0;
                         double qin = 0.0;
-                        for (long e = sc.over.ptr[p]; e < sc.over.ptr[p + 1]; e++) qin += mb->outflow[sc.over.idx[e]];
-                        float fast_m = (float)((double)(float)mb->fast[c->orig] / 1000.0); /* mm to m */
-                        s_qin[s] = qin;
-                        s_al[s] = c->alpha0;
-                        s_be[s] = beta_over;
-                        s_dx[s] = c->dx;
-                        if (!c->channel) {
-                            s_qold[s] = c->pq;
-                            s_qpow[s] = c->pq_pow;
-                            s_lat[s] = fast_m;
+                        for (long e = q0; e < q1; e++) qin += R.oq[sc.over.idx[e] * nk + k];
+                        R.qin[j] = qin;
+                        float fast_m = mm_to_m((float)R.fast[k * n + i]);
+                        if (p < p1) {
+                            R.qlat[j] = fast_m;
                         } else {
-                            double inter = gather_inter(&mb->lk, p, mb->leak);
-                            float slow_m = (float)((double)(float)((double)(float)mb->slow[c->orig] + inter) / 1000.0);
-                            s_qold[s] = c->po;
-                            s_qpow[s] = c->po_pow;
-                            s_lat[s] = fast_m + slow_m;
+                            double inter = gather_inter(&R.inter, s, R.leak);
+                            R.qlat[j] = fast_m + mm_to_m((float)((double)(float)R.slow[k * n + i] + inter));
                         }
                     }
                 }
-                kw_solve_many(nk * m, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
+                kw_solve_many(m, R.qin, R.oq + h0, R.opow + h0, R.qlat, R.alpha0 + h0, R.beta_over + h0, R.dx + h0,
+                              dt32, R.oq + h0, R.opow + h0, &ws);
+                /* the hillslope cells' interflow leaks: their targets are downstream on the hillslope, at a higher
+                 * level, or the cell itself (added after the step); a channel cell's overland result is its
+                 * channel's lateral inflow */
+                float *slow_f = R.qlat;
+                for (long p = p0; p < p1; p++)
+                    for (long k = 0; k < nk; k++) slow_f[p * nk + k - h0] = (float)R.slow[k * n + perm[p]];
+                hillslope_leaks(h1 - h0, slow_f, R.ir + h0, R.leaki + h0, R.s0 + h0, R.s1 + h0, R.area + h0,
+                                R.area_t0 + h0, R.area_t1 + h0, R.has0 + h0, R.has1 + h0, R.leak + h0,
+                                R.leak + ns + h0);
+            }
+            float *lat = R.lat + (t - tb) * ncs;
+            for (long ci = 0; ci < nch; ci++) /* the channel's lateral inflow */
+                for (long k = 0; k < nk; k++) lat[ci * nk + k] = R.oq[ci_pos[ci] * nk + k];
+            for (long p = 0; p < n; p++) { /* the interflow that reached each cell joins its store */
+                const int ch = channel[perm[p]];
                 for (long k = 0; k < nk; k++) {
-                    member *mb = &mem[k];
-                    for (long j = 0; j < m; j++) {
-                        long p = first + j, s = k * m + j;
-                        cellrec *c = &mb->cell[p];
-                        if (c->channel) { /* the overland result is the channel's lateral inflow */
-                            c->po_pow = s_qp[s];
-                            c->po = s_q[s];
-                        } else {
-                            c->pq_pow = s_qp[s];
-                            c->pq = s_q[s];
-                            mb->outflow[p] = s_q[s];
-                            /* the cell's interflow leak: its targets are downstream on the hillslope, at a higher
-                             * level, or on the cell itself (added after the step) */
-                            c->ir = c->ir + (float)mb->slow[c->orig];
-                            double leak = (double)(c->ir * c->leaki);
-                            c->ir = (float)((double)c->ir - leak);
-                            if (c->ir < 0.0f) c->ir = 0.0f;
-                            mb->leak[2 * p] = c->t0 >= 0 ? leak * c->s0 * c->area / c->area_t0 : 0.0;
-                            mb->leak[2 * p + 1] = c->t1 >= 0 ? leak * c->s1 * c->area / c->area_t1 : 0.0;
-                        }
-                    }
+                    const long s = p * nk + k;
+                    double in = ch ? 0.0 : gather_inter(&R.inter, s, R.leak);
+                    R.inter_in[s] = in;
+                    R.ir[s] = (float)((double)R.ir[s] + in);
                 }
             }
             for (long k = 0; k < nk; k++) {
-                member *mb = &mem[k];
                 const size_t o = (size_t)k * nn, og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
-                cellrec *lc = mb->cell;
-                float *lat = mb->lat + (t - t0) * nch;
-                for (long ci = 0; ci < nch; ci++) lat[ci] = lc[ci_pos[ci]].po; /* the channel's lateral inflow */
-                for (long p = 0; p < n; p++) { /* the interflow that reached each cell joins its store */
-                    double in = lc[p].channel ? 0.0 : gather_inter(&mb->lk, p, mb->leak);
-                    mb->inter_in[p] = in;
-                    lc[p].ir = (float)((double)lc[p].ir + in);
-                }
                 for (long g = 0; g < ng; g++) {
-                    long i = (long)gauge_nodes[g], p = pos[i];
-                    if (!channel[i]) q_out[og + g] = (double)mb->outflow[p] * dx[i] + mb->inter_in[p] * area[i] / 3.6;
+                    long i = (long)gauge_nodes[g], s = pos[i] * nk + k;
+                    if (!channel[i]) q_out[og + g] = (double)R.oq[s] * dx[i] + R.inter_in[s] * area[i] / 3.6;
                 }
                 if (t == state_step || (state_step < 0 && t == nt - 1)) {
                     for (long p = 0; p < n; p++) { /* a channel cell's pq: after its channel solve, below */
-                        long i = lc[p].orig;
-                        st_w[o + i] = mb->w[i];
-                        st_ir[o + i] = lc[p].ir;
-                        if (!lc[p].channel) st_pq[o + i] = lc[p].pq;
-                        st_po[o + i] = lc[p].po;
+                        const long i = perm[p], s = p * nk + k;
+                        st_w[o + i] = R.w[o + i];
+                        st_ir[o + i] = R.ir[s];
+                        if (!channel[i]) st_pq[o + i] = R.oq[s];
+                        else st_po[o + i] = R.oq[s];
                     }
                 }
             }
         }
         /* channel flow of the block's steps by a wavefront: level l of step s with level l - 1 of step s + 1
          * and so on (a solve needs its upstream cells' outflow of the same step and its own state of the step
-         * before: both on earlier diagonals) */
+         * before: both on earlier diagonals); the diagonal's levels are one contiguous range of channel slots */
         for (long d = 0; d < nb + sc.nlev_c - 1; d++) {
             long lmin = d - nb + 1 > 0 ? d - nb + 1 : 0, lmax = d < sc.nlev_c - 1 ? d : sc.nlev_c - 1;
-            long ns = 0;
-            for (long k = 0; k < nk; k++) {
-                member *mb = &mem[k];
-                for (long l = lmin; l <= lmax; l++) {
-                    const float *out = mb->out + (d - l) * nch, *lat = mb->lat + (d - l) * nch;
-                    for (long ci = sc.level_c.ptr[l]; ci < sc.level_c.ptr[l + 1]; ci++, ns++) {
-                        cellrec *c = &mb->cell[ci_pos[ci]];
+            const long c0 = sc.level_c.ptr[lmin] * nk, m = sc.level_c.ptr[lmax + 1] * nk - c0;
+            for (long l = lmin; l <= lmax; l++) {
+                const float *out = R.out + (d - l) * ncs, *lat = R.lat + (d - l) * ncs;
+                for (long ci = sc.level_c.ptr[l]; ci < sc.level_c.ptr[l + 1]; ci++) {
+                    const long q0 = sc.chan.ptr[ci], q1 = sc.chan.ptr[ci + 1];
+                    for (long k = 0; k < nk; k++) {
+                        const long c = ci * nk + k;
                         double qin = 0.0;
-                        for (long e = sc.chan.ptr[ci]; e < sc.chan.ptr[ci + 1]; e++) qin += out[sc.chan.idx[e]];
-                        s_qin[ns] = qin;
-                        s_qold[ns] = c->pq;
-                        s_qpow[ns] = c->pq_pow;
-                        s_lat[ns] = lat[ci];
-                        s_al[ns] = c->alpha;
-                        s_be[ns] = c->beta;
-                        s_dx[ns] = c->dx;
+                        for (long e = q0; e < q1; e++) qin += out[sc.chan.idx[e] * nk + k];
+                        R.qin[c - c0] = qin;
+                        R.qlat[c - c0] = lat[c];
                     }
                 }
             }
-            kw_solve_many(ns, s_qin, s_qold, s_qpow, s_lat, s_al, s_be, s_dx, dt32, s_q, s_qp, &ws);
-            ns = 0;
-            for (long k = 0; k < nk; k++) {
-                member *mb = &mem[k];
-                for (long l = lmin; l <= lmax; l++) {
-                    float *out = mb->out + (d - l) * nch;
-                    for (long ci = sc.level_c.ptr[l]; ci < sc.level_c.ptr[l + 1]; ci++, ns++) {
-                        cellrec *c = &mb->cell[ci_pos[ci]];
-                        c->pq_pow = s_qp[ns];
-                        c->pq = s_q[ns];
-                        out[ci] = s_q[ns];
-                    }
-                }
+            kw_solve_many(m, R.qin, R.cq + c0, R.cpow + c0, R.qlat, R.calpha + c0, R.cbeta + c0, R.cdx + c0, dt32,
+                          R.cq + c0, R.cpow + c0, &ws);
+            for (long l = lmin; l <= lmax; l++) {
+                float *out = R.out + (d - l) * ncs;
+                const long a = sc.level_c.ptr[l] * nk, z = sc.level_c.ptr[l + 1] * nk;
+                memcpy(out + a, R.cq + a, (size_t)(z - a) * sizeof(float));
             }
         }
         for (long k = 0; k < nk; k++) {
-            member *mb = &mem[k];
             const size_t o = (size_t)k * nn;
-            for (long t = t0; t < t0 + nb; t++) {
-                const float *out = mb->out + (t - t0) * nch;
+            for (long t = tb; t < tb + nb; t++) {
+                const float *out = R.out + (t - tb) * ncs;
                 const size_t og = ((size_t)k * (size_t)nt + (size_t)t) * (size_t)ng;
                 for (long g = 0; g < ng; g++) {
                     long i = (long)gauge_nodes[g];
-                    if (channel[i]) q_out[og + g] = (double)out[sc.ci_of[pos[i]]];
+                    if (channel[i]) q_out[og + g] = (double)out[sc.ci_of[pos[i]] * nk + k];
                 }
                 if (t == state_step || (state_step < 0 && t == nt - 1))
-                    for (long ci = 0; ci < nch; ci++) st_pq[o + mb->cell[ci_pos[ci]].orig] = out[ci];
+                    for (long ci = 0; ci < nch; ci++) st_pq[o + perm[ci_pos[ci]]] = out[ci * nk + k];
             }
         }
     }
     status = 0;
 done:
-    if (mem)
-        for (long k = 0; k < nk; k++) member_free(&mem[k]);
-    free(mem); free(pos); free(s_qin); free(s_x); free(s_y); free(s_who); free(g_ptr); free(g_idx);
-    free(g_w);
-    for (int k = 0; k < 16; k++) free(sf[k]);
+    routing_free(&R);
+    free(pos); free(s_x); free(s_y); free(s_who); free(g_ptr); free(g_idx); free(g_w);
+    for (int k = 0; k < 8; k++) free(sf[k]);
     schedule_free(&sc);
     return status;
+}
+
+/* All steps for K parameter sets on one network (run_batch); a single run (K = 1) gets its own copy of the code,
+ * compiled for one member. */
+int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const double *pet, double dt_hours,
+                  const double *wm, const double *b, const double *im, const double *ke, const double *fc,
+                  const double *w0, const double *leaki, const double *alpha, const double *beta,
+                  const double *alpha0, const uint8_t *channel, const double *ir0, const double *pq0,
+                  const double *po0, const int64_t *down, const double *dx, const double *area, const int64_t *t0,
+                  const int64_t *t1, const double *s0, const double *s1, const int64_t *gauge_nodes,
+                  const double *weights, long state_step, double *q_out, double *sm_out, double *ff_out,
+                  double *sf_out, double *st_w, double *st_ir, double *st_pq, double *st_po) {
+#define RUN_BATCH_ARGS nt, n, ng, precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, channel, ir0, \
+    pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights, state_step, q_out, sm_out, ff_out, sf_out, st_w, \
+    st_ir, st_pq, st_po
+    if (nk == 1) return run_batch(1, RUN_BATCH_ARGS);
+    return run_batch(nk, RUN_BATCH_ARGS);
+#undef RUN_BATCH_ARGS
 }
 
 /* All steps for one parameter set: hak_run_batch with one member (per-member arrays are [n], outputs [nt][ng]). */
