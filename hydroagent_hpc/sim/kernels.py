@@ -190,7 +190,5 @@ def set_threads(n: int) -> None:
     if n < 1:
         raise ValueError(f"set_threads: need at least 1 thread, got {n}")
     _THREADS = int(n)
-    import sys
-
     if "numba" in sys.modules:
         sys.modules["numba"].set_num_threads(min(n, sys.modules["numba"].config.NUMBA_NUM_THREADS))
