@@ -238,22 +238,35 @@ def test_c_kernel_refuses_an_interflow_target_off_the_hillslope_path():
 
 
 @needs_c
-def test_a_build_without_vector_lanes_gives_the_same_bits(tmp_path, monkeypatch):
-    """The library built with FPOW_W=0 (what a CPU without AVX2 and FMA gets: scalar solves, libm's pow) and the
-    native build (vectorised solves and power where the CPU has them) agree bit for bit, one run and a batch."""
+@pytest.mark.parametrize("define, lanes", [
+    ("-DFPOW_W=0", 0),            # a CPU without AVX2 and FMA: scalar solves, libm's pow
+    ("-DFPOW_W=4", 4),            # AVX2's 4 lanes, with the table-free power
+    ("-DFPOW_NO_TABLES", None),   # the native lanes with the table-free power (what AVX2 machines run)
+])
+def test_every_build_variant_gives_the_same_bits(tmp_path, monkeypatch, define, lanes):
+    """The library built as other CPUs get it and the native build (vectorised solves and power where the CPU has
+    them; with AVX-512 the power from register tables) agree bit for bit: the power on routing-like and wide
+    arguments, one run and a batch."""
     import ctypes
     import subprocess
 
     from hydroagent_hpc.sim import ckernel
 
     monkeypatch.setattr(kernels, "_THREADS", 1)
-    lib_path = tmp_path / "scalar.so"
-    cmd = [ckernel._compiler(), *ckernel.FLAGS, ckernel.NATIVE, "-DFPOW_W=0", "-o", str(lib_path),
+    lib_path = tmp_path / "variant.so"
+    cmd = [ckernel._compiler(), *ckernel.FLAGS, ckernel.NATIVE, define, "-o", str(lib_path),
            str(ckernel.SOURCE), "-lm"]
     subprocess.run(cmd, check=True, capture_output=True)
-    scalar = ctypes.CDLL(str(lib_path))
-    ckernel._declare(scalar)
-    assert scalar.hak_fpow_lanes() == 0
+    variant = ctypes.CDLL(str(lib_path))
+    ckernel._declare(variant)
+    assert variant.hak_fpow_lanes() == (ckernel.load().hak_fpow_lanes() if lanes is None else lanes)
+    rng = np.random.default_rng(12)
+    x = np.concatenate([np.exp(rng.uniform(-25, 14, 40_000)), np.exp(rng.uniform(-700, 700, 5_000)), [0.0, 1.0]])
+    y = np.concatenate([rng.uniform(-0.7, 1.5, 40_000), rng.uniform(-16, 16, 5_000), [0.6, 0.6]])
+    native = ckernel.fpow_array(x, y)
+    other = np.empty(x.size, np.float32)
+    variant.hak_fpow_array(x.size, x, y, other)
+    assert np.array_equal(native.view(np.uint32), other.view(np.uint32))
     spec = draw_case(4)
     sim = EmbeddedSimulator(write_case(spec, tmp_path / "case"), cache_dir=False)
     rng = np.random.default_rng(4)
@@ -261,10 +274,10 @@ def test_a_build_without_vector_lanes_gives_the_same_bits(tmp_path, monkeypatch)
             for _ in range(3)]
     out = {}
     with kernels.using("c"):
-        for name, lib in (("native", ckernel.load()), ("scalar", scalar)):
+        for name, lib in (("native", ckernel.load()), ("variant", variant)):
             monkeypatch.setattr(ckernel, "_LIB", lib)
             out[name] = [sim.run(sets[0], keep_states=sim.task.states is not None), *sim.run_batch(sets)]
-    for a, b in zip(out["native"], out["scalar"]):
+    for a, b in zip(out["native"], out["variant"]):
         _assert_identical(a, b)
 
 

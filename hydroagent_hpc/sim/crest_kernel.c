@@ -62,14 +62,17 @@
  * by one float ulp; EF5 calls powf, and agrees with us to its print precision either way).
  *
  * fpow_array computes many at once, faster than pow, with the same results bit for bit, by a rounding test in
- * the manner of Ziv: a vectorised approximation a ~ x^y with relative error below 2^-42 (log2 by the atanh
- * series to s^17 after reducing x to [sqrt(1/2), sqrt(2)) * 2^e, exp2 by Taylor to degree 12 after taking out
- * the nearest integer) is rounded to float only when its last 29 bits (the double bits below float precision)
- * are more than 2^13 double ulps from the float midpoint 2^28, so that the exact value, and pow's value within
- * 0.52 ulp of it, lie between the same two midpoints as a and round to the same float. Every other lane (about
- * 3 in 100,000: near a midpoint, x not a positive normal double, |y| > 16, |log2 x| >= 64, a result outside
- * [2^-125, 2^127)) calls pow itself. tests/test_ckernel.py checks fpow_array against numpy's power on random
- * and special arguments; the kernel tests check whole runs bit for bit against the numba kernel.
+ * the manner of Ziv: a vectorised approximation a ~ x^y with relative error below 2^-42 is rounded to float only
+ * when its last 29 bits (the double bits below float precision) are more than 2^13 double ulps from the float
+ * midpoint 2^28, so that the exact value, and pow's value within 0.52 ulp of it, lie between the same two
+ * midpoints as a and round to the same float. Every other lane (about 3 in 100,000: near a midpoint, x not a
+ * positive normal double, |y| > 16, |log2 x| >= 64, a result outside [2^-125, 2^127)) calls pow itself. The
+ * approximation: with AVX-512, log2 and exp2 from 16-entry tables held in registers and short polynomials (no
+ * division); elsewhere, or built with FPOW_NO_TABLES, log2 by the atanh series to s^17 after reducing x to
+ * [sqrt(1/2), sqrt(2)) * 2^e and exp2 by Taylor to degree 12 after taking out the nearest integer.
+ * tests/test_ckernel.py checks fpow_array against the C library's pow on random and special arguments, and every
+ * build variant's runs bit for bit against the native build; the kernel tests check whole runs bit for bit
+ * against the numba kernel.
  */
 #if FPOW_W > 0
 typedef double vdbl __attribute__((vector_size(8 * FPOW_W)));
@@ -84,6 +87,66 @@ FPOW_FAST static inline __attribute__((always_inline)) vdbl vblend(vi64 m, vdbl 
 
 FPOW_FAST static inline __attribute__((always_inline)) vdbl vabs(vdbl a) { return (vdbl)((vi64)a & INT64_MAX); }
 
+#if FPOW_W == 8 && defined(__AVX512F__) && !defined(FPOW_NO_TABLES)
+#include <immintrin.h>
+/* With AVX-512: log2 and exp2 by 16-entry tables looked up in registers (vpermt2pd: no memory gathers, which are
+ * slow on some cores), so both polynomials are short and the log needs no division. Tables computed in 300-bit
+ * arithmetic and rounded: c_j = 1 / (1 + (j + 1/2) / 16), -log2(c_j), 2^(j/16). */
+static const double FPOW_C[16] = {
+    0x1.f07c1f07c1f08p-1, 0x1.d41d41d41d41dp-1, 0x1.bacf914c1bad0p-1, 0x1.a41a41a41a41ap-1,
+    0x1.8f9c18f9c18fap-1, 0x1.7d05f417d05f4p-1, 0x1.6c16c16c16c17p-1, 0x1.5c9882b931057p-1,
+    0x1.4e5e0a72f0539p-1, 0x1.4141414141414p-1, 0x1.3521cfb2b78c1p-1, 0x1.29e4129e4129ep-1,
+    0x1.1f7047dc11f70p-1, 0x1.15b1e5f75270dp-1, 0x1.0c9714fbcda3bp-1, 0x1.0410410410410p-1};
+static const double FPOW_L[16] = {
+    0x1.6bad3758efd81p-5, 0x1.08c588cda79e5p-3, 0x1.acf5e2db4ec91p-3, 0x1.24407ab0e073ap-2,
+    0x1.6e221cd9d0cddp-2, 0x1.b47ebf73882a1p-2, 0x1.f7a8568cb06cep-2, 0x1.1bf311e95d00ep-1,
+    0x1.3abb3faa02168p-1, 0x1.5848226989d34p-1, 0x1.74b1fd64e0754p-1, 0x1.900e6160002cep-1,
+    0x1.aa708f58014d4p-1, 0x1.c3e9ca2e1a055p-1, 0x1.dc899ab3ff56cp-1, 0x1.f45e08bcf0656p-1};
+static const double FPOW_T[16] = {
+    0x1.0000000000000p+0, 0x1.0b5586cf9890fp+0, 0x1.172b83c7d517bp+0, 0x1.2387a6e756238p+0,
+    0x1.306fe0a31b715p+0, 0x1.3dea64c123422p+0, 0x1.4bfdad5362a27p+0, 0x1.5ab07dd485429p+0,
+    0x1.6a09e667f3bcdp+0, 0x1.7a11473eb0187p+0, 0x1.8ace5422aa0dbp+0, 0x1.9c49182a3f090p+0,
+    0x1.ae89f995ad3adp+0, 0x1.c199bdd85529cp+0, 0x1.d5818dcfba487p+0, 0x1.ea4afa2a490dap+0};
+
+static inline __attribute__((always_inline)) vdbl lookup16(const double *tab, vi64 j) {
+    return (vdbl)_mm512_permutex2var_pd(_mm512_loadu_pd(tab), (__m512i)j, _mm512_loadu_pd(tab + 8));
+}
+
+/* a ~ x^y (relative error < 2^-42 where *ok); *ok is -1 in lanes where (float)a == (float)pow(x, y). log2 x =
+ * e + log2(c_j^-1) + log2(1 + r), r = m c_j - 1 (|r| < 1/32, m in [1, 2) with leading bits j), the last by its
+ * series to r^8; 2^z = 2^(k/16) e^g with k = round(16 z), g = (z - k/16) ln 2 (|g| < 0.022), e^g by Taylor to
+ * degree 6. */
+FPOW_FAST static inline __attribute__((always_inline)) vdbl pow_approx(vdbl x, vdbl y, vi64 *ok) {
+    FPOW_CONTRACT
+    vi64 good = (x >= 0x1p-1022) & (x <= DBL_MAX);                                  /* positive normal */
+    vdbl e = (vdbl)(((vu64)x >> 52) | 0x4330000000000000ull) - (0x1p52 + 1023.0);  /* exponent, exactly */
+    vdbl m = (vdbl)(((vi64)x & 0x000fffffffffffffll) | 0x3ff0000000000000ll);      /* mantissa in [1, 2) */
+    vi64 j = (vi64)(((vu64)x >> 48) & 15);
+    good &= (vabs(e) < 64.0) & (vabs(y) <= 16.0);
+    vdbl r = m * lookup16(FPOW_C, j) - 1.0;
+    vdbl r2 = r * r, r4 = r2 * r2;
+    vdbl p12 = r * -0x1.71547652b82fep-1 + 0x1.71547652b82fep+0;
+    vdbl p34 = r * -0x1.71547652b82fep-2 + 0x1.ec709dc3a03fdp-2;
+    vdbl p56 = r * -0x1.ec709dc3a03fdp-3 + 0x1.2776c50ef9bfep-2;
+    vdbl p78 = r * -0x1.71547652b82fep-3 + 0x1.a61762a7aded9p-3;
+    vdbl p14 = r2 * p34 + p12, p58 = r2 * p78 + p56;
+    vdbl z = y * ((e + lookup16(FPOW_L, j)) + r * (r4 * p58 + p14)); /* y log2 x */
+    good &= vabs(z) < 120.0;
+    z = (vdbl)(good & (vi64)z);
+    vdbl t = z * 16.0 + 0x1.8p52; /* t - 1.5 * 2^52 is 16 z rounded to an integer, k */
+    vi64 k = (vi64)t - (vi64)((vdbl){0} + 0x1.8p52);
+    vdbl g = (z - (t - 0x1.8p52) * 0.0625) * 0x1.62e42fefa39efp-1;
+    vdbl g2 = g * g, g4 = g2 * g2;
+    vdbl e01 = g + 1.0, e23 = g * (1.0 / 6) + 0.5, e45 = g * (1.0 / 120) + 1.0 / 24;
+    vdbl q = g4 * (g2 * (1.0 / 720) + e45) + (g2 * e23 + e01);
+    vdbl a = (vdbl)((vi64)(lookup16(FPOW_T, k & 15) * q) + ((k >> 4) << 52)); /* times 2^(k/16) */
+    vi64 below = ((vi64)a & ((1ll << 29) - 1)) - (1ll << 28); /* from the float midpoint, in double ulps */
+    good &= (below > 8192) | (below < -8192);
+    good &= (a >= 0x1p-125) & (a < 0x1p127);
+    *ok = good;
+    return a;
+}
+#else
 /* a ~ x^y (relative error < 2^-42 where *ok); *ok is -1 in lanes where (float)a == (float)pow(x, y). */
 FPOW_FAST static inline __attribute__((always_inline)) vdbl pow_approx(vdbl x, vdbl y, vi64 *ok) {
     FPOW_CONTRACT
@@ -124,6 +187,7 @@ FPOW_FAST static inline __attribute__((always_inline)) vdbl pow_approx(vdbl x, v
     *ok = good;
     return a;
 }
+#endif
 #endif
 
 /* out[j] = (float)pow(x[j], y[j]) for j < n, bit for bit (see above). */
@@ -764,8 +828,8 @@ typedef struct {
 static void routing_free(routing *r) {
     void *all[] = {r->oq, r->opow, r->ir, r->leaki, r->alpha0, r->dx, r->beta_over, r->s0, r->s1, r->area,
                    r->area_t0, r->area_t1, r->has0, r->has1, r->leak, r->inter_in, r->cq, r->cpow, r->calpha,
-                   r->cbeta, r->cdx, r->lat, r->out, r->w, r->fast, r->slow, r->sm, r->qin, r->qlat, r->fscr, r->wb.x, r->wb.y,
-                   r->wb.rel, r->wb.who};
+                   r->cbeta, r->cdx, r->lat, r->out, r->w, r->fast, r->slow, r->sm, r->qin, r->qlat, r->fscr,
+                   r->wb.x, r->wb.y, r->wb.rel, r->wb.who};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) free(all[k]);
     rows_free(&r->inter);
 }
@@ -781,9 +845,12 @@ static int routing_alloc(routing *r, long nk, long n, long nch) {
                          &r->slow, &r->sm, &r->qin};
     float **f_chan[] = {&r->cq, &r->cpow, &r->calpha, &r->cbeta, &r->cdx};
     int ok = 1;
-    for (size_t k = 0; k < sizeof f_slot / sizeof f_slot[0]; k++) ok &= (*f_slot[k] = malloc(ns * sizeof(float))) != NULL;
-    for (size_t k = 0; k < sizeof d_slot / sizeof d_slot[0]; k++) ok &= (*d_slot[k] = calloc(ns, sizeof(double))) != NULL;
-    for (size_t k = 0; k < sizeof f_chan / sizeof f_chan[0]; k++) ok &= (*f_chan[k] = malloc(nc * sizeof(float))) != NULL;
+    for (size_t k = 0; k < sizeof f_slot / sizeof f_slot[0]; k++)
+        ok &= (*f_slot[k] = malloc(ns * sizeof(float))) != NULL;
+    for (size_t k = 0; k < sizeof d_slot / sizeof d_slot[0]; k++)
+        ok &= (*d_slot[k] = calloc(ns, sizeof(double))) != NULL;
+    for (size_t k = 0; k < sizeof f_chan / sizeof f_chan[0]; k++)
+        ok &= (*f_chan[k] = malloc(nc * sizeof(float))) != NULL;
     ok &= (r->has0 = malloc(ns * sizeof(int64_t))) != NULL;
     ok &= (r->has1 = malloc(ns * sizeof(int64_t))) != NULL;
     ok &= (r->leak = calloc(2 * ns, sizeof(double))) != NULL;
@@ -805,7 +872,8 @@ static int routing_alloc(routing *r, long nk, long n, long nch) {
  * members' solves of each routing level run together, so a small basin fills the power's lanes; every member's
  * results are bit for bit those of a run on its own. Returns 0; -1 when out of memory; -2 when the network is
  * not in routing order. */
-static inline __attribute__((always_inline)) int run_batch(long nk, long nt, long n, long ng, const double *precip, const double *pet, double dt_hours,
+static inline __attribute__((always_inline)) int run_batch(long nk, long nt, long n, long ng, const double *precip,
+                                                           const double *pet, double dt_hours,
                   const double *wm, const double *b, const double *im, const double *ke, const double *fc,
                   const double *w0, const double *leaki, const double *alpha, const double *beta,
                   const double *alpha0, const uint8_t *channel, const double *ir0, const double *pq0,
@@ -1048,9 +1116,9 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
                   const int64_t *t1, const double *s0, const double *s1, const int64_t *gauge_nodes,
                   const double *weights, long state_step, double *q_out, double *sm_out, double *ff_out,
                   double *sf_out, double *st_w, double *st_ir, double *st_pq, double *st_po) {
-#define RUN_BATCH_ARGS nt, n, ng, precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, channel, ir0, \
-    pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights, state_step, q_out, sm_out, ff_out, sf_out, st_w, \
-    st_ir, st_pq, st_po
+#define RUN_BATCH_ARGS nt, n, ng, precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, \
+    channel, ir0, pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights, state_step, q_out, sm_out, \
+    ff_out, sf_out, st_w, st_ir, st_pq, st_po
     if (nk == 1) return run_batch(1, RUN_BATCH_ARGS);
     return run_batch(nk, RUN_BATCH_ARGS);
 #undef RUN_BATCH_ARGS
