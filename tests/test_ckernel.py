@@ -382,3 +382,70 @@ def test_a_repeat_simulate_process_imports_only_what_it_needs(tmp_path):
     assert "tifffile" in first  # the first start reads the parameter grids
     assert run({}) == "[] 1"
     assert run({"OPENBLAS_NUM_THREADS": "3"}).endswith(" 3")
+
+
+def _random_network_args(rng: np.random.Generator, n: int, nt: int, channel_share: float):
+    """Kernel arguments for a random network of n cells in routing order (each cell drains to a lower index or
+    out), random channel cells, parameters, states and forcing, gauges anywhere (hillslope cells too)."""
+    from hydroagent_hpc.sim import kernel
+
+    down = np.array([-1 if i == 0 or rng.random() < 0.05 else int(rng.integers(0, i)) for i in range(n)], np.int64)
+    channel = (rng.random(n) < channel_share).astype(np.uint8)
+    dx = rng.uniform(500.0, 1500.0, n)
+    area = rng.uniform(0.2, 1.5, n) * 1e6
+    slope = rng.uniform(0.001, 0.2, n)
+    under = rng.uniform(0.5, 5.0, n)
+    precip = np.where(rng.random((nt, n)) < 0.3, rng.exponential(4.0, (nt, n)), 0.0)
+    pet = rng.uniform(0.0, 0.4, (nt, n))
+
+    def member():
+        p = {"wm": rng.uniform(50, 300, n), "b": rng.uniform(0.05, 2.0, n), "im": rng.uniform(0, 0.2, n),
+             "ke": rng.uniform(0.5, 1.5, n), "fc": rng.uniform(0.5, 50, n), "w0": rng.uniform(0, 300, n),
+             "leaki": rng.uniform(0, 0.5, n), "alpha": rng.uniform(0.1, 3.0, n), "beta": rng.uniform(0.3, 1.0, n),
+             "alpha0": np.where(rng.random(n) < 0.1, 0.0, rng.uniform(0.1, 3.0, n)), "ir0": rng.uniform(0, 5, n)}
+        tg = kernel.interflow_targets(down, dx, slope, under * rng.uniform(0.5, 2.0), channel.astype(np.bool_), 3600.0)
+        return p, tg
+
+    ng = int(rng.integers(1, 4))
+    gauges = rng.choice(n, size=min(ng, n), replace=False).astype(np.int64)
+    weights = np.where(rng.random((gauges.size, n)) < 0.7, area, 0.0)
+    weights /= np.maximum(weights.sum(axis=1, keepdims=True), 1.0)
+    pq0, po0 = rng.uniform(0, 3, n), rng.uniform(0, 1, n)
+    return precip, pet, member, channel, pq0, po0, down, dx, area, gauges, weights
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(12))
+def test_c_kernel_equals_numba_on_random_small_networks(seed, monkeypatch):
+    """Any network in routing order, down to one cell, with no channel cells or nothing but channel cells, gauges
+    on hillslope cells, states kept after any step, members with their own interflow targets: the C kernel's run
+    and batch (the routing state in slot arrays, a level of every member solved in place) give numba's bits."""
+    from hydroagent_hpc.sim import ckernel, kernel
+
+    monkeypatch.setattr(kernels, "_THREADS", 1)
+    rng = np.random.default_rng(1000 + seed)
+    n = [1, 2, 5, 17, 40, 90][seed % 6]
+    nt = int(rng.integers(1, 40))
+    share = [0.0, 1.0, 0.3, 0.6][seed % 4]
+    precip, pet, member, channel, pq0, po0, down, dx, area, gauges, weights = _random_network_args(rng, n, nt, share)
+    members = [member() for _ in range(3)]
+    for p, (t0, t1, s0, s1) in members[:1]:
+        for state_step in (-1, 0, nt // 2):
+            args = (precip, pet, 1.0, p["wm"], p["b"], p["im"], p["ke"], p["fc"], p["w0"], p["leaki"], p["alpha"],
+                    p["beta"], p["alpha0"], channel, p["ir0"], pq0, po0, down, dx, area, t0, t1, s0, s1, gauges,
+                    weights, state_step)
+            got = ckernel.run_kernel(*args)
+            want = kernel.run_kernel(*args[:13], channel.astype(np.bool_), *args[14:])
+            for a, b in zip(got, want, strict=True):
+                assert np.array_equal(a, b, equal_nan=True)
+    stack = {k: np.stack([m[0][k] for m in members]) for k in members[0][0]}
+    tg = [np.stack([m[1][j] for m in members]) for j in range(4)]
+    got = ckernel.run_batch_kernel(precip, pet, 1.0, stack["wm"], stack["b"], stack["im"], stack["ke"], stack["fc"],
+                                   stack["w0"], stack["leaki"], stack["alpha"], stack["beta"], stack["alpha0"],
+                                   channel, stack["ir0"], pq0, po0, down, dx, area, *tg, gauges, weights)
+    for k, (p, (t0, t1, s0, s1)) in enumerate(members):
+        want = kernel.run_kernel(precip, pet, 1.0, p["wm"], p["b"], p["im"], p["ke"], p["fc"], p["w0"], p["leaki"],
+                                 p["alpha"], p["beta"], p["alpha0"], channel.astype(np.bool_), p["ir0"], pq0, po0,
+                                 down, dx, area, t0, t1, s0, s1, gauges, weights, -1)
+        for j in range(4):
+            assert np.array_equal(got[j][k], want[j], equal_nan=True), (k, j)
