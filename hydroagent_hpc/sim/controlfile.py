@@ -712,12 +712,12 @@ def render_control(cf: ControlFile, task: str | None = None, overrides: dict[str
     for gname in gauges:
         g = cf.gauges[gname]
         lines.append(f"[Gauge {g.name}]")
-        if g.cellx is not None and g.celly is not None:
+        if g.lat is not None and g.lon is not None:  # EF5 places a gauge by LAT/LON whenever LAT is set
+            lines += [f"LAT={_num(g.lat)}", f"LON={_num(g.lon)}"]
+        else:  # the [Gauge] builder guarantees CELLX and CELLY when LAT/LON are absent
             lines += [f"CELLX={g.cellx}", f"CELLY={g.celly}"]
-        else:  # the [Gauge] builder guarantees LAT and LON when CELLX/CELLY are absent
-            lines += [f"LAT={_num(g.lat or 0.0)}", f"LON={_num(g.lon or 0.0)}"]
-            if g.basinarea is not None:
-                lines.append(f"BASINAREA={_num(g.basinarea)}")
+        if g.basinarea is not None:  # EF5 searches for BASINAREA however the gauge was placed
+            lines.append(f"BASINAREA={_num(g.basinarea)}")
         if g.obs is not None:
             lines.append(f"OBS={_p(g.obs)}")
         lines += [f"OUTPUTTS={'TRUE' if g.outputts else 'FALSE'}", ""]

@@ -2,16 +2,18 @@
 
 Facts (EF5 v1.2.3, ``docs/ef5-crest-spec.md`` section 2a, checked against the golden cases):
 
-* Each gauge cell is located from CELLX/CELLY, or from LAT/LON with EF5's float32 cell lookup;
-  with BASINAREA EF5 then searches a window of about 20 km for the cell whose FAM best matches
-  the area (in cells). Gauges are processed in descending FAM; the basin is traced upstream from
-  each gauge not already reached. Node 0 is the first outlet; every upstream node has a larger
-  index than its downstream node, so iterating nodes in reverse index order goes upstream to
-  downstream. The numbering is EF5's own (``BasicGrids.cpp``, the basin walk): a depth-first walk
-  on a stack that numbers a cell when it is pushed, pushing a cell's upstream neighbours in
-  direction order E, NE, N, NW, W, SW, S, SE. EF5 adds each cell's inflows (and the interflow
-  leaks reaching it) as doubles in decreasing node index, and sums the float gauge averages in
-  node order, so with three or more terms another numbering changes the sums by ulps.
+* Each gauge cell is located from LAT/LON with EF5's float32 cell lookup (LAT/LON win when
+  CELLX/CELLY are given too), else from CELLX/CELLY; with BASINAREA, however the gauge was placed,
+  EF5 then searches the eight rays of about 20 km around it for the cell whose FAM best matches the
+  area in cells (:func:`_search_basinarea` has the exact rules). Gauges are processed in descending
+  FAM; the basin is traced upstream from each gauge not already reached. Node 0 is the first outlet;
+  every upstream node has a larger index than its downstream node, so iterating nodes in reverse
+  index order goes upstream to downstream. The numbering is EF5's own (``BasicGrids.cpp``, the basin
+  walk): a depth-first walk on a stack that numbers a cell when it is pushed, pushing a cell's
+  upstream neighbours in direction order E, NE, N, NW, W, SW, S, SE. EF5 adds each cell's inflows
+  (and the interflow leaks reaching it) as doubles in decreasing node index, and sums the float
+  gauge averages in node order, so with three or more terms another numbering changes the sums by
+  ulps.
 * Geographic lengths: one degree of latitude is 110 574 m (``metersSN = cellsize * 110574``,
   float32); east-west lengths are ``metersSN * cos(lat)`` with ``lat`` the cell's **north edge**
   and pi taken as 3.1415926; diagonals by Pythagoras. Cell area (km2) is
@@ -91,10 +93,11 @@ def flow_offsets(ddm: Grid, esri: bool) -> np.ndarray:
     raw = ddm.data
     valid = ddm.valid()
     d = np.zeros(raw.shape, dtype=np.int64)
-    values = np.where(valid, raw, 0.0)
+    values = np.where(valid | np.isinf(raw), raw, 0.0)
     allowed = (0, *_ESRI_TO_D) if esri else tuple(range(9))
     # compared as numbers before any cast: 4.5 or 1e300 must not truncate or wrap into a valid code
-    bad = valid & ~np.isin(values, np.array(allowed, dtype=np.float64))
+    # an infinite value (1e300 in an ASCII grid reads as float inf, as EF5's fscanf gives) is a bad code too
+    bad = (valid | np.isinf(raw)) & ~np.isin(values, np.array(allowed, dtype=np.float64))
     codes = np.where(bad, 0.0, values).astype(np.int64)
     if esri:
         for code, di in _ESRI_TO_D.items():
@@ -142,50 +145,92 @@ def _area(lat_north: np.ndarray, cellsize: float) -> np.ndarray:
 
 
 def _locate_gauge(g: Gauge, dem: Grid, fam: Grid, valid: np.ndarray) -> tuple[int, int]:
+    """The gauge's cell as EF5's ``CarveBasin`` (``BasicGrids.cpp:660-812``) finds it.
+
+    LAT/LON, when given, win over CELLX/CELLY (EF5 projects every gauge whose LAT is set); the cell is
+    looked up in the FAM's geometry. With BASINAREA, whichever way the gauge was placed, EF5 then
+    searches the rays around that cell (:func:`_search_basinarea`).
+    """
     where = f"{g.where}: " if g.where else ""
-    if g.cellx is not None and g.celly is not None:
+    if g.lat is not None and g.lon is not None:
+        if g.cellx is not None or g.celly is not None:
+            log.warning("%sgauge %s: LAT/LON given with CELLX/CELLY; the cell comes from LAT/LON, as in EF5",
+                        where, g.name)
+        c, r, inside = fam.locate(g.lon, g.lat)
+        if not bool(inside):
+            raise InputError(f"{where}gauge {g.name!r}: LAT={g.lat}, LON={g.lon} is outside the grid of {fam.path} "
+                             f"({fam.xll}..{fam.right}, {fam.yll}..{fam.top})", fix="check the coordinates")
+        col, row = int(c), int(r)
+        lat = np.float32(g.lat)
+    elif g.cellx is not None and g.celly is not None:
+        if g.lat is not None or g.lon is not None:
+            raise InputError(f"{where}gauge {g.name!r}: only one of LAT and LON is given; EF5 would place the gauge "
+                             f"with the other one uninitialised", fix="give both LAT and LON, or neither")
         col, row = g.cellx, g.celly
         if not (0 <= row < dem.nrows and 0 <= col < dem.ncols):
             raise InputError(f"{where}gauge {g.name!r}: CELLX={col}, CELLY={row} is outside the "
                              f"{dem.ncols}x{dem.nrows} grid of {dem.path}",
                              fix="give a zero-based column and row inside the grid")
-    else:
-        c, r, inside = dem.locate(g.lon, g.lat)
-        if not bool(inside):
-            raise InputError(f"{where}gauge {g.name!r}: LAT={g.lat}, LON={g.lon} is outside the grid of {dem.path} "
-                             f"({dem.xll}..{dem.right}, {dem.yll}..{dem.top})", fix="check the coordinates")
-        col, row = int(c), int(r)
-        if g.basinarea is not None and g.basinarea > 0:
-            row, col = _search_basinarea(g, row, col, dem, fam)
+        lat = fam.cell_corners(np.array([col]), np.array([row]))[1][0]
+    else:  # the [Gauge] reader guarantees one of the two
+        raise InputError(f"{where}gauge {g.name!r} has no location", fix="give LAT and LON, or CELLX and CELLY")
+    if g.basinarea is not None:
+        row, col = _search_basinarea(g, row, col, lat, dem, fam, valid)
     if not valid[row, col]:
         raise InputError(f"{where}gauge {g.name!r} (col {col}, row {row}) lies in a nodata cell of the DEM, DDM or FAM",
                          fix="move the gauge onto the river network")
     return row, col
 
 
-def _search_basinarea(g: Gauge, row: int, col: int, dem: Grid, fam: Grid) -> tuple[int, int]:
-    """Move a LAT/LON gauge to the cell within ~20 km whose FAM best matches BASINAREA."""
-    assert g.basinarea is not None  # the caller searches only for a gauge with a positive BASINAREA
-    lat_n = np.float32(dem.top - row * dem.cellsize)
-    cell_km2 = float(_area(np.array([lat_n]), dem.cellsize)[0])
-    target = g.basinarea / cell_km2
-    sn = float(np.float32(dem.cellsize) * _METERS_PER_DEGREE)
-    reach = max(2, int(20000.0 / sn))
-    r0, r1 = max(0, row - reach + 1), min(dem.nrows, row + reach)
-    c0, c1 = max(0, col - reach + 1), min(dem.ncols, col + reach)
-    win = fam.data[r0:r1, c0:c1]
-    ok = fam.valid()[r0:r1, c0:c1]
-    err = np.where(ok, (win - target) ** 2, np.inf)
-    # Only the eight rays EF5 searches (row, column and diagonals through the gauge).
-    rr, cc = np.mgrid[r0:r1, c0:c1]
-    ray = (rr == row) | (cc == col) | (np.abs(rr - row) == np.abs(cc - col))
-    err = np.where(ray, err, np.inf)
-    best = np.unravel_index(int(np.argmin(err)), err.shape)
-    nr, nc = r0 + best[0], c0 + best[1]
+# EF5's search order at each distance: E, SE, S, SW, W, NW, N, NE as (drow, dcol)
+_SEARCH_RAYS = ((0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1))
+
+
+def _search_basinarea(g: Gauge, row: int, col: int, lat: np.float32, dem: Grid, fam: Grid,
+                      valid: np.ndarray) -> tuple[int, int]:
+    """Move a gauge with BASINAREA to the cell whose FAM best matches it, exactly as EF5 1.2.3 does.
+
+    EF5 (``BasicGrids.cpp:678-812``): the target is ``BASINAREA * areaFactor`` in float, with
+    ``areaFactor = float(1.0 / GetArea(lon, lat))`` taken at the gauge's own LAT (LAT/LON gauges) or at
+    its cell's upper-left corner (CELLX/CELLY gauges), *not* at the cell's north edge in general; the
+    error of a cell is ``float(pow(float(FAM) - target, 2.0))``. Candidates are the gauge's cell, then
+    for ``dist = 1 .. maxDist - 1`` (``maxDist = int(20000 / metersSN)``, at least 2) the cells ``dist``
+    away E, SE, S, SW, W, NW, N, NE, in that order; a candidate replaces the best so far only with a
+    strictly smaller error, so ties keep the earlier cell. A step west or north must stay at column or
+    row ``> 0`` (EF5 tests ``> 0``, not ``>= 0``), so column 0 and row 0 are reached only along the
+    gauge's own column or row. Cells with nodata (in the DEM, DDM or FAM: EF5's ``FixFAM``) are skipped.
+    """
+    assert g.basinarea is not None  # the caller searches only for a gauge with BASINAREA
+    nrows, ncols = fam.data.shape
+    cell_km2 = np.float32(_area(np.array([lat], dtype=np.float32), dem.cellsize)[0])
+    factor = np.float32(1.0 / float(cell_km2))
+    target = np.float32(np.float32(g.basinarea) * factor)
+    sn = float(np.float32(np.float32(dem.cellsize) * _METERS_PER_DEGREE))
+    max_dist = max(2, int(20000.0 / sn))
+    # beyond the grid's larger side every ray has left the grid: no more candidates
+    dist = np.arange(1, min(max_dist, max(nrows, ncols) + 1), dtype=np.int64)
+    rays = np.array(_SEARCH_RAYS, dtype=np.int64)
+    dr = np.broadcast_to(rays[None, :, 0], (dist.size, 8)).ravel()
+    dc = np.broadcast_to(rays[None, :, 1], (dist.size, 8)).ravel()
+    rr = row + np.repeat(dist, 8) * dr
+    cc = col + np.repeat(dist, 8) * dc
+    # EF5's bounds: a step south or east must stay below nrows/ncols, a step north or west above 0
+    inside = (np.where(dr > 0, rr < nrows, True) & np.where(dr < 0, rr > 0, True)
+              & np.where(dc > 0, cc < ncols, True) & np.where(dc < 0, cc > 0, True))
+    rr, cc = np.concatenate(([row], rr[inside])), np.concatenate(([col], cc[inside]))
+    fam32 = fam.data[rr, cc].astype(np.float32)
+    diff = (fam32 - target).astype(np.float32)
+    err = (diff.astype(np.float64) ** 2).astype(np.float32)
+    ok = valid[rr, cc] & ~np.isnan(err)
+    ok[0] = True  # the gauge's own cell is the starting best whatever it holds
+    if np.isnan(err[0]):
+        return row, col  # nothing compares smaller than NaN: EF5 never moves such a gauge
+    best = int(np.argmin(np.where(ok, err, np.inf)))  # the first of equal errors, as EF5's strict test keeps
+    nr, nc = int(rr[best]), int(cc[best])
     if (nr, nc) != (row, col):
         log.info("gauge %s moved from (%d, %d) to (%d, %d) to match BASINAREA=%g km2", g.name, row, col, nr, nc,
                  g.basinarea)
-    return int(nr), int(nc)
+    return nr, nc
 
 
 def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm: bool, selffam: bool) -> Network:
