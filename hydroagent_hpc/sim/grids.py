@@ -5,6 +5,8 @@ EF5 facts this module follows (see ``docs/ef5-crest-spec.md`` section 5):
 * ESRI ASCII: six header lines in a fixed order (ncols, nrows, xllcorner, yllcorner, cellsize,
   NODATA_value); the keyword text is not checked by EF5, only the order. Only corner-referenced
   headers exist in EF5; we also accept ``xllcenter``/``yllcenter`` and convert them, but say so.
+  EF5 reads the NODATA_value and every value with ``fscanf("%f")``: each decimal is rounded once,
+  straight to float32, here too (held in float64), so values and nodata compare as EF5's floats.
 * GeoTIFF: one band, float32, striped; georeferencing from ModelPixelScale + ModelTiepoint;
   nodata from the ``GDAL_NODATA`` tag.
 * Row 0 is the northern edge. A point (lon, lat) falls in column ``int((lon - left) / cellsize)``
@@ -18,6 +20,8 @@ import logging
 import math
 import re
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -175,8 +179,9 @@ def read_asc(path: str | Path) -> Grid:
         header[key] = _asc_header_value(p, lineno, key, parts[1])
     ncols, nrows = int(header["ncols"]), int(header["nrows"])
     current_limits().check_cells(nrows, ncols, f"{p}:1-2 (ncols, nrows)")
+    tokens = lines[6].split()
     try:
-        values = np.array(lines[6].split(), dtype=np.float64)
+        values = np.array(tokens, dtype=np.float64)
     except ValueError:
         raise _bad_value(p, lines[6]) from None
     if values.size != ncols * nrows:
@@ -188,7 +193,37 @@ def read_asc(path: str | Path) -> Grid:
         log.warning("%s: cell-centre header converted to corners (EF5 itself reads only corners)", p)
         xll -= cs / 2.0
         yll -= cs / 2.0
-    return Grid(values.reshape(nrows, ncols), xll, yll, cs, header["nodata_value"], str(p))
+    values = _as_float32(values, tokens)
+    nodata = float(_as_float32(np.array([header["nodata_value"]]), [lines[5].split()[1]])[0])
+    return Grid(values.reshape(nrows, ncols), xll, yll, cs, nodata, str(p))
+
+
+def _as_float32(values: np.ndarray, tokens: list[bytes]) -> np.ndarray:
+    """The decimal ``tokens`` rounded straight to float32, as EF5's ``fscanf("%f")`` does (``AscGrid.cpp``,
+    ``ReadFloatAscGrid``: the NODATA_value and every value), held in float64.
+
+    ``values`` are the tokens as doubles (correctly rounded). Rounding those to float32 is a second
+    rounding, and differs from rounding the decimal once exactly when the double falls on a float32
+    midpoint while the decimal does not (``1.9999999403953552`` is 2 - 2**-24 + 2.5e-17 as a double
+    midpoint: float32 2.0 through the double, 1.9999999 from ``fscanf``; EF5 then truncates the DEM to
+    1 m, not 2 m). Those few values are decided again from the exact decimal.
+    """
+    with np.errstate(over="ignore"):  # beyond float32's range: inf, as fscanf gives
+        f32 = values.astype(np.float32)
+    exact = f32.astype(np.float64) == values
+    if exact.all():
+        return f32.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        other = np.nextafter(f32, np.where(values > f32, np.float32(np.inf), np.float32(-np.inf)))
+        mid = (f32.astype(np.float64) + other.astype(np.float64)) / 2.0
+    for i in np.nonzero(~exact & (mid == values))[0]:
+        try:
+            dec = Fraction(Decimal(tokens[i].decode()))
+        except (ArithmeticError, ValueError):
+            continue
+        if dec != Fraction(float(values[i])):  # off the midpoint: the side of the decimal, not ties-to-even
+            f32[i] = max(f32[i], other[i]) if dec > Fraction(float(values[i])) else min(f32[i], other[i])
+    return f32.astype(np.float64)
 
 
 def _tag_numbers(p: Path, name: str, value: object, need: int) -> tuple[float, ...]:
