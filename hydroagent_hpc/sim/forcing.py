@@ -7,7 +7,9 @@ EF5 facts (``docs/ef5-crest-spec.md`` section 5):
   climatology this is why a run starting on 1 June reads ``PET_07``.
 * File names come from the NAME pattern with ``YYYY MM DD HH UU SS`` replaced.
 * A missing file is all zeros; missing precipitation files are counted (``missingQPE``).
-* Negative, nodata or non-finite values become 0.
+* Precipitation: nodata, NaN, zero and negative values become 0. PET: values that are not ``> 0`` become 0;
+  EF5 never tests PET against nodata, so a positive NODATA_value is used as a PET value (warned).
+  ``+inf`` where EF5 would use it is an error (deliberate: EF5 would carry it into the water balance).
 * Units: only the time part of UNIT counts; rate in mm/h = value * 3600 / seconds(unit span) (EF5: the
   float value times the float factor, a float product),
   a month being 30 days and a year 365 days. ``mm/100d`` is 0.01 mm/day.
@@ -194,15 +196,40 @@ def render_name_by_characters(pattern: str, t: datetime, finest: int = len(NAME_
     return "".join(chars)
 
 
-def _sample(grid: Grid, dem: Grid, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+def _sample(grid: Grid, dem: Grid, rows: np.ndarray, cols: np.ndarray, kind: str = "precip",
+            path: Path | None = None) -> np.ndarray:
+    """The grid's value at every node, as EF5's ``PrecipReader``/``PETReader::Read`` keep it, else 0.
+
+    Precipitation (``PrecipReader.cpp:79-104``): ``value != noData && value > 0``. PET
+    (``PETReader.cpp:53-76``): only ``value > 0``; EF5 does not test PET against the grid's nodata
+    value, so a positive NODATA_value (9999, say) in a basin cell is used as a PET of 9999 (in the
+    file's unit), here too, with a warning. Both: NaN, 0 and negative values (a negative nodata
+    included) read 0. A ``+inf`` that EF5 would use is an :class:`InputError` (a deliberate
+    difference: EF5 would carry it into the water balance).
+    """
     if grid.same_shape(dem):
         v = grid.data[rows, cols]
+        inside = np.ones(v.shape, dtype=bool)
     else:
         x, y = dem.cell_corners(cols, rows)
         c, r, inside = grid.locate(x, y)
         v = np.where(inside, grid.data[r, c], 0.0)
-    v = np.where(np.isfinite(v) & (v != grid.nodata) & (v > 0.0), v, 0.0)
-    return v
+    # EF5 compares the float value with the float nodata value (the ASCII reader rounds both to float)
+    is_nodata = v.astype(np.float32) == np.float32(grid.nodata)
+    used = inside & (v > 0.0) & (~is_nodata if kind == "precip" else True)
+    where = path or grid.path
+    if np.isinf(v[used]).any():
+        i = int(np.nonzero(used & np.isinf(v))[0][0])
+        raise InputError(f"{where}: the {kind} value at the basin cell (col {int(cols[i])}, row {int(rows[i])}) is "
+                         f"infinite; EF5 would carry it into the water balance",
+                         fix="write a finite value, or the grid's NODATA_value" + (" (0 or negative: EF5 reads no PET "
+                                                                                   "nodata test)" if kind == "pet"
+                                                                                   else ""))
+    if kind == "pet" and (used & is_nodata).any():
+        log.warning("%s: %d basin cell(s) hold the positive NODATA_value %g; EF5 does not test PET for nodata and "
+                    "uses it as a PET value, and so does this engine (write a negative nodata value to read 0)",
+                    where, int(np.sum(used & is_nodata)), grid.nodata)
+    return np.where(used, v, 0.0)
 
 
 def load_forcing(f: Forcing, steps: list[datetime], begin: datetime, dem: Grid, rows: np.ndarray,
@@ -212,7 +239,7 @@ def load_forcing(f: Forcing, steps: list[datetime], begin: datetime, dem: Grid, 
     factor = np.float32(unit_factor(f.unit))
 
     def read(path: Path) -> np.ndarray:
-        v = _sample(read_grid(path), dem, rows, cols).astype(np.float32)
+        v = _sample(read_grid(path), dem, rows, cols, "pet" if f.kind == "pet" else "precip", path).astype(np.float32)
         return (v * factor).astype(np.float64)
 
     return _read_series(f, steps, begin, rows.size, np.float64, read, what="forcing", missing_as="zero",
