@@ -120,6 +120,39 @@ def test_vectorised_power_equals_the_double_power_rounded_to_float():
 
 
 @needs_c
+def test_vectorised_double_power_equals_the_c_librarys_pow():
+    """dpow_array is bit for bit the C library's pow (which the numba kernel and EF5 call), on the water balance's
+    arguments (x in (0, 1], y = 1 + b as a float), on exact results and exact midpoints between doubles (where the
+    fast value must give way to pow), over the whole range, and on special values."""
+    import ctypes
+    import ctypes.util
+
+    from hydroagent_hpc.sim import ckernel
+
+    rng = np.random.default_rng(8)
+    n = 40_000
+    short = np.floor(rng.uniform(2**26, 2**27, n)) / 2**26           # 27-bit mantissas: their squares are exact
+    x = np.concatenate([                                              # or exact midpoints between two doubles
+        rng.uniform(0, 1, n), 1 - rng.exponential(1e-6, n), short, short**2,
+        np.exp(rng.uniform(-700, 700, 5000)), np.exp(rng.uniform(-40, 40, 5000)),
+        [0.0, -0.0, -1.0, -2.5, 5e-324, 2.2e-308, 1e308, np.inf, -np.inf, np.nan, 1.0, 2.0, 4.0, 0.25, 0.5],
+    ])
+    y = np.concatenate([
+        (1 + rng.uniform(0.01, 3.0, 2 * n)).astype(np.float32), np.full(n, 2.0), np.full(n, 0.5),
+        rng.uniform(-16, 16, 5000), rng.uniform(-3, 3, 5000),
+        [1.5, 1.5, 2.0, 0.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 0.5, 0.5, 3.0, 17.0],
+    ]).astype(np.float64)
+    got = ckernel.dpow_array(x, y)
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.pow.restype = ctypes.c_double
+    libm.pow.argtypes = [ctypes.c_double, ctypes.c_double]
+    want = np.array([libm.pow(a, b) for a, b in zip(x.tolist(), y.tolist())])
+    same = (got.view(np.uint64) == want.view(np.uint64)) | (np.isnan(got) & np.isnan(want))
+    bad = np.flatnonzero(~same)
+    assert bad.size == 0, [(x[i].hex(), y[i].hex(), got[i].hex(), want[i].hex()) for i in bad[:5]]
+
+
+@needs_c
 def test_c_kernel_refuses_a_network_out_of_routing_order():
     """Cell 0 draining into cell 1 breaks the upstream-last order the level schedule relies on."""
     from hydroagent_hpc.sim import ckernel
@@ -267,6 +300,10 @@ def test_every_build_variant_gives_the_same_bits(tmp_path, monkeypatch, define, 
     other = np.empty(x.size, np.float32)
     variant.hak_fpow_array(x.size, x, y, other)
     assert np.array_equal(native.view(np.uint32), other.view(np.uint32))
+    xd, yd = rng.uniform(0, 1, 20_000), (1 + rng.uniform(0.01, 3.0, 20_000)).astype(np.float32).astype(np.float64)
+    other_d = np.empty(xd.size)
+    variant.hak_dpow_array(xd.size, xd, yd, other_d)
+    assert np.array_equal(ckernel.dpow_array(xd, yd).view(np.uint64), other_d.view(np.uint64))
     spec = draw_case(4)
     sim = EmbeddedSimulator(write_case(spec, tmp_path / "case"), cache_dir=False)
     rng = np.random.default_rng(4)

@@ -39,7 +39,7 @@ import numpy as np
 from hydroagent_hpc.errors import HydroAgentError
 
 __all__ = ["SOURCE", "FLAGS", "CKernelUnavailable", "load", "library_path", "interflow_targets", "run_kernel",
-           "run_batch_kernel", "fpow_array", "fpow_lanes"]
+           "run_batch_kernel", "fpow_array", "dpow_array", "fpow_lanes"]
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.hak_fpow_array.argtypes = [_L, _F64, _F64, np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")]
     lib.hak_fpow_lanes.restype = ctypes.c_int
     lib.hak_fpow_lanes.argtypes = []
+    if hasattr(lib, "hak_dpow_array"):  # not in builds of older sources (bench.kernel_ab loads those too)
+        lib.hak_dpow_array.restype = None
+        lib.hak_dpow_array.argtypes = [_L, _F64, _F64, _F64]
 
 
 def load(cache: Path | None = None) -> ctypes.CDLL:
@@ -249,6 +252,16 @@ def fpow_array(x: Any, y: Any) -> np.ndarray:
     x, y = _f64(x).ravel(), _f64(y).ravel()
     out = np.empty(x.size, np.float32)
     load().hak_fpow_array(x.size, x, y, out)
+    return out
+
+
+def dpow_array(x: Any, y: Any) -> np.ndarray:
+    """``float64(x) ** float64(y)`` elementwise, by the kernel's vectorised double power: bit for bit the C
+    library's ``pow`` (the water balance's infiltration powers go through it)."""
+    x, y = np.broadcast_arrays(_f64(x), _f64(y))
+    x, y = _f64(x).ravel(), _f64(y).ravel()
+    out = np.empty(x.size)
+    load().hak_dpow_array(x.size, x, y, out)
     return out
 
 

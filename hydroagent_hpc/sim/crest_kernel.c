@@ -241,6 +241,162 @@ void hak_fpow_array(long n, const double *x, const double *y, float *out) {
 }
 #endif
 
+/* ---- The double power, several at a time: bit for bit the C library's pow ------------------------------------
+ *
+ * dpow_array(n, x, y, out): out[j] = pow(x[j], y[j]), as the C library computes it. With AVX-512 (and the float
+ * power's register tables), 8 at a time by a double-double approximation of x^y, relative error below about 2^-66,
+ * kept only when it lies more than 0.02 double ulp from the midpoint between two doubles: then the exact value and
+ * glibc's pow (since 2.28 within 0.52 ulp in all, of which at most 0.0095 ulp is its own approximation error when
+ * |y log x| <= 64; correctly rounded in older versions) round to the same double, the one kept. Every other lane
+ * (about 4 in 100: near a midpoint, a result that is a power of two, x not a positive normal, |y| > 16,
+ * |y log x| > 64) calls pow. Without those tables every element calls pow.
+ *
+ * ln x = e ln 2 - ln c_j + ln(1 + r), r = m c_j - 1 exactly as a double-double (|r| < 1/32), ln(1 + r) by its
+ * series with r and r^2/2 in double-double and r^3 (1/3 - r/4 + ... - r^9/12) in double; e^z = 2^(k/16) e^g with
+ * k = round(16 z / ln 2), g in double-double (|g| < 0.022), e^g - 1 by Taylor to g^8; the constants -ln c_j and
+ * 2^(j/16) as double-doubles from 16-entry tables (rounded from 400-bit arithmetic).
+ */
+#if FPOW_W == 8 && defined(__AVX512F__) && !defined(FPOW_NO_TABLES)
+#define DPOW_TABLES 1
+static const double DPOW_LH[16] = {
+    0x1.f829b0e7832f8p-6, 0x1.6f0d28ae56b4ep-4, 0x1.29552f81ff521p-3, 0x1.9525a9cf456b6p-3,
+    0x1.fb9186d5e3e29p-3, 0x1.2e8e2bae11d31p-2, 0x1.5d1bdbf5809cap-2, 0x1.89a3386c1425bp-2,
+    0x1.b44f77bcc8f64p-2, 0x1.dd46a04c1c4a1p-2, 0x1.02552a5a5d0ffp-1, 0x1.154c3d2f4d5eap-1,
+    0x1.2795e1289b11bp-1, 0x1.393e0d3562a1ap-1, 0x1.4a4f85db03ebbp-1, 0x1.5ad404c359f2dp-1};
+static const double DPOW_LL[16] = {
+    0x1.33e3f04f1ef25p-60, -0x1.20db323097324p-59, 0x1.301771c407dc0p-57, -0x1.26fb3e2b1d1dap-57,
+    0x1.355519b0de535p-57, -0x1.1e99b72bd7bf2p-57, -0x1.7dc9c7c23801fp-56, 0x1.2d38c40881e0bp-57,
+    -0x1.a0892a8b38eedp-61, -0x1.19d95b62e2476p-62, 0x1.e9c695d7ee800p-57, 0x1.98f33a3965e29p-57,
+    0x1.ade0fcf6e5a1dp-55, -0x1.38eef67f2483ap-55, -0x1.d76102e1644f2p-55, 0x1.eca6aa97c08e7p-55};
+static const double DPOW_TH[16] = {
+    0x1.0000000000000p+0, 0x1.0b5586cf9890fp+0, 0x1.172b83c7d517bp+0, 0x1.2387a6e756238p+0,
+    0x1.306fe0a31b715p+0, 0x1.3dea64c123422p+0, 0x1.4bfdad5362a27p+0, 0x1.5ab07dd485429p+0,
+    0x1.6a09e667f3bcdp+0, 0x1.7a11473eb0187p+0, 0x1.8ace5422aa0dbp+0, 0x1.9c49182a3f090p+0,
+    0x1.ae89f995ad3adp+0, 0x1.c199bdd85529cp+0, 0x1.d5818dcfba487p+0, 0x1.ea4afa2a490dap+0};
+static const double DPOW_TL[16] = {
+    0x0.0p+0, 0x1.8a62e4adc610bp-54, -0x1.19041b9d78a76p-55, 0x1.9b07eb6c70573p-54,
+    0x1.6f46ad23182e4p-55, 0x1.ada0911f09ebcp-55, 0x1.d4397afec42e2p-56, 0x1.6324c054647adp-54,
+    -0x1.bdd3413b26456p-54, -0x1.41577ee04992fp-55, 0x1.6e9f156864b27p-54, 0x1.c7c46b071f2bep-56,
+    0x1.7a1cd345dcc81p-54, 0x1.11065895048ddp-55, 0x1.2ed02d75b3707p-55, -0x1.e9c23179c2893p-54};
+
+static inline __attribute__((always_inline)) vdbl vfma(vdbl a, vdbl b, vdbl c) {
+    return (vdbl)_mm512_fmadd_pd((__m512d)a, (__m512d)b, (__m512d)c);
+}
+
+/* hi + lo = a + b exactly (Knuth's two-sum) */
+static inline __attribute__((always_inline)) vdbl two_sum(vdbl a, vdbl b, vdbl *lo) {
+    vdbl s = a + b, bb = s - a;
+    *lo = (a - (s - bb)) + (b - bb);
+    return s;
+}
+
+/* a ~ x^y as R + err (relative error < ~2^-66 where *ok); *ok is -1 in lanes where R == pow(x, y). Compiled
+ * without contraction: every two-sum and product error is exact as written, the fused ones by vfma. */
+static inline __attribute__((always_inline)) vdbl dpow_approx(vdbl x, vdbl y, vi64 *ok) {
+    vi64 good = (x >= 0x1p-1022) & (x <= DBL_MAX) & (vabs(y) <= 16.0);
+    vdbl e = (vdbl)(((vu64)x >> 52) | 0x4330000000000000ull) - (0x1p52 + 1023.0);
+    vdbl m = (vdbl)(((vi64)x & 0x000fffffffffffffll) | 0x3ff0000000000000ll);
+    vi64 j = (vi64)(((vu64)x >> 48) & 15);
+    /* r = m c_j - 1 as rh + rl, exactly */
+    vdbl c = lookup16(FPOW_C, j);
+    vdbl ph = m * c;
+    vdbl pl = vfma(m, c, -ph);
+    vdbl a = ph - 1.0; /* exact: ph is within 1/32 of 1 */
+    vdbl rh = a + pl;
+    vdbl rl = pl - (rh - a);
+    /* ln(1 + r) = (rh - h2) + (rl - l2 + t): h2 + l2 = r^2 / 2, t = r^3 (1/3 - r/4 + ... - r^9/12) */
+    vdbl s2h = rh * rh;
+    vdbl s2l = vfma(rh, rh, -s2h);
+    vdbl h2 = s2h * 0.5;
+    vdbl l2 = s2l * 0.5 + rh * rl;
+    vdbl r2 = s2h, r4 = s2h * s2h;
+    vdbl q01 = rh * -0x1.0000000000000p-2 + 0x1.5555555555555p-2;
+    vdbl q23 = rh * -0x1.5555555555555p-3 + 0x1.999999999999ap-3;
+    vdbl q45 = rh * -0x1.0000000000000p-3 + 0x1.2492492492492p-3;
+    vdbl q67 = rh * -0x1.999999999999ap-4 + 0x1.c71c71c71c71cp-4;
+    vdbl q89 = rh * -0x1.5555555555555p-4 + 0x1.745d1745d1746p-4;
+    vdbl q03 = r2 * q23 + q01, q47 = r2 * q67 + q45;
+    vdbl q = (r4 * r4) * q89 + (r4 * q47 + q03);
+    vdbl t = (rh * r2) * q;
+    vdbl A = rh - h2; /* |rh| >= |h2|: fast two-sum */
+    vdbl Aerr = (rh - A) - h2;
+    /* ln x = (e ln2h + LH_j) + A + (LL_j + e ln2l + Aerr + rl - l2 + t); ln2h is short, so e ln2h is exact */
+    const double ln2h = 0x1.62e42fefa3800p-1, ln2l = 0x1.ef35793c76730p-45;
+    vdbl Bl, Cl;
+    vdbl Bh = two_sum(e * ln2h, lookup16(DPOW_LH, j), &Bl);
+    vdbl Ch = two_sum(Bh, A, &Cl);
+    vdbl lo = ((Cl + Bl) + (lookup16(DPOW_LL, j) + e * ln2l)) + (((Aerr + rl) - l2) + t);
+    vdbl xh = Ch + lo;
+    vdbl xl = lo - (xh - Ch);
+    /* z = y ln x */
+    vdbl zh = y * xh;
+    vdbl zl = vfma(y, xh, -zh) + y * xl;
+    good &= vabs(zh) <= 64.0;
+    zh = (vdbl)(good & (vi64)zh);
+    zl = (vdbl)(good & (vi64)zl);
+    /* k = round(16 z / ln 2); g = z - k ln2/16 as gh + gl (k ln2h/16 exact, the difference exact) */
+    vdbl kd = zh * 0x1.71547652b82fep+4 + 0x1.8p52;
+    vi64 k = (vi64)kd - (vi64)((vdbl){0} + 0x1.8p52);
+    kd = kd - 0x1.8p52;
+    vdbl gh = zh - kd * (ln2h / 16);
+    vdbl gl = zl - kd * (ln2l / 16);
+    vdbl g = gh + gl;
+    gl = gl - (g - gh);
+    gh = g;
+    /* e^g - 1 = gh + (gl + gl gh + gh^2 (1/2 + gh/6 + ... + gh^6/8!)) */
+    vdbl g2 = gh * gh;
+    vdbl e01 = gh * (1.0 / 6) + 0.5, e23 = gh * (1.0 / 120) + 1.0 / 24, e45 = gh * (1.0 / 5040) + 1.0 / 720;
+    vdbl e03 = g2 * e23 + e01, e46 = g2 * (1.0 / 40320) + e45;
+    vdbl pq = (gl + gl * gh) + g2 * ((g2 * g2) * e46 + e03);
+    /* 2^(j/16) (1 + gh + pq), j = k mod 16, as Sh + lo2 */
+    vi64 kj = k & 15;
+    vdbl th = lookup16(DPOW_TH, kj), tl = lookup16(DPOW_TL, kj);
+    vdbl qh = th * gh;
+    vdbl qe = vfma(th, gh, -qh);
+    vdbl Sh = th + qh; /* |th| >= |qh|: fast two-sum */
+    vdbl Sl = qh - (Sh - th);
+    vdbl lo2 = Sl + (qe + ((th * pq + tl) + tl * gh));
+    vdbl R = Sh + lo2;
+    vdbl err = lo2 - (R - Sh); /* x^y 2^-(k >> 4) ~ R + err */
+    /* keep R when R + err is more than 0.02 ulp(R) from a midpoint, and R is not a power of two */
+    vi64 mant = (vi64)R & 0x000fffffffffffffll;
+    vdbl ulp = (vdbl)(((vi64)R & 0x7ff0000000000000ll) - (52ll << 52));
+    vdbl dist = vabs(vabs(err) - 0.5 * ulp);
+    good &= (dist > 0.02 * ulp) & (mant != 0);
+    *ok = good;
+    return (vdbl)((vi64)R + ((k >> 4) << 52));
+}
+
+/* out[j] = pow(x[j], y[j]) for j < n, bit for bit (see above). The lanes that must call pow are listed as the
+ * vectors go (a compress store, no branch) and called after. */
+void hak_dpow_array(long n, const double *x, const double *y, double *out) {
+    long redo[64];
+    long nredo = 0, j = 0;
+    const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+    for (; j + 8 <= n; j += 8) {
+        vdbl xv, yv;
+        memcpy(&xv, x + j, sizeof xv);
+        memcpy(&yv, y + j, sizeof yv);
+        vi64 ok;
+        vdbl a = dpow_approx(xv, yv, &ok);
+        memcpy(out + j, &a, sizeof a);
+        __mmask8 bad = _mm512_testn_epi64_mask((__m512i)ok, (__m512i)ok);
+        _mm512_mask_compressstoreu_epi64(redo + nredo, bad, _mm512_add_epi64(lane, _mm512_set1_epi64(j)));
+        nredo += __builtin_popcount((unsigned)bad);
+        if (nredo > 56) { /* room for one more vector's lanes */
+            for (long r = 0; r < nredo; r++) out[redo[r]] = pow(x[redo[r]], y[redo[r]]);
+            nredo = 0;
+        }
+    }
+    for (long r = 0; r < nredo; r++) out[redo[r]] = pow(x[redo[r]], y[redo[r]]);
+    for (; j < n; j++) out[j] = pow(x[j], y[j]);
+}
+#else
+void hak_dpow_array(long n, const double *x, const double *y, double *out) {
+    for (long j = 0; j < n; j++) out[j] = pow(x[j], y[j]);
+}
+#endif
+
 /* The lanes the vectorised power uses in this build (0: plain pow). */
 int hak_fpow_lanes(void) { return FPOW_W; }
 
@@ -426,14 +582,17 @@ static void kw_solve_many(long m, const double *qin, const float *qold, const fl
 }
 
 /* CREST's water balance of cell i over one step (EF5 CRESTModel::WaterBalanceInt), pr and pe the step's forcing.
- * A cell that infiltrates into an unsaturated soil needs the float power rel = fpow(x, y) of its relative
- * deficit: with known = 0 such a cell writes nothing, stores x and y and returns 1 (the caller computes its power
- * with the others' and calls again with known = 1 and rel); every other cell is done and returns 0. */
+ * A cell that infiltrates into an unsaturated soil needs powers, which the caller computes together with other
+ * cells': first the float power rel = fpow(x, y) of its relative deficit (with known = 0 such a cell writes
+ * nothing, stores x[0] and y[0] and returns 1), then, unless the rain fills the soil, the two double powers
+ * pow(x[k], y[k]) of the infiltration (known = 1, rel given: stores x[0..1], y[0..1], returns 2), and with
+ * known = 2 (rel and the powers pw[0..1] given) it is done. Every other cell is done at once and returns 0. */
 static inline __attribute__((always_inline)) int wb_cell(long i, const double *pr, const double *pe, float dth,
                                                          float step32, const double *wm, const double *b,
                                                          const double *im, const double *ke, const double *fc,
                                                          double *w, double *fast, double *slow, double *sm,
-                                                         int known, float rel_known, double *x, double *y) {
+                                                         int known, float rel_known, const double *pw,
+                                                         double *x, double *y) {
     double p = (double)((float)pr[i] * dth);
     double ep = (double)((float)pe[i] * dth) * ke[i];
     float wmi = (float)wm[i];
@@ -461,7 +620,13 @@ static inline __attribute__((always_inline)) int wb_cell(long i, const double *p
                 if (r < 0.0) r = 0.0;
                 wo = (double)wmi;
             } else {
-                double infil = (double)wmi * (pow(1.0 - a / wmm, (double)opb) - pow(1.0 - (a + ps) / wmm, (double)opb));
+                if (known < 2) {
+                    x[0] = 1.0 - a / wmm;
+                    x[1] = 1.0 - (a + ps) / wmm;
+                    y[0] = y[1] = (double)opb;
+                    return 2;
+                }
+                double infil = (double)wmi * (pw[0] - pw[1]); /* pow(x[0], opb) - pow(x[1], opb) */
                 if (infil > ps) infil = ps;
                 r = ps - infil;
                 if (r < 0.0) r = 0.0;
@@ -492,11 +657,15 @@ static inline __attribute__((always_inline)) int wb_cell(long i, const double *p
     return 0;
 }
 
-/* Scratch of the water balance: the cells waiting for their power, its arguments and results (n each). */
+/* Scratch of the water balance: the cells waiting for their float power, its arguments and results (n each);
+ * those then waiting for their double powers, and theirs (2 n). */
 typedef struct {
     double *x, *y;
     float *rel;
     long *who;
+    double *x2, *y2, *pw;
+    float *rel2;
+    long *who2;
 } wb_ws;
 
 /* CREST's water balance for every cell over step t (EF5 CRESTModel::WaterBalanceInt): every cell that needs no
@@ -526,7 +695,7 @@ static void water_balance(const double *precip, const double *pet, long t, long 
         for (int l = 0; l < FPOW_W; l++) any |= wet[l];
         if (any) {
             for (long c = i; c < i + FPOW_W; c++)
-                if (wb_cell(c, pr, pe, dth, step32, wm, b, im, ke, fc, w, fast, slow, sm, 0, 0.0f, ws->x + np,
+                if (wb_cell(c, pr, pe, dth, step32, wm, b, im, ke, fc, w, fast, slow, sm, 0, 0.0f, NULL, ws->x + np,
                             ws->y + np))
                     ws->who[np++] = c;
             continue;
@@ -552,11 +721,22 @@ static void water_balance(const double *precip, const double *pet, long t, long 
     }
 #endif
     for (; i < n; i++)
-        if (wb_cell(i, pr, pe, dth, step32, wm, b, im, ke, fc, w, fast, slow, sm, 0, 0.0f, ws->x + np, ws->y + np))
+        if (wb_cell(i, pr, pe, dth, step32, wm, b, im, ke, fc, w, fast, slow, sm, 0, 0.0f, NULL, ws->x + np,
+                    ws->y + np))
             ws->who[np++] = i;
     hak_fpow_array(np, ws->x, ws->y, ws->rel);
-    for (long k = 0; k < np; k++)
-        wb_cell(ws->who[k], pr, pe, dth, step32, wm, b, im, ke, fc, w, fast, slow, sm, 1, ws->rel[k], NULL, NULL);
+    long np2 = 0;
+    for (long k = 0; k < np; k++) {
+        if (wb_cell(ws->who[k], pr, pe, dth, step32, wm, b, im, ke, fc, w, fast, slow, sm, 1, ws->rel[k], NULL,
+                    ws->x2 + 2 * np2, ws->y2 + 2 * np2)) {
+            ws->who2[np2] = ws->who[k];
+            ws->rel2[np2++] = ws->rel[k];
+        }
+    }
+    hak_dpow_array(2 * np2, ws->x2, ws->y2, ws->pw);
+    for (long k = 0; k < np2; k++)
+        wb_cell(ws->who2[k], pr, pe, dth, step32, wm, b, im, ke, fc, w, fast, slow, sm, 2, ws->rel2[k],
+                ws->pw + 2 * k, NULL, NULL);
 }
 
 /* Where each hillslope cell's interflow leak lands after one step (EF5 InitializeRouting). */
@@ -872,7 +1052,7 @@ static void routing_free(routing *r) {
     void *all[] = {r->oq, r->opow, r->ir, r->leaki, r->alpha0, r->dx, r->beta_over, r->s0, r->s1, r->area,
                    r->area_t0, r->area_t1, r->has0, r->has1, r->leak, r->inter_in, r->cq, r->cpow, r->calpha,
                    r->cbeta, r->cdx, r->lat, r->out, r->w, r->fast, r->slow, r->sm, r->qin, r->qlat, r->fscr,
-                   r->wb.x, r->wb.y, r->wb.rel, r->wb.who};
+                   r->wb.x, r->wb.y, r->wb.rel, r->wb.who, r->wb.x2, r->wb.y2, r->wb.pw, r->wb.rel2, r->wb.who2};
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) free(all[k]);
     rows_free(&r->inter);
 }
@@ -906,6 +1086,11 @@ static int routing_alloc(routing *r, long nk, long n, long nch) {
     ok &= (r->wb.y = malloc(nn * sizeof(double))) != NULL;
     ok &= (r->wb.rel = malloc(nn * sizeof(float))) != NULL;
     ok &= (r->wb.who = malloc(nn * sizeof(long))) != NULL;
+    ok &= (r->wb.x2 = malloc(2 * nn * sizeof(double))) != NULL;
+    ok &= (r->wb.y2 = malloc(2 * nn * sizeof(double))) != NULL;
+    ok &= (r->wb.pw = malloc(2 * nn * sizeof(double))) != NULL;
+    ok &= (r->wb.rel2 = malloc(nn * sizeof(float))) != NULL;
+    ok &= (r->wb.who2 = malloc(nn * sizeof(long))) != NULL;
     return ok ? 0 : -1;
 }
 
