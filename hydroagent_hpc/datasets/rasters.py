@@ -29,7 +29,7 @@ import numpy as np
 
 from hydroagent_hpc.sim.controlfile import parse_control
 from hydroagent_hpc.sim.errors import InputError
-from hydroagent_hpc.sim.grids import Grid, read_grid, write_asc, write_tif
+from hydroagent_hpc.sim.grids import UNTAGGED_SENTINEL, Grid, read_grid, write_asc, write_tif
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,10 @@ def mask_to_basin(clipped: Grid, dem: Grid) -> Grid:
 def clip_file(src, dst, bbox, *, pad_cells: int = 1, mask: Grid | None = None, scale: float = 1.0) -> Grid:
     """Clip one raster file to ``bbox`` and write it (format from ``dst``'s suffix); returns the clip."""
     grid = read_grid(src)
+    if not grid.has_nodata:
+        # a GeoTIFF without a GDAL_NODATA tag has no nodata (EF5: NaN); the clip marks masked cells with -9999
+        # and says so in its tag (the source's own -9999 cells then become nodata too)
+        grid = Grid(grid.data, grid.xll, grid.yll, grid.cellsize, UNTAGGED_SENTINEL, grid.path)
     out = clip_grid(grid, bbox, pad_cells)
     if scale != 1.0:
         valid = out.valid()

@@ -51,7 +51,7 @@ from hydroagent_hpc.sim.forcing import (
     read_observations,
     step_times,
 )
-from hydroagent_hpc.sim.grids import Grid, read_grid, read_tif
+from hydroagent_hpc.sim.grids import Grid, read_grid, read_tif, untagged_sentinel_error
 from hydroagent_hpc.sim.kernels import kernel
 from hydroagent_hpc.sim.limits import Limits, current_limits
 from hydroagent_hpc.sim.network import Network, build_network
@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 __all__ = ["EmbeddedSimulator", "NodeParams"]
 
 #: Part of the parameter-grid cache key: raise it when the sampling of a grid at the cells changes.
-_GRID_CACHE_VERSION = 1
+_GRID_CACHE_VERSION = 2  # 2: a tag-less GeoTIFF has no nodata (EF5); its -9999 cells refused
 
 
 @dataclass
@@ -250,6 +250,7 @@ class EmbeddedSimulator:
         holes_of: dict[str, np.ndarray] = {}
         for name, path in ps.grids.items():
             grid = read_tif(path)
+            self._refuse_untagged(grid, f"{name.upper()} parameter")
             out[name] = self._sample_param(grid)
             inside = self._inside(grid)
             holes = int((inside & (~np.isfinite(out[name]) | (out[name] == grid.nodata))).sum())
@@ -272,6 +273,21 @@ class EmbeddedSimulator:
             return np.ones(self.net.n, dtype=bool)
         x, y = self.dem.cell_corners(self.net.cols, self.net.rows)
         return np.asarray(grid.locate(x, y)[2], dtype=bool)
+
+    def _refuse_untagged(self, grid: Grid, field: str) -> None:
+        """Deliberate: a basin cell read from a grid without nodata (a GeoTIFF without a ``GDAL_NODATA``
+        tag) that holds -9999 is refused; EF5 would multiply the parameter by -9999 there."""
+        if grid.has_nodata:
+            return
+        rows, cols = self.net.rows, self.net.cols
+        if grid.same_shape(self.dem):
+            r, c, hit = rows, cols, np.ones(rows.size, dtype=bool)
+        else:
+            x, y = self.dem.cell_corners(cols, rows)
+            c, r, hit = grid.locate(x, y)
+        bad = np.nonzero(hit & grid.untagged_sentinels()[r, c])[0]
+        if bad.size:
+            raise untagged_sentinel_error(grid, int(r[bad[0]]), int(c[bad[0]]), field, "a parameter multiplier")
 
     def _sample_param(self, grid: Grid) -> np.ndarray:
         rows, cols = self.net.rows, self.net.cols

@@ -42,7 +42,7 @@ from hydroagent_hpc.sim.controlfile import (
     parse_unit,
 )
 from hydroagent_hpc.sim.errors import InputError
-from hydroagent_hpc.sim.grids import Grid, read_grid
+from hydroagent_hpc.sim.grids import Grid, read_grid, untagged_sentinel_error
 from hydroagent_hpc.sim.limits import current_limits
 
 log = logging.getLogger(__name__)
@@ -269,6 +269,13 @@ def _sample_temperature(grid: Grid, dem: Grid, rows: np.ndarray, cols: np.ndarra
         ok = inside & (v != nodata)
         if grid_dem is not None and grid_dem.same_shape(grid):
             v = lapse_temperature(v, grid_dem.data.astype(np.float32)[r, c], dem.data.astype(np.float32)[rows, cols])
+    if not grid.has_nodata:
+        # deliberate: -9999 in a grid without nodata (a tag-less GeoTIFF) is a temperature to EF5
+        src = (rows, cols) if grid.same_shape(dem) else (r, c)
+        bad = np.nonzero(ok & grid.untagged_sentinels()[src])[0]
+        if bad.size:
+            raise untagged_sentinel_error(grid, int(src[0][bad[0]]), int(src[1][bad[0]]), "temperature",
+                                          "a temperature (degC)")
     v = np.where(ok, v, np.float32(0.0)).astype(np.float32)
     if not np.all(np.isfinite(v)):
         raise InputError(f"{path}: {int(np.sum(~np.isfinite(v)))} basin cell(s) hold a non-finite temperature",

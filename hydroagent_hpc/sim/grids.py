@@ -8,7 +8,13 @@ EF5 facts this module follows (see ``docs/ef5-crest-spec.md`` section 5):
   EF5 reads the NODATA_value and every value with ``fscanf("%f")``: each decimal is rounded once,
   straight to float32, here too (held in float64), so values and nodata compare as EF5's floats.
 * GeoTIFF: one band, float32, striped; georeferencing from ModelPixelScale + ModelTiepoint;
-  nodata from the ``GDAL_NODATA`` tag.
+  nodata from the ``GDAL_NODATA`` tag, read as EF5 reads it (``TifGrid.cpp:134-139``): the tag's text
+  through C ``atof`` (the longest number at its start, 0 when there is none), rounded to float32; a
+  TIFF without the tag has nodata NaN, which no cell equals: to EF5 a -9999 cell is then data. Cells
+  are compared with nodata as floats (EF5's ``float == float``), see :meth:`Grid.valid`.
+  Deliberate difference: where EF5 would use such a -9999 cell of a tag-less grid as a value (an
+  elevation, flow accumulation, parameter or temperature in the basin), the engine refuses the run
+  and names the file, the cell and the fix (:func:`untagged_sentinel_error`).
 * Row 0 is the northern edge. A point (lon, lat) falls in column ``int((lon - left) / cellsize)``
   and row ``int((top - lat) / cellsize)``, with EF5's float/double roundings, clamped to the grid.
 * Two grids are "co-registered" for EF5 when nrows and ncols agree, whatever their extents.
@@ -31,7 +37,8 @@ from hydroagent_hpc.sim.limits import current_limits
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Grid", "read_grid", "read_asc", "read_tif", "write_asc", "write_tif"]
+__all__ = ["Grid", "UNTAGGED_SENTINEL", "read_grid", "read_asc", "read_tif", "untagged_sentinel_error", "write_asc",
+           "write_tif"]
 
 _ASC_KEYS = ("ncols", "nrows", "xllcorner", "yllcorner", "cellsize", "nodata_value")
 
@@ -70,8 +77,25 @@ class Grid:
         return self.xll + self.ncols * self.cellsize
 
     def valid(self) -> np.ndarray:
-        """Boolean mask of cells that are not nodata and are finite."""
-        return np.isfinite(self.data) & (self.data != self.nodata)
+        """Boolean mask of cells that are not nodata and are finite.
+
+        Compared as float32, as EF5 compares a ``float`` cell with its ``float noData`` (a GeoTIFF tag
+        "-9999.1" and a cell holding float32(-9999.1) are equal there, not as doubles). A NaN nodata (a
+        GeoTIFF without a ``GDAL_NODATA`` tag) equals no cell.
+        """
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.isfinite(self.data) & (self.data.astype(np.float32) != np.float32(self.nodata))
+
+    @property
+    def has_nodata(self) -> bool:
+        """False when the grid has no nodata value (NaN: a GeoTIFF without, or with a NaN, ``GDAL_NODATA`` tag)."""
+        return not math.isnan(self.nodata)
+
+    def untagged_sentinels(self) -> np.ndarray:
+        """Cells holding -9999 in a grid with no nodata value: data to EF5, almost surely meant as nodata."""
+        if self.has_nodata:
+            return np.zeros(self.data.shape, dtype=bool)
+        return self.data == UNTAGGED_SENTINEL
 
     def same_shape(self, other: Grid) -> bool:
         """EF5's ``IsSpatialMatch``: only nrows and ncols are compared."""
@@ -103,6 +127,17 @@ class Grid:
         x = (np.asarray(cols).astype(np.float32).astype(np.float64) * cs + self.xll).astype(np.float32)
         y = (self.top - np.asarray(rows).astype(np.float32).astype(np.float64) * cs).astype(np.float32)
         return x, y
+
+
+UNTAGGED_SENTINEL = -9999.0  # the nodata value a tag-less GeoTIFF most likely meant
+
+
+def untagged_sentinel_error(grid: Grid, row: int, col: int, field: str, use: str) -> InputError:
+    """The error for a -9999 cell of a grid without nodata that EF5 would use as ``use`` (deliberate)."""
+    return InputError(
+        f"{grid.path}: the {field} cell at row {row}, col {col} holds -9999 but the grid has no nodata value "
+        f"(a GeoTIFF without a GDAL_NODATA tag, or a NaN one); EF5 1.2.3 then takes -9999 as data and would use "
+        f"it as {use}", fix=f"add a GDAL_NODATA tag (gdal_edit.py -a_nodata -9999 {grid.path}) or fill the cell")
 
 
 def read_grid(path: str | Path) -> Grid:
@@ -300,17 +335,45 @@ def read_tif(path: str | Path) -> Grid:
     if abs(sx - sy) > 1e-9 * max(abs(sx), 1.0):
         raise InputError(f"{p}: cells are not square ({sx} x {sy})", fix="resample to square cells")
     left, top = tie_n[3], tie_n[4]
-    nodata = -9999.0
-    if nd is not None:
-        try:
-            nodata = float(str(nd).strip().strip("\x00"))
-        except ValueError:
-            nodata = float("nan")
-        if not math.isfinite(nodata):
-            log.warning("%s: GDAL_NODATA tag %r is not a finite number; using -9999", p, nd)
-            nodata = -9999.0
+    # EF5 (TifGrid.cpp:134-139): float noData = atof(tag), or quiet NaN without the tag
+    nodata = float("nan") if nd is None else _atof_float32(p, nd)
     nrows = data.shape[0]
     return Grid(data.astype(np.float64), left, top - nrows * sx, sx, nodata, str(p))
+
+
+# C strtod's accepted forms (atof is strtod without error reporting), after leading white space
+_C_SPACE = " \t\n\v\f\r"
+_ATOF_RE = re.compile(
+    r"[+-]?(?:0[xX](?P<hex>(?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?\d+)?)"
+    r"|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan(?:\([0-9A-Za-z_]*\))?)", re.IGNORECASE)
+
+
+def _atof(text: str) -> float:
+    """C ``atof``: the longest number at the start of ``text`` (after white space); 0.0 when there is none."""
+    body = text.lstrip(_C_SPACE)
+    m = _ATOF_RE.match(body)
+    if not m:
+        return 0.0
+    num = m.group(0)
+    if m.group("hex") is not None:
+        sign = -1.0 if num.startswith("-") else 1.0
+        mant = m.group("hex")
+        return sign * float.fromhex("0x" + (mant if "p" in mant.lower() else mant + "p0"))
+    return float(num.lower().split("(")[0])
+
+
+def _atof_float32(p: Path, tag: object) -> float:
+    """The ``GDAL_NODATA`` tag as EF5 stores it: ``atof`` of the text, rounded to float32."""
+    text = tag.decode("latin-1") if isinstance(tag, bytes) else str(tag)
+    text = text.split("\x00", 1)[0]
+    with np.errstate(over="ignore"):
+        value = float(np.float32(_atof(text)))
+    body = text.strip(_C_SPACE)
+    m = _ATOF_RE.match(body)
+    if m is None or m.end() != len(body):
+        log.warning("%s: the GDAL_NODATA tag %r is not a number; EF5 reads it with atof as %r, and so does this "
+                    "engine", p, text, value)
+    return value
 
 
 def write_asc(path: str | Path, grid: Grid, fmt: str = "%.6g") -> None:
@@ -327,6 +390,12 @@ def write_asc(path: str | Path, grid: Grid, fmt: str = "%.6g") -> None:
     tmp.replace(p)
 
 
+def _nodata_text(nodata: float) -> str:
+    """Nine significant digits: every float32 reads back exactly (-9999 stays "-9999")."""
+    with np.errstate(over="ignore"):
+        return f"{float(np.float32(nodata)):.9g}"
+
+
 def write_tif(path: str | Path, grid: Grid, compress: bool = False) -> None:
     """Write a striped single-band float32 GeoTIFF in geographic WGS84 coordinates."""
     import tifffile
@@ -339,7 +408,8 @@ def write_tif(path: str | Path, grid: Grid, compress: bool = False) -> None:
         (_TAG_PIXEL_SCALE, "d", 3, (float(grid.cellsize), float(grid.cellsize), 0.0), True),
         (_TAG_TIEPOINT, "d", 6, (0.0, 0.0, 0.0, float(grid.xll), float(grid.top), 0.0), True),
         (_TAG_GEOKEYS, "H", len(geokeys), geokeys, True),
-        (_TAG_GDAL_NODATA, "s", 0, f"{grid.nodata:g}", True),
+        # the exact float32 nodata, so that EF5's atof-to-float gives back the value the cells hold
+        (_TAG_GDAL_NODATA, "s", 0, _nodata_text(grid.nodata), True),
     ]
     tmp = p.with_name(p.name + ".part")
     tifffile.imwrite(tmp, data, photometric="minisblack", extratags=extratags,

@@ -37,7 +37,7 @@ import numpy as np
 
 from hydroagent_hpc.sim.controlfile import Gauge
 from hydroagent_hpc.sim.errors import InputError
-from hydroagent_hpc.sim.grids import Grid
+from hydroagent_hpc.sim.grids import UNTAGGED_SENTINEL, Grid, untagged_sentinel_error
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,10 @@ def flow_offsets(ddm: Grid, esri: bool) -> np.ndarray:
         kind = "TauDEM codes 1..8"
     if bad.any():
         r, c = np.argwhere(bad)[0]
+        if not ddm.has_nodata and raw[r, c] == UNTAGGED_SENTINEL:
+            # EF5 refuses it too ("Bad DDM value -9999", BasicGrids.cpp CheckESRIDDM/CheckSimpleDDM)
+            raise untagged_sentinel_error(ddm, int(r), int(c), "DDM", f"a flow direction, and refuses it (not one of "
+                                          f"the {kind})")
         raise InputError(f"{ddm.path}: flow direction {raw[r, c]:g} at row {r}, col {c} is not one of the {kind}",
                          fix="set ESRIDDM=true for ESRI codes or false for TauDEM codes, or fix the grid")
     return d
@@ -335,6 +339,14 @@ def build_network(dem: Grid, ddm: Grid, fam: Grid, gauges: list[Gauge], esriddm:
     # Roots: the cell they drain to, if on the grid with data, else a north-south length.
     tcell = target.ravel()[cells_a]
     root_in = is_root & (tcell >= 0)
+    # deliberate: a -9999 cell of a DEM or FAM without nodata is data to EF5, which would take it as the
+    # elevation (of a basin cell, or the cell an outlet drains to) or flow accumulation of a basin cell
+    for grid, field, use, used in ((dem, "DEM", "an elevation", np.concatenate([cells_a, tcell[root_in]])),
+                                   (fam, "FAM", "a flow accumulation", cells_a)):
+        hit = used[grid.untagged_sentinels().ravel()[used]]
+        if hit.size:
+            r, c = divmod(int(hit[0]), ncols)
+            raise untagged_sentinel_error(grid, r, c, field, use)
     # float DEMDiff = DEM (float) - outsideHeight (long): one float rounding
     t_dem = np.trunc(dem.data.ravel()[np.clip(tcell, 0, None)].astype(np.float32).astype(np.float64))
     drop = np.where(root_in, (dem_v - t_dem).astype(np.float32).astype(np.float64), drop)
