@@ -59,9 +59,9 @@ def _numba() -> Kernel:
 
 #: Members of a batch solved together in one C call: as many as keep members x cells within this. Measured on
 #: one core (docs/performance.md): since the channel solves of several steps share the lanes (the wavefront),
-#: 8 members of a 300-cell basin together cost 7.1 runs against 8.2 one at a time, and of 900-1,200-cell basins
-#: the same within noise; 8 members of a 10,000-cell basin together cost 20 % more (their states no longer stay
-#: in cache). So only small basins share calls.
+#: sharing gains little; with the routing state in slot arrays, 8 members of a 300-cell basin together cost 6.4
+#: runs, of a 1,000-cell basin 6.9, of a 10,000-cell basin 8 (the same as one at a time; 20 % more before the
+#: slots). A larger limit gained nothing on the 900-1,200-cell basins.
 BATCH_CELLS = 4_096
 
 
