@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from conftest import TEST_DATA, require
-from helpers.tinycase import CASES, asc_text, below_midpoint, write_named_case, write_tiny_case
+from helpers.tinycase import CASES, asc_text, below_midpoint, gauge_cell, write_named_case, write_tiny_case
 from hydroagent_hpc.bench.differential import _COLUMNS, _excess, compare_control
 from hydroagent_hpc.sim.controlfile import parse_control, render_control
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
@@ -36,17 +36,12 @@ from hydroagent_hpc.sim.outputs import read_ts_csv
 RECORDED = TEST_DATA / "ef5-input-reading"
 
 
-def _gauge_cell(sim: EmbeddedSimulator) -> tuple[int, int]:
-    node = int(sim.net.gauge_nodes[0])
-    return int(sim.net.rows[node]), int(sim.net.cols[node])
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_case_matches_recorded_ef5_output(tmp_path, name):
     """Our engine places the gauge where EF5 did and prints EF5's numbers (within print precision)."""
     control = write_named_case(name, tmp_path / name)
     sim = EmbeddedSimulator(control, cache_dir=False)
-    assert _gauge_cell(sim) == CASES[name][2]
+    assert gauge_cell(sim) == CASES[name][2]
     ef5 = read_ts_csv(require(RECORDED / f"{name}.csv"))
     ours = sim.run().gauges["outlet"]
     for col, (attr, factor, decimals) in _COLUMNS.items():
@@ -79,7 +74,7 @@ def test_latlon_wins_over_cellxy_as_in_ef5(tmp_path, caplog):
     """EF5 places a gauge by LAT/LON whenever LAT is set (``GaugeConfigSection::NeedsProjecting``)."""
     control = write_tiny_case(tmp_path / "c", ["LAT=35.025", "LON=-97.475", "CELLX=4", "CELLY=5"])
     with caplog.at_level(logging.WARNING):
-        assert _gauge_cell(EmbeddedSimulator(control, cache_dir=False)) == (3, 2)
+        assert gauge_cell(EmbeddedSimulator(control, cache_dir=False)) == (3, 2)
     assert "the cell comes from LAT/LON" in caplog.text
     control = write_tiny_case(tmp_path / "d", ["LAT=35.025", "CELLX=4", "CELLY=5"])
     with pytest.raises(InputError, match="only one of LAT and LON"):

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import TEST_DATA, require
-from helpers.tinycase import TIF_CASES, TIF_REFUSED, write_case_tif, write_tif_case
+from helpers.tinycase import TIF_CASES, TIF_REFUSED, gauge_cell, write_case_tif, write_tif_case
 from hydroagent_hpc.bench.differential import _COLUMNS, _excess, compare_control
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import InputError
@@ -32,15 +32,10 @@ from hydroagent_hpc.sim.outputs import read_ts_csv
 RECORDED = TEST_DATA / "ef5-input-reading"
 
 
-def _gauge_cell(sim: EmbeddedSimulator) -> tuple[int, int]:
-    node = int(sim.net.gauge_nodes[0])
-    return int(sim.net.rows[node]), int(sim.net.cols[node])
-
-
 @pytest.mark.parametrize("name", list(TIF_CASES))
 def test_tif_case_matches_recorded_ef5_output(tmp_path, name):
     sim = EmbeddedSimulator(write_tif_case(name, tmp_path / name), cache_dir=False)
-    assert _gauge_cell(sim) == TIF_CASES[name][2]
+    assert gauge_cell(sim) == TIF_CASES[name][2]
     ef5 = read_ts_csv(require(RECORDED / f"{name}.csv"))
     ours = sim.run().gauges["outlet"]
     for col, (attr, factor, decimals) in _COLUMNS.items():

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+
 NROWS, NCOLS = 6, 5
 
 
@@ -211,3 +213,9 @@ TIF_REFUSED: dict[str, tuple[list[str], dict, str, str]] = {
 def write_tif_case(name: str, folder: Path) -> Path:
     gauge, kwargs = (TIF_CASES[name][:2] if name in TIF_CASES else TIF_REFUSED[name][:2])
     return write_tiny_case(folder, gauge, **kwargs)
+
+
+def gauge_cell(sim: EmbeddedSimulator) -> tuple[int, int]:
+    """(row, col) of the first gauge's cell in the simulator's network."""
+    node = int(sim.net.gauge_nodes[0])
+    return int(sim.net.rows[node]), int(sim.net.cols[node])
