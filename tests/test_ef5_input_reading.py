@@ -17,7 +17,6 @@ binary needed) and, with ``HYDROAGENT_EF5``, against a fresh EF5 run.
 from __future__ import annotations
 
 import logging
-import os
 from decimal import Decimal
 from fractions import Fraction
 
@@ -25,8 +24,16 @@ import numpy as np
 import pytest
 
 from conftest import TEST_DATA, require
-from helpers.tinycase import CASES, asc_text, below_midpoint, gauge_cell, write_named_case, write_tiny_case
-from hydroagent_hpc.bench.differential import _COLUMNS, _excess, compare_control
+from helpers.tinycase import (
+    CASES,
+    asc_text,
+    below_midpoint,
+    check_against_fresh_ef5,
+    gauge_cell,
+    write_named_case,
+    write_tiny_case,
+)
+from hydroagent_hpc.bench.differential import _COLUMNS, _excess
 from hydroagent_hpc.sim.controlfile import parse_control, render_control
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import InputError
@@ -53,13 +60,7 @@ def test_case_matches_recorded_ef5_output(tmp_path, name):
 @pytest.mark.ef5
 @pytest.mark.parametrize("name", list(CASES))
 def test_case_matches_ef5(tmp_path, name):
-    if not os.environ.get("HYDROAGENT_EF5"):
-        pytest.skip("HYDROAGENT_EF5 is not set: no real EF5 binary (build one with ../shared/scripts/build-ef5.sh)")
-    control = write_named_case(name, tmp_path / name)
-    work = tmp_path / "ef5-runs"
-    work.mkdir()
-    result = compare_control(control, name, work)
-    assert result.ok, f"{name}: " + "; ".join(result.failures)
+    check_against_fresh_ef5(write_named_case(name, tmp_path / name), name, tmp_path)
 
 
 # --------------------------------------------------------------------------- BASINAREA details

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from conftest import TEST_DATA, require
-from helpers.tinycase import TIF_CASES, TIF_REFUSED, gauge_cell, write_case_tif, write_tif_case
-from hydroagent_hpc.bench.differential import _COLUMNS, _excess, compare_control
+from helpers.tinycase import TIF_CASES, TIF_REFUSED, check_against_fresh_ef5, gauge_cell, write_case_tif, write_tif_case
+from hydroagent_hpc.bench.differential import _COLUMNS, _excess
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import InputError
 from hydroagent_hpc.sim.grids import Grid, read_tif, write_tif
@@ -59,13 +59,7 @@ def test_tif_case_refused_where_ef5_uses_or_refuses_the_cell(tmp_path, name):
 @pytest.mark.ef5
 @pytest.mark.parametrize("name", list(TIF_CASES))
 def test_tif_case_matches_ef5(tmp_path, name):
-    if not os.environ.get("HYDROAGENT_EF5"):
-        pytest.skip("HYDROAGENT_EF5 is not set: no real EF5 binary (build one with ../shared/scripts/build-ef5.sh)")
-    control = write_tif_case(name, tmp_path / name)
-    work = tmp_path / "ef5-runs"
-    work.mkdir()
-    result = compare_control(control, name, work)
-    assert result.ok, f"{name}: " + "; ".join(result.failures)
+    check_against_fresh_ef5(write_tif_case(name, tmp_path / name), name, tmp_path)
 
 
 @pytest.mark.ef5

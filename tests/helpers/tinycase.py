@@ -219,3 +219,20 @@ def gauge_cell(sim: EmbeddedSimulator) -> tuple[int, int]:
     """(row, col) of the first gauge's cell in the simulator's network."""
     node = int(sim.net.gauge_nodes[0])
     return int(sim.net.rows[node]), int(sim.net.cols[node])
+
+
+def check_against_fresh_ef5(control: Path, name: str, tmp_path: Path) -> None:
+    """Run the real EF5 binary (``$HYDROAGENT_EF5``) and our engine on ``control`` and assert that every printed
+    column agrees within EF5's print precision; skips when no binary is configured."""
+    import os
+
+    import pytest
+
+    from hydroagent_hpc.bench.differential import compare_control
+
+    if not os.environ.get("HYDROAGENT_EF5"):
+        pytest.skip("HYDROAGENT_EF5 is not set: no real EF5 binary (build one with ../shared/scripts/build-ef5.sh)")
+    work = tmp_path / "ef5-runs"
+    work.mkdir()
+    result = compare_control(control, name, work)
+    assert result.ok, f"{name}: " + "; ".join(result.failures)
