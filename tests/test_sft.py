@@ -259,6 +259,22 @@ def test_resume_after_sigusr1_checkpoint_and_sigkill(reference, tmp_path):
     _assert_continues(reference, run)
 
 
+def test_a_sigterm_during_a_save_still_leaves_the_last_step_saved(reference, tmp_path, monkeypatch):
+    """SIGUSR1 at step 3, then SIGTERM while step 3's checkpoint is being written (the batch script's requeue can
+    come that early): the save clears the save flag, so the stop at step 4 must save by itself, or the run would
+    stop with step 4 trained and logged but not saved (and a resume would log step 4 twice)."""
+    cfg = _cfg(tmp_path / "race.yaml", reference["data"], max_steps=6, micro_batch_size=1, grad_accum=2, save_every=0)
+    run = tmp_path / "run"
+    monkeypatch.setenv(FAULT_ENV, "usr1:3,term_in_save:3")
+    summary = train_sft(load_sft_config(cfg), run)
+    assert summary["stopped"] == "SIGTERM" and summary["steps"] == 4
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-4"
+    assert [r["step"] for r in _metrics(run)] == [1, 2, 3, 4]
+    monkeypatch.delenv(FAULT_ENV)
+    train_sft(load_sft_config(cfg), run, resume=True)
+    _assert_continues(reference, run)
+
+
 def test_sigterm_saves_and_exits_143_then_the_cli_resumes(reference, tmp_path, monkeypatch, capsys):
     from hydroagent_hpc.cli import main as cli
 

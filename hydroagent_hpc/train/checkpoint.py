@@ -54,14 +54,14 @@ FAULT_ENV = "HYDROAGENT_SFT_FAULTS"
 
 
 def fault(point: str, step: int) -> None:
-    """Act on :data:`FAULT_ENV` at ``point`` (kill, kill_in_save, usr1, term) of ``step``."""
+    """Act on :data:`FAULT_ENV` at ``point`` (kill, kill_in_save, term_in_save, usr1, term) of ``step``."""
     spec = os.environ.get(FAULT_ENV, "")
     if not spec:
         return
     import signal
 
     signals = {"kill": signal.SIGKILL, "kill_in_save": signal.SIGKILL, "kill_after_rollouts": signal.SIGKILL,
-               "usr1": signal.SIGUSR1, "term": signal.SIGTERM}
+               "usr1": signal.SIGUSR1, "term": signal.SIGTERM, "term_in_save": signal.SIGTERM}
     for item in spec.split(","):
         name, _, at = item.strip().partition(":")
         if name == point and at.strip() == str(step) and name in signals:
@@ -166,6 +166,7 @@ def save_checkpoint(run_dir: str | os.PathLike[str], model: torch.nn.Module, opt
         tmp.mkdir()
         torch.save(model_sd, tmp / "model.pt")
         fault("kill_in_save", state.step)
+        fault("term_in_save", state.step)
         torch.save(optim_sd, tmp / "optim.pt")
         torch.save({"trainer": vars(state).copy(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
                    tmp / "trainer.pt")

@@ -565,7 +565,9 @@ def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any,
             if want_save and ranks.distributed:  # which ranks the signal reached (all of them save)
                 log.info("rank %d of %d: checkpoint on a signal at step %d (the signal reached this rank: %s)",
                          ranks.rank, ranks.world, step, "yes" if signalled_here else "no")
-            if want_save or (config.save_every and step % config.save_every == 0):
+            # a stop always saves this step: a SIGTERM that arrived during the last save had its save flag
+            # cleared with that save's
+            if want_save or (want_stop and saved_at != step) or (config.save_every and step % config.save_every == 0):
                 save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
                 saved_at = step
                 signals.save = False

@@ -387,7 +387,10 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
             fault("usr1", state.step)
             fault("term", state.step)
             want_save, want_stop = agree(signals, distributed, device)
-            if want_save or (config.save_every and state.step % config.save_every == 0):
+            # a stop always saves this step: a SIGTERM that arrived during the last save had its save flag
+            # cleared with that save's
+            if (want_save or (want_stop and saved_at != state.step)
+                    or (config.save_every and state.step % config.save_every == 0)):
                 save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
                 saved_at = state.step
                 signals.save = False
