@@ -16,9 +16,11 @@ workers and MPI ranks that start together never load half a library. :func:`load
 :class:`CKernelUnavailable` (with the compiler's message) when no compiler works; the kernel
 selector (:mod:`hydroagent_hpc.sim.kernels`) then falls back to numba.
 
-``-march=native`` only widens the vectorised float power (:func:`fpow_array`, 8 lanes with
-AVX-512, 4 with AVX2 and FMA); its results are exact whatever the width, so a run gives the same
-bits on every machine. Nothing else may fuse or reorder operations (``-ffp-contract=off``).
+``-march=native`` only widens the vectorised powers and the vector code around them: the float
+power (:func:`fpow_array`, 8 lanes with AVX-512, 4 with AVX2 and FMA) and, with AVX-512, register
+tables for it and a vectorised double power (:func:`dpow_array`, bit for bit the C library's
+``pow``; elsewhere it calls ``pow``). Their results are exact whatever the width, so a run gives the
+same bits on every machine. Nothing else may fuse or reorder operations (``-ffp-contract=off``).
 
 The library releases nothing to Python while it runs (ctypes drops the GIL for the call), so
 several members of a batch can run on several threads.
