@@ -17,6 +17,8 @@ binary needed) and, with ``HYDROAGENT_EF5``, against a fresh EF5 run.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 from decimal import Decimal
 from fractions import Fraction
 
@@ -137,3 +139,18 @@ def test_infinite_forcing_is_refused(tmp_path, kind):
     control = write_tiny_case(tmp_path / "c", ["CELLX=2", "CELLY=5"], **kw)
     with pytest.raises(InputError, match=rf"{kind} value at the basin cell \(col 2, row 1\) is infinite"):
         EmbeddedSimulator(control, cache_dir=False)
+
+
+def test_a_gauge_on_a_negative_flow_accumulation_is_refused_as_ef5_does(tmp_path):
+    """A gauge whose FAM cell is negative: EF5 sizes its node list from that FAM and aborts (its basin walk would
+    call the cell no data); we refuse it with an error naming the cell and the grid (with HYDROAGENT_EF5, that
+    EF5 gives no output is checked too)."""
+    control = write_tiny_case(tmp_path / "case", ["CELLX=2", "CELLY=5"],
+                              fam=lambda r, c: -3 if (r, c) == (5, 2) else r)
+    with pytest.raises(InputError, match=r"col 2, row 5\): the flow accumulation there is negative \(-3 in .*fam"):
+        EmbeddedSimulator(control, cache_dir=False)
+    binary = os.environ.get("HYDROAGENT_EF5")
+    if binary:
+        proc = subprocess.run([binary, control.name], cwd=control.parent, capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+        assert proc.returncode != 0 and not (control.parent / "output" / "ts.outlet.crest.csv").exists()

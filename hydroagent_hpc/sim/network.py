@@ -183,6 +183,12 @@ def _locate_gauge(g: Gauge, dem: Grid, fam: Grid, valid: np.ndarray) -> tuple[in
     if not valid[row, col]:
         raise InputError(f"{where}gauge {g.name!r} (col {col}, row {row}) lies in a nodata cell of the DEM, DDM or FAM",
                          fix="move the gauge onto the river network")
+    if fam.data[row, col] < 0:
+        # EF5 sizes its node list from the gauge's FAM and aborts (std::length_error) before its basin walk's own
+        # test (BasicGrids.cpp: a gauge on FAM < 0 is "located in a no data grid cell")
+        raise InputError(f"{where}gauge {g.name!r} (col {col}, row {row}): the flow accumulation there is negative "
+                         f"({fam.data[row, col]:g} in {fam.path}); EF5 aborts on such a gauge cell",
+                         fix="move the gauge onto the river network, or fix the FAM grid")
     return row, col
 
 
