@@ -6,22 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from helpers.ckernel import needs_c
 from hydroagent_hpc.bench import kernel_ab
-from hydroagent_hpc.sim import ckernel, kernels
+from hydroagent_hpc.sim import ckernel
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTROL = ROOT / "tests" / "data" / "ef5-reference" / "dendritic" / "control_a.txt"
 
 
-def _c_available() -> bool:
-    try:
-        kernels.KERNELS.lookup("c")()
-    except Exception:  # no compiler here: skip, saying so
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _c_available(), reason="no C compiler builds hydroagent_hpc/sim/crest_kernel.c")
+pytestmark = needs_c
 
 
 def test_the_same_source_twice_is_identical(capsys):

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.ckernel import needs_c
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.sim import kernels
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
@@ -26,15 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "ef5-reference"
 
 
-def _c_available() -> bool:
-    try:
-        kernels.KERNELS.lookup("c")()
-    except Exception:  # no compiler here: the C tests skip, saying so
-        return False
-    return True
-
-
-needs_c = pytest.mark.skipif(not _c_available(), reason="no C compiler builds hydroagent_hpc/sim/crest_kernel.c")
 
 
 def _both(sim: EmbeddedSimulator, params: dict[str, float] | None):
