@@ -78,3 +78,20 @@ def small_sim(small_basin_dir):
     from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
     return EmbeddedSimulator(small_basin_dir / "control.txt", cache_dir=False)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device."""
+    marked = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not marked:
+        return
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return
+        why = f"needs a CUDA GPU: torch {torch.__version__} sees none (run it on a GPU node: make gpu-check)"
+    except ImportError:
+        why = "needs a CUDA GPU and torch, which is not installed"
+    for item in marked:
+        item.add_marker(pytest.mark.skip(reason=why))
