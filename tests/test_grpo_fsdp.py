@@ -59,7 +59,7 @@ def _config(path: Path, basins: Path, url: str, **extra: object) -> Path:
                                  "prompts_per_step": 2, "max_steps": 2, "max_new_tokens": 12, "lr": "1.0e-3",
                                  "generation_batch": 1, "env": "{max_turns: 2}", "save_every": 1,
                                  "activation_checkpointing": "true", "generator": "engine",
-                                 "engine": f"{{api: sglang, url: '{url}'}}", **extra}
+                                 "engine": f"{{api: sglang, url: '{url}'}}", "collective_timeout_s": 4321, **extra}
     path.write_text("".join(f"{k}: {v}\n" for k, v in values.items()))
     return path
 
@@ -107,6 +107,8 @@ def test_two_processes_train_what_one_process_trains(basins, server, one, tmp_pa
                           env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert ("2 process(es) FSDP2" if fsdp else "2 process(es) DDP") in proc.stderr
+    # the config's collective timeout reached the process group of both ranks (NCCL's own is 10 minutes)
+    assert proc.stderr.count("collectives time out after 4321 s") == 2, proc.stderr[-3000:]
     # the same episodes were played and stored once, by rank 0
     assert _episodes(run) == _episodes(one)
     two_rows, one_rows = _metrics(run), _metrics(one)
@@ -128,6 +130,9 @@ def test_two_processes_train_what_one_process_trains(basins, server, one, tmp_pa
     ckpt_one = torch.load(one / "checkpoints" / "step-2" / "model.pt", weights_only=True)
     assert ckpt_two.keys() == ckpt_one.keys()
     assert max(float((ckpt_two[k] - ckpt_one[k]).abs().max()) for k in ckpt_one) <= PARAM_ATOL
+    # each rank's own RNG states, for each rank to restore its own (gpu-audit F12)
+    extra = torch.load(run / "checkpoints" / "step-2" / "trainer.pt", weights_only=False)
+    assert len(extra["rng_ranks"]) == 2 and extra["rng"] is not None
     # only rank 0 wrote the run folder: the one-process run's files, each once (metrics not appended twice)
     assert _files(run) == _files(one)
     import h5py

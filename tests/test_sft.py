@@ -208,13 +208,16 @@ def test_two_processes_on_gloo_follow_the_one_process_curve(reference, tmp_path,
     """torchrun, 2 processes x accumulation 1 (FSDP2 fully_shard with activation checkpointing, or DDP)
     == 1 process x accumulation 2."""
     cfg = _cfg(tmp_path / "two.yaml", reference["data"], max_steps=6, micro_batch_size=1, grad_accum=1,
-               save_every=2, fsdp=fsdp, activation_checkpointing=fsdp)
+               save_every=2, fsdp=fsdp, activation_checkpointing=fsdp, collective_timeout_s=4321)
     out = tmp_path / "two"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            "-m", "hydroagent_hpc.train.sft", str(cfg), "--out", str(out)],
                           env=_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert '"world_size": 2' in proc.stderr and f'"fsdp": {str(fsdp).lower()}' in proc.stderr
+    assert proc.stderr.count("collectives time out after 4321 s") == 2, proc.stderr[-3000:]  # gpu-audit F4
+    extra = torch.load(out / "checkpoints" / "step-6" / "trainer.pt", weights_only=False)
+    assert len(extra["rng_ranks"]) == 2  # each rank's own RNG states (gpu-audit F12)
     two, one = _metrics(out), reference["metrics"]
     assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2, 3, 4, 5, 6]
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one]

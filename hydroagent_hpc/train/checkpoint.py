@@ -41,8 +41,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainerState", "rng_state", "set_rng_state", "latest_checkpoint", "save_checkpoint",
-           "load_checkpoint", "full_model_state", "FAULT_ENV", "fault"]
+__all__ = ["TrainerState", "rng_state", "set_rng_state", "cuda_state_for", "rank_rng_state", "latest_checkpoint",
+           "save_checkpoint", "load_checkpoint", "full_model_state", "FAULT_ENV", "fault"]
 
 _STEP = re.compile(r"^step-(\d+)$")
 
@@ -94,20 +94,57 @@ def _barrier() -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch CPU and (when present) all CUDA RNG states."""
+    """This process's Python, NumPy, torch CPU and (when present) CUDA RNG states.
+
+    The CUDA state is that of this process's own device only (``torch.cuda.current_device()``): a
+    rank uses one device, and the states of all visible devices would not restore where fewer are
+    visible (``set_rng_state_all`` indexes them by position; gpu-audit F12).
+    """
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
                              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return state
 
 
+def cuda_state_for(saved: Any, device_index: int) -> torch.Tensor | None:
+    """The saved CUDA RNG state to restore on device ``device_index``.
+
+    ``saved`` is one device's state (a ByteTensor: what :func:`rng_state` writes) or, in checkpoints
+    written before it, a list of every visible device's states: that list's entry for
+    ``device_index`` when the writer saw that many devices, else its first (a run saved with 4
+    visible GPUs resumed with 1). None when nothing was saved.
+    """
+    if saved is None:
+        return None
+    if isinstance(saved, torch.Tensor):
+        return saved
+    states = list(saved)
+    if not states:
+        return None
+    return states[device_index] if 0 <= device_index < len(states) else states[0]
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`rng_state`'s states; the CUDA state only on this process's own device."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if torch.cuda.is_available():
+        device = torch.cuda.current_device()
+        cuda = cuda_state_for(state.get("cuda"), device)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, device)
+
+
+def _rank_rng_states() -> list[dict[str, Any]] | None:
+    """Every rank's :func:`rng_state`, gathered on rank 0 (None on the others); a collective."""
+    mine = rng_state()
+    if not _is_dist():
+        return [mine]
+    gathered: list[Any] | None = [None] * dist.get_world_size() if _rank() == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    return gathered
 
 
 def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
@@ -159,7 +196,9 @@ def save_checkpoint(run_dir: str | os.PathLike[str], model: torch.nn.Module, opt
     final = ckpts / name
     model_sd = get_model_state_dict(model, options=_FULL)
     optim_sd = get_optimizer_state_dict(model, optimizer, options=_FULL)
+    rank_rng = _rank_rng_states()
     if _rank() == 0:
+        assert rank_rng is not None
         ckpts.mkdir(parents=True, exist_ok=True)
         tmp = ckpts / f"{name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -168,8 +207,8 @@ def save_checkpoint(run_dir: str | os.PathLike[str], model: torch.nn.Module, opt
         fault("kill_in_save", state.step)
         fault("term_in_save", state.step)
         torch.save(optim_sd, tmp / "optim.pt")
-        torch.save({"trainer": vars(state).copy(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
-                   tmp / "trainer.pt")
+        torch.save({"trainer": vars(state).copy(), "scheduler": scheduler.state_dict(), "rng": rank_rng[0],
+                    "rng_ranks": rank_rng}, tmp / "trainer.pt")
         for f in tmp.iterdir():
             _fsync_file(f)
         if final.exists():  # a re-save of the same step (e.g. SIGUSR1 then the periodic save)
@@ -194,6 +233,18 @@ def _prune(ckpts: Path, keep: int, current: str) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def rank_rng_state(extra: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s saved RNG states from a ``trainer.pt`` payload: its own where the checkpoint
+    has one (``rng_ranks``, one entry per rank that saved), else rank 0's (a checkpoint from before
+    per-rank states, or from a run with fewer ranks)."""
+    ranks = extra.get("rng_ranks")
+    if isinstance(ranks, list) and 0 <= rank < len(ranks):
+        return dict(ranks[rank])
+    if isinstance(ranks, list) and ranks:
+        log.info("the checkpoint holds the RNG states of %d rank(s); rank %d takes rank 0's", len(ranks), rank)
+    return dict(extra["rng"])
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: Any) -> TrainerState:
     """Restore model, optimizer, scheduler and RNG states from ``path``; returns the trainer state."""
@@ -208,6 +259,6 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     set_optimizer_state_dict(model, optimizer, optim_sd, options=options)
     extra = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
     scheduler.load_state_dict(extra["scheduler"])
-    set_rng_state(extra["rng"])
+    set_rng_state(rank_rng_state(extra, _rank()))
     log.info("resumed from %s (step %d)", path, extra["trainer"]["step"])
     return TrainerState(**extra["trainer"])

@@ -15,6 +15,7 @@ Example (every key but ``data`` has a default)::
     dtype: auto                       # bf16 compute on CUDA, fp32 on CPU; or bf16 / fp32
     fsdp: auto                        # FSDP2 when more than one process; true / false
     activation_checkpointing: false
+    collective_timeout_s: 10800       # how long a rank waits in a collective (NCCL's default is 10 min)
     save_every: 50                    # steps; 0 = only on SIGUSR1 / SIGTERM and at the end
     log_every: 1
     bucket_by_length: true
@@ -67,6 +68,7 @@ class SFTConfig:
     log_every: int = 1
     bucket_by_length: bool = True
     max_seq_len: int | None = None
+    collective_timeout_s: float = 10800.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -74,7 +76,7 @@ class SFTConfig:
 
 _INT = ("warmup_steps", "max_steps", "epochs", "micro_batch_size", "grad_accum", "seed", "save_every",
         "keep_checkpoints", "log_every", "max_seq_len")
-_FLOAT = ("lr", "min_lr_ratio", "weight_decay", "max_grad_norm")
+_FLOAT = ("lr", "min_lr_ratio", "weight_decay", "max_grad_norm", "collective_timeout_s")
 _BOOL = ("activation_checkpointing", "bucket_by_length")
 _POSITIVE = ("micro_batch_size", "grad_accum", "log_every", "max_steps", "epochs", "max_seq_len")
 _NON_NEGATIVE = ("warmup_steps", "save_every", "keep_checkpoints", "weight_decay", "min_lr_ratio")
@@ -109,8 +111,8 @@ def _check(data: dict[str, Any], where: Any) -> dict[str, Any]:
                 raise SFTConfigError(f"{at}: {key}: must be finite, got {value}")
             if key == "lr" and value <= 0:
                 raise SFTConfigError(f"{at}: lr: must be positive, got {value}")
-            if key == "max_grad_norm" and value <= 0:
-                raise SFTConfigError(f"{at}: max_grad_norm: must be positive, got {value}")
+            if key in ("max_grad_norm", "collective_timeout_s") and value <= 0:
+                raise SFTConfigError(f"{at}: {key}: must be positive, got {value}")
             if key in _NON_NEGATIVE and value < 0:
                 raise SFTConfigError(f"{at}: {key}: must not be negative, got {value}")
         elif key in _BOOL:

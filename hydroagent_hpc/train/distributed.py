@@ -1,5 +1,8 @@
 """What the SFT and GRPO trainers share to run as several processes (``torchrun``/``accelerate launch``).
 
+- :func:`make_accelerator`: the process group (gloo or NCCL) with the run's collective timeout:
+  ranks 1..W-1 of a GRPO run wait in a broadcast while rank 0 plays a step's rollouts, far longer
+  than NCCL's default 10-minute watchdog (gpu-audit F4; verl initialises with hours for the same reason).
 - :class:`Signals`: SIGUSR1 -> save at the next step boundary, SIGTERM -> save and stop (flags only);
   :func:`agree` all-reduces the flags so that every rank saves and stops at the same step (a
   checkpoint is a collective: one rank alone would wait forever).
@@ -33,8 +36,34 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Signals", "agree", "all_reduce_sum", "all_reduce_max", "grad_sync", "shard", "pretrained_copy",
+__all__ = ["make_accelerator", "process_group_timeout",
+           "Signals", "agree", "all_reduce_sum", "all_reduce_max", "grad_sync", "shard", "pretrained_copy",
            "is_distributed"]
+
+
+def make_accelerator(timeout_s: float) -> Any:
+    """An ``accelerate.Accelerator`` whose process group (NCCL on CUDA, else gloo) times collectives
+    out after ``timeout_s`` seconds instead of the backend's default (NCCL: 10 minutes since torch 2.2).
+
+    With one process no group is created and ``timeout_s`` has no effect.
+    """
+    from datetime import timedelta
+
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    return Accelerator(cpu=not torch.cuda.is_available(),
+                       kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=float(timeout_s)))])
+
+
+def process_group_timeout() -> float | None:
+    """Seconds after which a collective of the default process group times out (None without one)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    group: Any = dist.distributed_c10d._get_default_group()
+    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+    timeout = group._get_backend(device).options._timeout
+    return float(timeout.total_seconds())
 
 
 class Signals:

@@ -52,6 +52,7 @@ step and every ``validate_every`` steps, stored in the same file (agent ``grpo-v
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import os
@@ -79,7 +80,9 @@ from hydroagent_hpc.train.distributed import (
     all_reduce_max,
     all_reduce_sum,
     grad_sync,
+    make_accelerator,
     pretrained_copy,
+    process_group_timeout,
     shard,
 )
 from hydroagent_hpc.train.engine import EngineSampler, EngineSettings
@@ -139,7 +142,14 @@ def plan_prompts(n_basins: int, per_step: int, seed: int, epoch: int, index: int
 # Setup
 
 
-def _load_policy(config: GRPOConfig, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
+def _load_policy(config: GRPOConfig, device: torch.device) -> tuple[Any, Any]:
+    """The policy in fp32 on ``device`` and its tokenizer.
+
+    The policy always holds fp32 (master) weights, whatever the compute dtype: an AdamW step at the
+    paper's lr 1e-6 is below bf16's spacing for almost every weight (|w| ~ 0.02 has a bf16 spacing
+    of 1.2e-4), so bf16 weights would hardly move (gpu-audit F1). bf16 compute comes from FSDP2's
+    ``param_dtype`` or from ``torch.autocast`` (:func:`_autocast`).
+    """
     model: Any
     tokenizer: Any
     if config.model == "tiny":
@@ -155,13 +165,13 @@ def _load_policy(config: GRPOConfig, device: torch.device, dtype: torch.dtype) -
                                   "point model at an SFT run's final/ folder, or use model: tiny")
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
         except (OSError, ValueError) as exc:
             from hydroagent_hpc.errors import one_line
 
             raise GRPOConfigError(f"model: {path}: cannot load ({one_line(exc)})",
                                   "point model at a complete save_pretrained folder") from None
-    return model.to(device=device, dtype=dtype), tokenizer
+    return model.to(device=device, dtype=torch.float32), tokenizer
 
 
 class _Metrics(MetricsCSV):
@@ -249,6 +259,7 @@ def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpe
     env_config = preset(config.preset, **config.env)
     sampling = Sampling(temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                         max_new_tokens=config.max_new_tokens, greedy=greedy)
+    was_training = model.training  # before the probe: building it puts the model in eval mode
     probe = HFLocalPolicy(model, tokenizer)  # stop and pad ids as evaluation uses them
     sampler: RolloutSampler
     if engine is not None:  # an external engine serving the current weights (engine.push after each step)
@@ -258,7 +269,6 @@ def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpe
                                  prefix_cache=config.prefix_cache)
     slots = SimulationSlots(config.max_simulations_in_flight)
     shared = SharedRuns() if config.share_runs else None
-    was_training = model.training
     model.eval()
     t0 = time.perf_counter()
     with GenerationServer(sampler) as server:
@@ -334,8 +344,24 @@ class _Ranks:
         return self.rank == 0
 
     @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype the scorers compute in under ``torch.autocast``: None where they need none (fp32
+        compute, or FSDP2, whose mixed-precision policy all-gathers the fp32 shards in ``dtype``)."""
+        return None if self.fsdp or self.dtype == torch.float32 else self.dtype
+
+    @property
     def distributed(self) -> bool:
         return self.world > 1
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Activation checkpointing of every decoder layer, non-reentrant (the form that composes with
+    FSDP2 and DDP). It recomputes only while the model is in training mode (transformers checks
+    ``self.training`` in the layer), which :func:`_optimise` ensures."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x names it so
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _decoder_layers(model: Any) -> list[torch.nn.Module]:
@@ -363,10 +389,9 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         check_world_size(config, world)
-        from accelerate import Accelerator
-
-        accelerator: Any = Accelerator(cpu=not torch.cuda.is_available())  # the process group: gloo or NCCL
+        accelerator: Any = make_accelerator(config.collective_timeout_s)  # the process group: gloo or NCCL
         world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
+        log.info("rank %d of %d: collectives time out after %.0f s", rank, world, process_group_timeout() or 0.0)
         if pool is not None and rank != 0:
             raise GRPOConfigError(f"a simulation pool given to training rank {rank} of {world}",
                                   "give the pool to rank 0 only: it alone plays the rollouts (grpo_launch's "
@@ -383,7 +408,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     sims = {d: open_simulator(Path(d) / "control.txt", config.simulator) for d in all_dirs} if lead else {}
     dtype = _compute_dtype(config, device)
     torch.manual_seed(config.seed)
-    model, tokenizer = _load_policy(config, device, dtype)
+    model, tokenizer = _load_policy(config, device)
     resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, GRPOConfigError, field_defaults(GRPOConfig))
     if world > 1:
         dist.barrier()  # every rank has read the run folder before rank 0 writes to it
@@ -391,16 +416,14 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     if config.kl_coef > 0:
         import copy
 
-        reference = copy.deepcopy(model).eval()
+        # frozen: its weights never change, so it may hold the compute dtype (bf16 on a GPU: half the memory)
+        reference = copy.deepcopy(model).to(dtype).eval()
         for p in reference.parameters():
             p.requires_grad_(False)
-    if config.activation_checkpointing:  # non-reentrant: the form that composes with FSDP2 and DDP
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x names it so
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.activation_checkpointing:
+        enable_checkpointing(model)
     model.config.use_cache = True
-    model.train()
+    model.train()  # _optimise sets it again before every update: a rollout phase may leave it in eval mode
     use_fsdp = world > 1 and config.fsdp is not False
     scorer: torch.nn.Module = LogprobModel(model)
     ref_scorer = LogprobModel(reference).eval() if reference is not None else None
@@ -648,10 +671,23 @@ def _local_counts(batch: Sequence[_Sequence], passes: Sequence[int | None]) -> t
     return float(sum(sum(s.mask) for s in mine)), float(len(mine))
 
 
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> Any:
+    """``torch.autocast`` to ``dtype`` on ``device``'s type, or a no-op when ``dtype`` is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
 def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn.Module | None,
                 batch: Sequence[_Sequence], passes: Sequence[int | None], total_tokens: float, n_seq: float,
-                world: int, device: torch.device) -> dict[str, float]:
+                world: int, device: torch.device, *, autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
     """Forward and backward passes over this rank's share of ``batch``; the gradients stay in ``.grad``.
+
+    The scorer must be in training mode (activation checkpointing runs only then: a policy left in
+    eval mode by a rollout phase would keep every layer's activations, gpu-audit F2); a scorer in
+    eval mode is refused. ``autocast_dtype``: compute the forward passes under ``torch.autocast`` to
+    it (bf16 over fp32 master weights, one process or DDP; :attr:`_Ranks.autocast_dtype`). The loss
+    itself is float32 (log-probs, advantages, masks).
 
     Every pass's loss is aggregated with the step's global ``total_tokens`` and ``n_seq``
     (:func:`~hydroagent_hpc.train.grpo_loss.aggregate`), so summing the passes of all ranks gives the
@@ -660,18 +696,23 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
     (:mod:`hydroagent_hpc.train.distributed`). Gradients are reduced across ranks in the last pass
     only. Returns this rank's sums of the diagnostics (loss, parts, mismatch, TIS weights).
     """
+    if not scorer.training:
+        raise RuntimeError("the policy is in eval mode inside an optimisation step: activation checkpointing "
+                           "would not run (call scorer.train() first)")
     sums: dict[str, float] = collections.defaultdict(float)
     for j, k in enumerate(passes):
         seq, weight = (batch[k], 1.0) if k is not None else (batch[0], 0.0)
         ids = torch.tensor([seq.ids], dtype=torch.long, device=device)
         attn = torch.ones_like(ids)
         mask = torch.tensor([seq.mask], dtype=torch.float32, device=device)
-        adv = torch.from_numpy(token_advantages(seq.advantages, seq.spans, len(seq.ids)))[None].to(device)
+        adv = torch.from_numpy(token_advantages(seq.advantages, seq.spans, len(seq.ids)))[None].to(
+            device=device, dtype=torch.float32)
         with grad_sync(scorer, j == len(passes) - 1):
-            logp, entropy = scorer(ids, attn, chunk_size=config.logprob_chunk, with_entropy=True)
+            with _autocast(device, autocast_dtype):
+                logp, entropy = scorer(ids, attn, chunk_size=config.logprob_chunk, with_entropy=True)
             ref_logp = None
             if reference is not None:
-                with torch.no_grad():
+                with torch.no_grad(), _autocast(device, autocast_dtype):
                     ref_logp, _ = reference(ids, attn, chunk_size=config.logprob_chunk, with_entropy=False)
             # the generator's log-probs of the sampled ids against the trainer's: the engine mismatch
             gen = torch.zeros_like(mask)
@@ -723,8 +764,9 @@ def _optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, 
                 "grad_norm": 0.0, "tokens": 0.0, "logprob_mismatch_mean": float("nan"),
                 "logprob_mismatch_max": float("nan"), "tis_weight_mean": float("nan")}
     optimizer.zero_grad(set_to_none=True)
+    ranks.scorer.train()  # whatever the rollout phase left: checkpointing recomputes only in training mode
     local = _accumulate(config, ranks.scorer, ranks.reference, batch, passes, total_tokens, n_seq, ranks.world,
-                        ranks.device)
+                        ranks.device, autocast_dtype=ranks.autocast_dtype)
     summed = all_reduce_sum(torch.tensor([local[k] for k in _SUMMED], dtype=torch.float64, device=ranks.device),
                             ranks.distributed)
     sums = dict(zip(_SUMMED, (float(v) for v in summed)))

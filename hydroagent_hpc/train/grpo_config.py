@@ -53,7 +53,12 @@ key                      meaning
 fsdp                     ``auto`` (default: FSDP2 whenever there is more than one process), ``true``
                          (the same; with one process it trains a plain module), ``false`` (DDP: every
                          rank holds the whole model)
-activation_checkpointing recompute each decoder layer's activations in the backward pass (false)
+activation_checkpointing recompute each decoder layer's activations in the backward pass (false; the
+                         paper configs turn it on: without it a 21.5k-token Qwen3-4B episode keeps
+                         ~130 GiB of activations, and the memory plan refuses such a config on a GPU)
+collective_timeout_s     how long a rank may wait in a collective (10800 s). Ranks 1..W-1 wait in a
+                         broadcast while rank 0 plays a step's rollouts (minutes to tens of minutes);
+                         NCCL's own default of 10 minutes would kill them (gpu-audit F4)
 =======================  ============================================================================
 
 With more than one process the policy is trained on every rank but only rank 0 generates, so
@@ -143,6 +148,7 @@ class GRPOConfig:
     engine: dict[str, Any] | None = None
     fsdp: bool | str = "auto"
     activation_checkpointing: bool = False
+    collective_timeout_s: float = 10800.0
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -154,7 +160,7 @@ _INT = {"group_size": 1, "prompts_per_step": 1, "max_steps": 1, "warmup_steps": 
         "max_context_tokens": 2, "max_simulations_in_flight": 1, "generation_batch": 1, "logprob_chunk": 1,
         "seed": None, "save_every": 0, "keep_checkpoints": 0, "validate_every": 0, "norm_length": 1}
 _FLOAT = ("gamma", "lr", "weight_decay", "max_grad_norm", "clip_low", "clip_high", "kl_coef", "entropy_coef",
-          "temperature", "top_p", "tis_cap")
+          "temperature", "top_p", "tis_cap", "collective_timeout_s")
 _BOOL = ("std_normalise", "share_runs", "prefix_cache", "activation_checkpointing")
 _CHOICES = {"preset": tuple(PRESET_DEFAULTS), "advantage": ADVANTAGES, "aggregation": AGGREGATIONS,
             "dtype": ("auto", "bf16", "fp32"), "generator": ("local", "engine")}
@@ -203,7 +209,7 @@ def _check(data: dict[str, Any], where: Any) -> dict[str, Any]:
             value = float(value)
             if value != value or value in (float("inf"), float("-inf")) or value < 0:
                 raise GRPOConfigError(f"{at}: {key}: must be a finite number >= 0, got {value}")
-            if key in ("lr", "max_grad_norm", "temperature", "top_p") and value <= 0:
+            if key in ("lr", "max_grad_norm", "temperature", "top_p", "collective_timeout_s") and value <= 0:
                 raise GRPOConfigError(f"{at}: {key}: must be positive, got {value}")
             if key == "top_p" and value > 1:
                 raise GRPOConfigError(f"{at}: top_p: must be at most 1, got {value}")

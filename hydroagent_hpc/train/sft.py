@@ -78,7 +78,16 @@ from hydroagent_hpc.train.checkpoint import (
     save_checkpoint,
 )
 from hydroagent_hpc.train.config import SFTConfig, SFTConfigError, load_sft_config
-from hydroagent_hpc.train.distributed import Signals, agree, all_reduce_sum, grad_sync, pretrained_copy, shard
+from hydroagent_hpc.train.distributed import (
+    Signals,
+    agree,
+    all_reduce_sum,
+    grad_sync,
+    make_accelerator,
+    pretrained_copy,
+    process_group_timeout,
+    shard,
+)
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sft_data import SFTDataError, SFTDataset
 
@@ -262,10 +271,10 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, SFTConfigError, field_defaults(SFTConfig))
 
     # 2. processes and the model on them
-    from accelerate import Accelerator
-
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = make_accelerator(config.collective_timeout_s)
     world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
+    if world > 1:
+        log.info("rank %d of %d: collectives time out after %.0f s", rank, world, process_group_timeout() or 0.0)
     distributed = world > 1
     dtype = _compute_dtype(config, device)
     use_fsdp = distributed and config.fsdp is not False
