@@ -119,7 +119,7 @@ def cuda_state_for(saved: Any, device_index: int) -> torch.Tensor | None:
         return None
     if isinstance(saved, torch.Tensor):
         return saved
-    states = list(saved)
+    states: list[torch.Tensor] = list(saved)
     if not states:
         return None
     return states[device_index] if 0 <= device_index < len(states) else states[0]
