@@ -1,50 +1,89 @@
 """Rollout generation through an external inference engine (SGLang or vLLM) over HTTP.
 
-:class:`EngineSampler` has the interface of :class:`~hydroagent_hpc.train.sampler.BatchedSampler`
-(``sample``, ``max_batch``, ``stats``, ``forget``), so the
-:class:`~hydroagent_hpc.train.sampler.GenerationServer` drives it unchanged: a batch of token-id
-prompts goes to the engine, the sampled ids come back (ending at the first stop id, which is kept,
-or after ``max_new_tokens``) with the engine's log-probability of each. The trainer compares those
-with its own (``logprob_mismatch_*``) and corrects for the difference with truncated importance
-weights (``tis_cap``).
+Two request paths share one protocol object per engine (:class:`EngineAPI`):
+
+- :class:`EngineRequests` (the GRPO path): each rollout thread sends its own turn as one request,
+  from its own thread, at most ``max_in_flight`` at once, and waits for that request only. The
+  engine batches the requests in flight continuously (both SGLang and vLLM add and retire rows at
+  every decode step), so a short turn never waits for a long one and no rollout waits for another
+  rollout's batch. It has the interface of
+  :class:`~hydroagent_hpc.train.sampler.GenerationServer` (context manager, ``generate``,
+  ``stats``); :func:`serve_rollouts` picks it for an :class:`EngineSampler`.
+- :class:`EngineSampler` (the :class:`~hydroagent_hpc.train.sampler.BatchedSampler` interface:
+  ``sample``, ``max_batch``, ``stats``, ``forget``): a list of prompts in, their samples out, in
+  blocks of ``max_batch`` rows. Used by tests and callers that hold a whole batch at once.
+
+Either way, the token ids of a prompt go to the engine and the sampled ids come back (ending at the
+first stop id, which is kept, or after ``max_new_tokens``) with the engine's log-probability of
+each. The trainer compares those with its own (``logprob_mismatch_*``) and corrects for the
+difference with truncated importance weights (``tis_cap``).
 
 The sampling settings are always sent in full from the GRPO config (temperature, top-p, top-k, and
 min-p 0, repetition penalty 1): both engines otherwise fill missing ones from the checkpoint's
-``generation_config.json``. ``ignore_eos`` is sent as true so that the engine stops exactly at the
-trainer's stop ids (which include eos) and not at extra ids of the generation config.
+``generation_config.json``. The trainer's stop ids (which include ``<|im_end|>`` and
+``<|endoftext|>``) go in ``stop_token_ids``; ``ignore_eos`` means different things to the two:
+
+- SGLang (``python/sglang/srt/managers/schedule_batch.py``, ``Req.check_finished``, read at
+  sgl-project/sglang fd3907ee): ``if not ignore_eos`` guards the stop-token-id check **and** the eos
+  check, so ``ignore_eos: true`` would decode every row to ``max_new_tokens``. ``ignore_eos: false``
+  is sent; SGLang then also stops at the model's eos ids, which for Qwen3 are among the trainer's
+  stop ids (a row that ends at another id is logged once).
+- vLLM (``vllm/v1/core/sched/utils.py`` ``check_stop``, read at vllm-project/vllm 018d5dc7, and
+  ``vllm/sampling_params.py`` ``update_from_generation_config``, read at 00388f65): ``ignore_eos``
+  skips only the tokenizer's eos (and keeps the generation config's other eos ids out of the stop
+  set); ``stop_token_ids`` still stop a row. ``ignore_eos: true`` is sent, so a row ends exactly at
+  the trainer's stop ids.
 
 One small protocol class per engine API, chosen by name from :data:`ENGINE_APIS`:
 
 - ``sglang`` (:class:`SGLangAPI`): native ``POST /generate`` with ``input_ids`` (a list of id lists)
   and ``sampling_params`` as a list with one mapping per prompt (``temperature``, ``top_p``,
   ``top_k`` with -1 = off, ``max_new_tokens``, ``stop_token_ids``, ``skip_special_tokens``,
-  ``no_stop_trim``, ``ignore_eos`` and the row's ``sampling_seed``), ``return_logprob: true``; a
-  batch answers a list, each item's ``meta_info.output_token_logprobs`` holding
+  ``no_stop_trim``, ``ignore_eos: false`` and the row's ``sampling_seed``), ``return_logprob: true``;
+  a batch answers a list, each item's ``meta_info.output_token_logprobs`` holding
   ``[logprob, token_id, text]`` per generated token. Weights: ``POST /update_weights_from_disk``
   with ``{"model_path": folder}`` answers ``{"success": bool, "message": str, ...}``.
-  ``GET /health`` answers 200 when the server is up.
+  ``GET /health`` answers 200 when the server is up. Log-probs: SGLang's sampler
+  (``python/sglang/srt/layers/sampler.py``, read at 584f55d1) returns the log-probs of the
+  temperature-scaled distribution (``log softmax(logits / T)``) unless the server's environment
+  has ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``; the launcher sets it (:attr:`EngineAPI.launch_env`).
+  For a server started by someone else and a temperature other than 1, a warning is logged once:
+  ``logprob_mismatch_*`` and the TIS weights then compare different distributions.
 - ``vllm`` (:class:`VLLMAPI`): ``POST /v1/completions`` through the ``openai`` client, ``prompt``
   a token-id list, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``logprobs: 0`` (the
   sampled token's log-prob only) and vLLM's extra fields ``top_k``, ``stop_token_ids``,
-  ``skip_special_tokens: false``, ``include_stop_str_in_output: true``,
+  ``ignore_eos: true``, ``skip_special_tokens: false``, ``include_stop_str_in_output: true``,
   ``return_tokens_as_token_ids: true`` (each ``choices[i].logprobs.tokens`` entry reads
   ``"token_id:N"``, beside ``token_logprobs``). ``seed`` is per request, so each row is its own
-  request (sent concurrently; vLLM batches them). vLLM's OpenAI server has no stable endpoint that
-  reloads full weights from disk: its weight-transfer endpoints (NCCL / CUDA IPC) need
-  ``VLLM_SERVER_DEV_MODE`` and a process group with the trainer, ``collective_rpc`` is a dev-mode
-  call, and issue vllm-project/vllm#32718 reports ``reload_weights`` serving stale weights. So a
-  ``vllm`` engine is restarted on each new checkpoint by the launcher
-  (:mod:`hydroagent_hpc.train.engine_process`), which therefore must own its process.
+  request (sent concurrently; vLLM batches them). vLLM V1 returns the raw (unscaled) log-probs by
+  default. vLLM's OpenAI server has no stable endpoint that reloads full weights from disk: its
+  weight-transfer endpoints (NCCL / CUDA IPC) need ``VLLM_SERVER_DEV_MODE`` and a process group
+  with the trainer, ``/collective_rpc`` (``reload_weights``) is a dev-mode route outside the API-key
+  check, and issues vllm-project/vllm#32718 (stale weights after ``reload_weights``, open) and
+  #48312 (an RFC listing reload-correctness bugs, open) say it is not yet dependable. So a ``vllm``
+  engine is restarted on each new checkpoint by the launcher
+  (:mod:`hydroagent_hpc.train.engine_process`), always on the same folder path (a ``current``
+  link swapped atomically), so that vLLM's compile cache key stays the same: ``ModelConfig.compute_hash``
+  hashes every field but an ignore list (``served_model_name``, ``tokenizer``, ...) that does not
+  hold ``model``, the path string as given (``vllm/config/model.py`` read at 18ec6629, a tree whose
+  deprecation notes name v0.13 as the next release; older trees list ``self.model`` as the first
+  factor). ``max_model_len`` is a factor too, so it is passed explicitly and never changes.
+
+Each API also names what a launched server needs (:attr:`EngineAPI.launch_env`,
+:attr:`EngineAPI.context_flag`: ``--context-length`` for SGLang, ``--max-model-len`` for vLLM;
+without it both size their KV cache for the model's full 262,144-token context).
 
 Sources relied on (field names and documented behaviour only): SGLang's "Sampling Parameters"
 page (docs.sglang.io/basic_usage/sampling_params) and ``sampling_params.py`` (``sampling_seed``;
 reproducible only with ``--enable-deterministic-inference``, sgl-project/sglang#15481), SGLang's
-native API page (update weights from disk), SGLang test code reading
-``meta_info.output_token_logprobs``; vLLM's ``CompletionRequest`` / ``CompletionLogProbs``
-protocol pages (docs.vllm.ai, entrypoints/openai/completion/protocol), its "Weight Transfer" page,
-and issues vllm-project/vllm#12774 (a disk-reload endpoint requested, closed unimplemented) and
-#32718. docs/rl-notes.md section 7: weight sync into engines is version-fragile, so the sync here
-is the plain "save safetensors, reload the engine" path.
+native API page (update weights from disk), SGLang's ``schedule_batch.py`` and ``sampler.py`` (named
+above); vLLM's ``CompletionRequest`` / ``CompletionLogProbs`` protocol pages (docs.vllm.ai,
+entrypoints/openai/completion/protocol), its "Weight Transfer" page, ``check_stop`` and
+``ModelConfig.compute_hash`` (named above), the dev-mode router
+(``vllm/entrypoints/serve/dev/rpc/api_router.py``), and issues vllm-project/vllm#12774 (a
+disk-reload endpoint requested, closed unimplemented), #32718 and #48312. docs/rl-notes.md
+section 7: weight sync into engines is version-fragile, so the sync here is the plain "save
+safetensors, reload the engine" path.
 
 The API key (optional) is read from the environment variable named by ``engine.api_key_env`` when
 a client is built; it is sent as a bearer token and is never logged, stored or put in an error
@@ -56,6 +95,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -66,21 +107,41 @@ from typing import Any, ClassVar
 
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.registry import Registry
-from hydroagent_hpc.train.sampler import Sample, Sampling
+from hydroagent_hpc.train.sampler import GenerationServer, RolloutSampler, Sample, Sampling
 
 log = logging.getLogger(__name__)
 
 __all__ = ["EngineError", "EngineSettings", "EngineAPI", "SGLangAPI", "VLLMAPI", "ENGINE_APIS", "EngineSampler",
-           "make_api", "ENGINE_KEYS"]
+           "EngineRequests", "serve_rollouts", "make_api", "parse_gpus", "ENGINE_KEYS"]
 
 #: The keys of the GRPO config's ``engine`` mapping (checked in ``grpo_config.py``).
-ENGINE_KEYS = ("api", "url", "launch", "api_key_env", "model_name", "timeout_s", "start_timeout_s", "weights_dir")
+ENGINE_KEYS = ("api", "url", "launch", "api_key_env", "model_name", "timeout_s", "start_timeout_s", "weights_dir",
+               "gpus")
 
 
 class EngineError(HydroAgentError, RuntimeError):
     """The engine cannot be reached, refused a request or answered something unusable."""
 
     exit_code = 1
+
+
+_GPU_ID = re.compile(r"\d+|(GPU|MIG)-[0-9A-Za-z/-]+")
+
+
+def parse_gpus(value: Any) -> tuple[str, ...]:
+    """``engine.gpus`` as ``CUDA_VISIBLE_DEVICES`` entries: a list of device ids or UUIDs, or one
+    comma-separated string (``[3]``, ``[2, 3]``, ``"2,3"``, ``["GPU-8f1c..."]``)."""
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for item in items:
+        text = str(item).strip() if isinstance(item, (int, str)) and not isinstance(item, bool) else None
+        if not text or not _GPU_ID.fullmatch(text):
+            raise EngineError(f"engine.gpus: {value!r} is not a list of GPU ids",
+                              "e.g. gpus: [3] or gpus: '2,3' (CUDA device ids or GPU-... UUIDs for the engine)")
+        out.append(text)
+    if not out or len(set(out)) != len(out):
+        raise EngineError(f"engine.gpus: {value!r} names no GPU or one GPU twice", "list each engine GPU once")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -90,6 +151,8 @@ class EngineSettings:
     ``launch``: the argument list that starts the server (``{model}`` becomes the weights folder,
     ``{api_key}`` the key); None when the server is started by someone else. ``weights_dir``: where
     the pushed weights are written (the engine must see it; default ``RUN/engine-weights``).
+    ``gpus``: the ``CUDA_VISIBLE_DEVICES`` entries of a launched engine (None: the visible GPUs no
+    trainer uses; :func:`hydroagent_hpc.train.engine_process.engine_devices`).
     """
 
     api: str
@@ -100,12 +163,15 @@ class EngineSettings:
     timeout_s: float = 600.0
     start_timeout_s: float = 900.0
     weights_dir: str | None = None
+    gpus: tuple[str, ...] | None = None
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> EngineSettings:
         values = dict(data)
         if values.get("launch") is not None:
             values["launch"] = tuple(str(a) for a in values["launch"])
+        if values.get("gpus") is not None:
+            values["gpus"] = parse_gpus(values["gpus"])
         return cls(**values)
 
     @property
@@ -134,12 +200,30 @@ class EngineAPI:
     #: True when the server can load new weights from a folder without a restart.
     live_reload: ClassVar[bool] = False
     health_path: ClassVar[str] = "/health"
+    #: Environment variables a launched server gets (on top of the trainer's environment).
+    launch_env: ClassVar[dict[str, str]] = {}
+    #: The server's command-line option for its context length (prompt + generated tokens).
+    context_flag: ClassVar[str] = ""
+    #: True when the server returns the model's own log-probs (temperature 1, unfiltered) at any
+    #: sampling temperature without ``launch_env``.
+    raw_logprobs: ClassVar[bool] = True
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self._key = settings.api_key()
+        #: True when the log-probs are the unscaled ones (set by the launcher for ``launch_env``).
+        self.unscaled_logprobs = self.raw_logprobs
+        self._warned: set[str] = set()
+        self._warn_lock = threading.Lock()
 
-    # -- plain JSON over urllib ---------------------------------------------------------------
+    def _warn_once(self, what: str, message: str, *args: Any) -> None:
+        with self._warn_lock:
+            if what in self._warned:
+                return
+            self._warned.add(what)
+        log.warning(message, *args)
+
+    # -- plain JSON over urllib (one connection per call: safe from any number of threads) ------
     def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None,
                  accept: tuple[int, ...] = ()) -> Any:
         """The JSON answer of ``method path``; an HTTP error status raises :class:`EngineError` unless it
@@ -202,6 +286,27 @@ class EngineAPI:
     def reset(self) -> None:
         """Forget what was learnt about the server (it was restarted)."""
 
+    def _check_logprobs(self, sampling: Sampling) -> None:
+        """Warn once when the engine's log-probs are of the temperature-scaled distribution."""
+        if self.unscaled_logprobs or sampling.greedy or sampling.temperature == 1.0:
+            return
+        self._warn_once("scaled", "engine %s at %s: its log-probs are of softmax(logits / %g), not of the model's "
+                        "own distribution (a server not launched by the trainer, without %s): logprob_mismatch_* "
+                        "and the TIS weights are biased; start the server with %s, or let engine.launch start it",
+                        self.name, self.settings.base, sampling.temperature, ", ".join(self.launch_env),
+                        " ".join(f"{k}={v}" for k, v in self.launch_env.items()))
+
+    def _finish(self, ids: list[int], logprobs: list[float], stop_ids: Sequence[int], max_new: int) -> Sample:
+        """:func:`_finish`, and a warning (once) when the engine ended a row on its own."""
+        sample = _finish(ids, logprobs, stop_ids, max_new)
+        if len(sample.ids) < max_new and (not sample.ids or sample.ids[-1] not in set(stop_ids)):
+            last = sample.ids[-1] if sample.ids else None
+            self._warn_once("foreign-stop", "engine %s at %s ended a row after %d ids at id %s, which is not one of "
+                            "the trainer's stop ids %s: the engine stops on ids of its own (an eos id of the "
+                            "model's generation_config.json) or at its context length; the trainer scores the turn "
+                            "as it came", self.name, self.settings.base, len(sample.ids), last, list(stop_ids))
+        return sample
+
 
 def _top_k(sampling: Sampling) -> int:
     return -1 if sampling.greedy or not sampling.top_k else int(sampling.top_k)
@@ -223,20 +328,27 @@ class SGLangAPI(EngineAPI):
 
     name = "sglang"
     live_reload = True
+    launch_env: ClassVar[dict[str, str]] = {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}
+    context_flag = "--context-length"
+    raw_logprobs = False
+
+    def request_params(self, seed: int | None, sampling: Sampling, stop_ids: Sequence[int]) -> dict[str, Any]:
+        """One row's ``sampling_params``. ``ignore_eos`` is false: in SGLang it would switch off
+        ``stop_token_ids`` too (module doc)."""
+        p: dict[str, Any] = {"temperature": 0.0 if sampling.greedy else sampling.temperature,
+                             "top_p": 1.0 if sampling.greedy else sampling.top_p, "top_k": _top_k(sampling),
+                             "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
+                             "presence_penalty": 0.0, "max_new_tokens": sampling.max_new_tokens,
+                             "stop_token_ids": list(stop_ids), "ignore_eos": False,
+                             "skip_special_tokens": False, "no_stop_trim": True}
+        if seed is not None and not sampling.greedy:
+            p["sampling_seed"] = int(seed) & 0x7FFFFFFF
+        return p
 
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None], sampling: Sampling,
                  stop_ids: Sequence[int]) -> list[Sample]:
-        params = []
-        for seed in seeds:
-            p: dict[str, Any] = {"temperature": 0.0 if sampling.greedy else sampling.temperature,
-                                 "top_p": 1.0 if sampling.greedy else sampling.top_p, "top_k": _top_k(sampling),
-                                 "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
-                                 "presence_penalty": 0.0, "max_new_tokens": sampling.max_new_tokens,
-                                 "stop_token_ids": list(stop_ids), "ignore_eos": True,
-                                 "skip_special_tokens": False, "no_stop_trim": True}
-            if seed is not None and not sampling.greedy:
-                p["sampling_seed"] = int(seed) & 0x7FFFFFFF
-            params.append(p)
+        self._check_logprobs(sampling)
+        params = [self.request_params(seed, sampling, stop_ids) for seed in seeds]
         body = {"input_ids": [list(map(int, p)) for p in prompts], "sampling_params": params,
                 "return_logprob": True, "logprob_start_len": -1, "return_text_in_logprobs": False}
         answer = self._request("POST", "/generate", body)
@@ -255,7 +367,7 @@ class SGLangAPI(EngineAPI):
                 raise EngineError(f"engine at {self.settings.base}/generate: no usable "
                                   f"meta_info.output_token_logprobs in {str(item)[:200]}",
                                   "use an SGLang version that returns log-probs with return_logprob") from None
-            out.append(_finish(ids, lps, stop_ids, sampling.max_new_tokens))
+            out.append(self._finish(ids, lps, stop_ids, sampling.max_new_tokens))
         return out
 
     def load_weights(self, folder: str) -> None:
@@ -272,6 +384,8 @@ class VLLMAPI(EngineAPI):
 
     name = "vllm"
     live_reload = False
+    context_flag = "--max-model-len"
+    raw_logprobs = True
 
     def __init__(self, settings: EngineSettings) -> None:
         super().__init__(settings)
@@ -295,11 +409,15 @@ class VLLMAPI(EngineAPI):
                                   "set engine.model_name to the served model name") from None
         return self._model
 
+    def request_extra(self, stop_ids: Sequence[int], sampling: Sampling) -> dict[str, Any]:
+        """vLLM's fields beyond the OpenAI ones. ``ignore_eos: true`` skips only the tokenizer's eos
+        in vLLM; ``stop_token_ids`` still stop (module doc)."""
+        return {"top_k": _top_k(sampling), "min_p": 0.0, "repetition_penalty": 1.0,
+                "stop_token_ids": list(stop_ids), "ignore_eos": True, "skip_special_tokens": False,
+                "include_stop_str_in_output": True, "return_tokens_as_token_ids": True}
+
     def _one(self, prompt: Sequence[int], seed: int | None, sampling: Sampling, stop_ids: Sequence[int]) -> Sample:
         url = self.settings.base + "/v1/completions"
-        extra = {"top_k": _top_k(sampling), "min_p": 0.0, "repetition_penalty": 1.0,
-                 "stop_token_ids": list(stop_ids), "ignore_eos": True, "skip_special_tokens": False,
-                 "include_stop_str_in_output": True, "return_tokens_as_token_ids": True}
         kwargs: dict[str, Any] = {}
         if seed is not None and not sampling.greedy:
             kwargs["seed"] = int(seed) & 0x7FFFFFFF
@@ -307,7 +425,8 @@ class VLLMAPI(EngineAPI):
             reply = self._client.completions.create(
                 model=self._served_model(), prompt=[int(i) for i in prompt], max_tokens=sampling.max_new_tokens,
                 temperature=0.0 if sampling.greedy else sampling.temperature,
-                top_p=1.0 if sampling.greedy else sampling.top_p, logprobs=0, n=1, extra_body=extra, **kwargs)
+                top_p=1.0 if sampling.greedy else sampling.top_p, logprobs=0, n=1,
+                extra_body=self.request_extra(stop_ids, sampling), **kwargs)
         except self._openai.APIStatusError as exc:
             raise self._status_error(url, int(exc.status_code), _scrub(str(exc.message), self._key)[:500]) from None
         except self._openai.APIConnectionError as exc:
@@ -322,10 +441,11 @@ class VLLMAPI(EngineAPI):
                               "use a vLLM version that accepts return_tokens_as_token_ids") from None
         if len(ids) != len(lps):
             raise EngineError(f"engine at {url}: {len(ids)} tokens but {len(lps)} log-probs", "see the engine's log")
-        return _finish(ids, lps, stop_ids, sampling.max_new_tokens)
+        return self._finish(ids, lps, stop_ids, sampling.max_new_tokens)
 
     def generate(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None], sampling: Sampling,
                  stop_ids: Sequence[int]) -> list[Sample]:
+        self._check_logprobs(sampling)
         if len(prompts) == 1:
             return [self._one(prompts[0], seeds[0], sampling, stop_ids)]
         with ThreadPoolExecutor(max_workers=min(len(prompts), 64), thread_name_prefix="vllm-request") as pool:
@@ -341,6 +461,17 @@ ENGINE_APIS.register("vllm", VLLMAPI)
 def make_api(settings: EngineSettings) -> EngineAPI:
     """The protocol object of ``settings.api`` (unknown names list the registered ones)."""
     return ENGINE_APIS[settings.api](settings)
+
+
+def _check_rows(prompts: Sequence[Sequence[int]], seeds: Sequence[int | None],
+                keys: Sequence[Hashable | None] | None, forced: Sequence[Sequence[int] | None] | None) -> None:
+    n = len(prompts)
+    if len(seeds) != n or (keys is not None and len(keys) != n) or (forced is not None and len(forced) != n):
+        raise ValueError("one seed (and one key / forced list, when given) per prompt")
+    if forced is not None and any(f is not None for f in forced):
+        raise ValueError("forced ids are not supported by an engine (use generator: local)")
+    if any(not p for p in prompts):
+        raise ValueError("an empty prompt cannot be continued")
 
 
 class EngineSampler:
@@ -363,15 +494,9 @@ class EngineSampler:
     def sample(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int | None],
                keys: Sequence[Hashable | None] | None = None,
                forced: Sequence[Sequence[int] | None] | None = None) -> list[Sample]:
-        n = len(prompts)
-        if len(seeds) != n or (keys is not None and len(keys) != n) or (forced is not None and len(forced) != n):
-            raise ValueError("one seed (and one key / forced list, when given) per prompt")
-        if forced is not None and any(f is not None for f in forced):
-            raise ValueError("forced ids are not supported by an engine (use generator: local)")
-        if any(not p for p in prompts):
-            raise ValueError("an empty prompt cannot be continued")
+        _check_rows(prompts, seeds, keys, forced)
         out: list[Sample] = []
-        for start in range(0, n, self.max_batch):
+        for start in range(0, len(prompts), self.max_batch):
             t0 = time.perf_counter()
             part = self.api.generate(prompts[start:start + self.max_batch], seeds[start:start + self.max_batch],
                                      self.sampling, self.stop_ids)
@@ -384,3 +509,84 @@ class EngineSampler:
 
     def forget(self) -> None:
         """Nothing to drop here: the engine flushes its own cache when its weights change."""
+
+
+class EngineRequests(GenerationServer):
+    """Rollout turns sent to the engine as they come: one request per turn, from the calling thread.
+
+    The :class:`~hydroagent_hpc.train.sampler.GenerationServer` interface (a context manager whose
+    :meth:`generate` blocks the calling rollout until its turn is sampled) without the server's
+    batch loop: :meth:`generate` sends the turn at once and waits for that request only, so the
+    engine's continuous batching decides what runs together and a short turn never waits for a long
+    one. At most ``sampler.max_batch`` requests are in flight (``generation_batch`` in GRPO); a
+    rollout beyond that waits for a free slot, not for a batch.
+
+    ``stats`` keeps the server's keys: ``batches`` and ``rows`` count requests (one row each),
+    ``max_batch`` is the most requests that were in flight at once, and ``busy_s`` the seconds during
+    which at least one was (so it is the generation wall time, as for the batching server); also
+    ``tokens`` (generated ids) and ``request_s`` (the requests' seconds summed).
+    """
+
+    def __init__(self, sampler: EngineSampler) -> None:
+        super().__init__(sampler, linger_s=0.0)
+        self.engine = sampler
+        self.max_in_flight = sampler.max_batch
+        self._slots = threading.BoundedSemaphore(self.max_in_flight)
+        self._lock = threading.Lock()
+        self._open = False
+        self._in_flight = 0
+        self._busy_since = 0.0
+        self.stats = {"batches": 0, "rows": 0, "max_batch": 0, "busy_s": 0.0, "tokens": 0, "request_s": 0.0}
+
+    def __enter__(self) -> EngineRequests:
+        self._open = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._open = False
+        self.engine.forget()
+
+    def generate(self, ids: Sequence[int], seed: int | None, key: Hashable | None = None,
+                 forced: Sequence[int] | None = None) -> Sample:
+        """Sample a turn after ``ids`` (blocks until done). ``key`` is accepted and ignored (the
+        engine keeps its own prefix cache); ``forced`` ids are not supported by an engine."""
+        if not self._open:
+            raise RuntimeError("EngineRequests is not running (use it as a context manager)")
+        _check_rows([ids], [seed], None, None if forced is None else [forced])
+        with self._slots:
+            t0 = self._begin()
+            sample: Sample | None = None
+            try:
+                sample = self.engine.api.generate([list(ids)], [seed], self.engine.sampling, self.engine.stop_ids)[0]
+            finally:
+                self._end(t0, sample)
+        return sample
+
+    def _begin(self) -> float:
+        with self._lock:
+            now = time.perf_counter()
+            if self._in_flight == 0:
+                self._busy_since = now
+            self._in_flight += 1
+            self.stats["max_batch"] = max(self.stats["max_batch"], self._in_flight)
+            return now
+
+    def _end(self, t0: float, sample: Sample | None) -> None:
+        with self._lock:
+            now = time.perf_counter()
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self.stats["busy_s"] += now - self._busy_since
+            self.stats["batches"] += 1
+            self.stats["rows"] += 1
+            self.stats["request_s"] += now - t0
+            self.stats["tokens"] += len(sample.ids) if sample is not None else 0
+
+
+def serve_rollouts(sampler: RolloutSampler) -> GenerationServer:
+    """What answers the rollouts' turns: :class:`EngineRequests` for an :class:`EngineSampler` (each
+    turn its own request, the engine batching them continuously), else the batching
+    :class:`~hydroagent_hpc.train.sampler.GenerationServer` around the in-process sampler."""
+    if isinstance(sampler, EngineSampler):
+        return EngineRequests(sampler)
+    return GenerationServer(sampler)

@@ -1,10 +1,13 @@
 """A small HTTP inference server: a Hugging Face causal LM behind the SGLang and vLLM request shapes.
 
 ``python -m hydroagent_hpc.train.engine_server --model PATH --port N [--dtype float32|bfloat16]
-[--api-key-env NAME]`` serves the model with our own
+[--api-key-env NAME] [--device auto|cpu|cuda] [--context-length N | --max-model-len N]
+[--token-delay-s S]`` serves the model with our own
 :class:`~hydroagent_hpc.train.sampler.BatchedSampler` (stdlib ``http.server``, one thread per
-connection, one generation at a time). It is the loopback stand-in for SGLang and vLLM in the
-tests (no GPU and no engine here), and a usable engine for small models.
+connection; requests run concurrently, each in its own decode loop: what a continuously batching
+engine looks like from the client, without its throughput). It is the loopback stand-in for SGLang
+and vLLM in the tests (no GPU and no engine here), and a usable engine for small models. The model
+runs on CUDA when torch sees a device (``--device auto``), else on the CPU.
 
 Endpoints (the subset :mod:`hydroagent_hpc.train.engine` uses, with the engines' field names):
 
@@ -21,15 +24,34 @@ Endpoints (the subset :mod:`hydroagent_hpc.train.engine` uses, with the engines'
   ``temperature``, ``top_p``, ``top_k``, ``seed``, ``logprobs``, ``stop_token_ids``, ``ignore_eos``,
   ``return_tokens_as_token_ids`` (tokens as ``"token_id:N"``); ``choices[i].logprobs`` holds
   ``tokens`` and ``token_logprobs``.
-- ``GET /engine_info`` (ours): the model folder, dtype, number of weight updates and
-  :func:`weights_digest` of the served weights, so a test can check they are the trainer's.
+- ``GET /engine_info`` (ours): the model folder, dtype, device, number of weight updates and
+  :func:`weights_digest` of the served weights (so a test can check they are the trainer's), the
+  counters below, the context length and whether log-probs are the unscaled ones.
 
 Sampling is :class:`BatchedSampler`'s: each row draws from its own generator seeded with the
 request's seed, so with the same seed and dtype the server samples what the trainer's in-process
-sampler would. The log-probs are the model's own (temperature 1, unfiltered), computed in the
-serving dtype: honest by default (``float32``); ``--dtype bfloat16`` serves in BF16 like a GPU
-engine, which makes the trainer's and the generator's numbers differ (what truncated importance
-weights correct). Without ``ignore_eos`` the model's eos ids stop a row too, as in the engines.
+sampler would. The log-probs are computed in the serving dtype: honest by default (``float32``);
+``--dtype bfloat16`` serves in BF16 like a GPU engine, which makes the trainer's and the
+generator's numbers differ (what truncated importance weights correct).
+
+Each API keeps its engine's documented semantics (read from their source; the versions are named
+in :mod:`hydroagent_hpc.train.engine`):
+
+- stops: ``/generate`` (SGLang, ``Req.check_finished``) stops a row at ``stop_token_ids`` and the
+  model's eos ids, and with ``ignore_eos: true`` at **neither** (the row runs to
+  ``max_new_tokens``); ``/v1/completions`` (vLLM, ``check_stop``) always stops at
+  ``stop_token_ids`` and, unless ``ignore_eos``, at the eos ids too;
+- log-probs: ``/v1/completions`` returns the model's own (temperature 1, unfiltered; vLLM V1's raw
+  log-probs); ``/generate`` returns those of ``softmax(logits / T)`` (SGLang's sampler) unless the
+  server's environment has ``SGLANG_RETURN_ORIGINAL_LOGPROB`` set to ``1`` or ``true``;
+- context: with ``--context-length`` / ``--max-model-len`` ``C``, SGLang refuses a request whose
+  prompt plus ``max_new_tokens`` reaches ``C``, vLLM one whose prompt plus ``max_tokens`` exceeds it
+  (HTTP 400 each).
+
+``--token-delay-s S`` sleeps ``S`` seconds before every forward pass (a slow engine for the tests
+of concurrent requests). ``/engine_info`` counts the requests, the ids the server decoded
+(``generated_tokens``, before any client cuts a row at its stop id) and the most requests it ran
+at once (``peak_concurrent``).
 
 With ``--api-key-env NAME`` every request but ``/health`` needs ``Authorization: Bearer KEY``,
 ``KEY`` being that environment variable's value (never logged).
@@ -76,10 +98,20 @@ class _BadRequest(ValueError):
     pass
 
 
-def _load(path: str, dtype: torch.dtype) -> tuple[Any, Any]:
+def pick_device(name: str = "auto") -> str:
+    """``cuda`` when asked, or for ``auto`` when torch sees a CUDA device; else ``cpu``."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device {name!r}: use auto, cpu or cuda")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _load(path: str, dtype: torch.dtype, device: str = "cpu") -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    model = model.to(torch.device(device)).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError):
@@ -91,15 +123,26 @@ class EngineServer:
     """The server (see the module doc): ``start()`` serves from a thread, ``serve_forever()`` blocks."""
 
     def __init__(self, model_path: str, host: str = "127.0.0.1", port: int = 0, dtype: str = "float32",
-                 api_key_env: str | None = None, served_name: str | None = None) -> None:
+                 api_key_env: str | None = None, served_name: str | None = None, *, device: str = "auto",
+                 context_tokens: int | None = None, token_delay_s: float = 0.0) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+        if context_tokens is not None and context_tokens < 2:
+            raise ValueError(f"context length {context_tokens!r}: must be at least 2 tokens")
         self.dtype_name, self.dtype = dtype, DTYPES[dtype]
+        self.device = pick_device(device)
+        self.token_delay_s = float(token_delay_s)
+        self.context_tokens = context_tokens
+        #: SGLang's switch for unscaled log-probs (``/generate`` only; module doc)
+        self.original_logprob = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").strip().lower() in ("1", "true")
         self.model_path = str(model_path)
-        self.model, self.tokenizer = _load(self.model_path, self.dtype)
+        self.model, self.tokenizer = self._load(self.model_path)
         self.served_name = served_name or self.model_path
         self.updates = 0
         self.requests = 0
+        self.generated_tokens = 0
+        self.active = 0
+        self.peak_concurrent = 0
         self._key = os.environ.get(api_key_env) if api_key_env else None
         if api_key_env and not self._key:
             raise ValueError(f"--api-key-env {api_key_env}: the variable is not set")
@@ -134,9 +177,16 @@ class EngineServer:
         self.close()
 
     # -- the model ------------------------------------------------------------------------------
-    def _pad_id(self) -> int:
-        for value in (getattr(self.tokenizer, "pad_token_id", None), self.model.config.pad_token_id,
-                      self.model.config.eos_token_id):
+    def _load(self, path: str) -> tuple[Any, Any]:
+        model, tokenizer = _load(path, self.dtype, self.device)
+        if self.token_delay_s > 0:
+            model.register_forward_pre_hook(lambda *_: time.sleep(self.token_delay_s))
+        return model, tokenizer
+
+    @staticmethod
+    def _pad_id(model: Any, tokenizer: Any) -> int:
+        for value in (getattr(tokenizer, "pad_token_id", None), model.config.pad_token_id,
+                      model.config.eos_token_id):
             if isinstance(value, list) and value:
                 value = value[0]
             if isinstance(value, int):
@@ -149,42 +199,75 @@ class EngineServer:
 
     def info(self) -> dict[str, Any]:
         with self._lock:
-            return {"model_path": self.model_path, "dtype": self.dtype_name, "updates": self.updates,
-                    "requests": self.requests, "weights_sha256": weights_digest(self.model)}
+            return {"model_path": self.model_path, "dtype": self.dtype_name, "device": self.device,
+                    "updates": self.updates, "requests": self.requests, "generated_tokens": self.generated_tokens,
+                    "peak_concurrent": self.peak_concurrent, "context_tokens": self.context_tokens,
+                    "original_logprob": self.original_logprob, "weights_sha256": weights_digest(self.model)}
 
     def load(self, path: str) -> None:
-        """Serve the weights of the ``save_pretrained`` folder ``path`` from now on."""
-        model, tokenizer = _load(path, self.dtype)
+        """Serve the weights of the ``save_pretrained`` folder ``path`` from now on (requests already
+        running finish on the weights they started with)."""
+        model, tokenizer = self._load(path)
         with self._lock:
             self.model, self.model_path = model, str(path)
             self.tokenizer = tokenizer if tokenizer is not None else self.tokenizer
             self.updates += 1
         log.info("engine server: now serving %s", path)
 
-    def sample(self, prompts: Sequence[Sequence[int]], params: Sequence[dict[str, Any]]) -> list[Sample]:
-        """Sample each prompt with its parameters; rows whose parameters differ only in the seed
-        share a batch."""
+    def sample(self, prompts: Sequence[Sequence[int]], params: Sequence[dict[str, Any]], api: str) -> list[Sample]:
+        """Sample each prompt with its parameters under ``api``'s semantics (module doc); rows whose
+        parameters differ only in the seed share a batch. Requests run concurrently."""
         groups: dict[str, list[int]] = {}
         for i, p in enumerate(params):
             key = repr(sorted((k, v) for k, v in p.items() if k != "seed"))
             groups.setdefault(key, []).append(i)
+        with self._lock:  # the weights this request runs on (a reload swaps them for later requests)
+            model, tokenizer = self.model, self.tokenizer
+            self.requests += 1
+        vocab = int(model.config.vocab_size)
+        for r, prompt in enumerate(prompts):
+            if not prompt or any(not 0 <= t < vocab for t in prompt):
+                raise _BadRequest(f"prompt ids must be non-empty and in [0, {vocab})")
+            self._check_context(len(prompt), params[r]["sampling"].max_new_tokens, api)
         out: list[Sample | None] = [None] * len(prompts)
         with self._lock:
-            self.requests += 1
-            vocab = int(self.model.config.vocab_size)
+            self.active += 1
+            self.peak_concurrent = max(self.peak_concurrent, self.active)
+        try:
             for rows in groups.values():
                 p = params[rows[0]]
-                if any(not prompts[r] or any(not 0 <= t < vocab for t in prompts[r]) for r in rows):
-                    raise _BadRequest(f"prompt ids must be non-empty and in [0, {vocab})")
-                stop = self.stops(p)
-                sampler = BatchedSampler(self.model, stop, self._pad_id(), p["sampling"], max_batch=len(rows))
+                sampling = p["sampling"]
+                sampler = BatchedSampler(model, self.stops(p, api), self._pad_id(model, tokenizer), sampling,
+                                         max_batch=len(rows))
                 got = sampler.sample([prompts[r] for r in rows], [params[r]["seed"] for r in rows])
+                scaled = api == "sglang" and not self.original_logprob and not sampling.greedy \
+                    and sampling.temperature != 1.0
                 for r, s in zip(rows, got):
-                    out[r] = s
+                    out[r] = Sample(s.ids, _scaled_logprobs(model, prompts[r], s.ids, sampling.temperature)) \
+                        if scaled and s.ids else s
+        finally:
+            with self._lock:
+                self.active -= 1
+                self.generated_tokens += sum(len(s.ids) for s in out if s is not None)
         return [s for s in out if s is not None]
 
-    def stops(self, p: dict[str, Any]) -> list[int]:
-        """A request's stop ids: its own, and the model's eos ids unless it asked to ignore them."""
+    def _check_context(self, n_prompt: int, max_new: int, api: str) -> None:
+        """The engines' context-length refusals (module doc)."""
+        c = self.context_tokens
+        if c is None:
+            return
+        if api == "sglang" and (n_prompt >= c or n_prompt + max_new >= c):
+            raise _BadRequest(f"Requested token count exceeds the model's maximum context length of {c} tokens: "
+                              f"{n_prompt} tokens from the input and {max_new} for the completion")
+        if api == "vllm" and n_prompt + max_new > c:
+            raise _BadRequest(f"This model's maximum context length is {c} tokens. However, you requested "
+                              f"{n_prompt + max_new} tokens ({n_prompt} in the prompt, {max_new} for the completion)")
+
+    def stops(self, p: dict[str, Any], api: str) -> list[int]:
+        """A request's stop ids under ``api``'s semantics: SGLang's ``ignore_eos`` switches off the
+        stop ids and the eos ids, vLLM's only the eos ids (module doc)."""
+        if api == "sglang":
+            return [] if p["ignore_eos"] else list(p["stop"]) + self._eos_ids()
         return list(p["stop"]) + ([] if p["ignore_eos"] else self._eos_ids())
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -215,6 +298,16 @@ def _params(raw: Any, *, max_key: str) -> dict[str, Any]:
             "ignore_eos": bool(raw.get("ignore_eos", False))}
 
 
+@torch.inference_mode()
+def _scaled_logprobs(model: Any, prompt: Sequence[int], ids: Sequence[int], temperature: float) -> list[float]:
+    """``log softmax(logits / T)`` of each sampled id: SGLang's log-probs without
+    ``SGLANG_RETURN_ORIGINAL_LOGPROB`` (one forward pass over the prompt and the sampled ids)."""
+    seq = torch.tensor([list(prompt) + list(ids)], dtype=torch.long, device=model.device)
+    logits = model(input_ids=seq).logits[0, len(prompt) - 1:len(prompt) - 1 + len(ids)].float()
+    chosen = torch.tensor(list(ids), dtype=torch.long, device=logits.device)[:, None]
+    return [float(x) for x in torch.log_softmax(logits / temperature, dim=-1).gather(-1, chosen)[:, 0].tolist()]
+
+
 def _finish_reason(s: Sample, stops: Sequence[int]) -> tuple[str, int | None]:
     if s.ids and s.ids[-1] in stops:
         return "stop", s.ids[-1]
@@ -232,10 +325,10 @@ def _sglang_generate(server: EngineServer, body: dict[str, Any]) -> Any:
     if len(raws) != len(prompts):
         raise _BadRequest(f"sampling_params: {len(raws)} mappings for {len(prompts)} prompts")
     params = [_params(r, max_key="max_new_tokens") for r in raws]
-    samples = server.sample(prompts, params)
+    samples = server.sample(prompts, params, "sglang")
     out = []
     for prompt, s, p in zip(prompts, samples, params):
-        reason, matched = _finish_reason(s, server.stops(p))
+        reason, matched = _finish_reason(s, server.stops(p, "sglang"))
         meta: dict[str, Any] = {"finish_reason": {"type": reason, **({"matched": matched} if matched is not None
                                                                       else {"length": len(s.ids)})},
                                 "prompt_tokens": len(prompt), "completion_tokens": len(s.ids)}
@@ -256,11 +349,11 @@ def _vllm_completions(server: EngineServer, body: dict[str, Any]) -> Any:
     if int(body.get("n", 1) or 1) != 1:
         raise _BadRequest("n: only 1 is supported")
     p = _params(body, max_key="max_tokens")
-    samples = server.sample(prompts, [p] * len(prompts))
+    samples = server.sample(prompts, [p] * len(prompts), "vllm")
     as_ids = bool(body.get("return_tokens_as_token_ids"))
     choices = []
     for i, s in enumerate(samples):
-        reason, matched = _finish_reason(s, server.stops(p))
+        reason, matched = _finish_reason(s, server.stops(p, "vllm"))
         logprobs = None
         if body.get("logprobs") is not None:
             tokens = [server.token_text(t, as_ids) for t in s.ids]
@@ -358,11 +451,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="serving dtype (float32: honest)")
     ap.add_argument("--api-key-env", default=None, help="require the key in this environment variable")
     ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="where the model runs (auto: CUDA when torch sees a device)")
+    ap.add_argument("--context-length", "--max-model-len", dest="context_tokens", type=int, default=None,
+                    help="the context length (SGLang's and vLLM's option names; both are accepted)")
+    ap.add_argument("--token-delay-s", type=float, default=0.0, help="sleep before every forward pass (tests)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
-    server = EngineServer(args.model, args.host, args.port, args.dtype, args.api_key_env, args.served_model_name)
-    log.info("engine server: serving %s (%s) at %s", args.model, args.dtype, server.url)
+    server = EngineServer(args.model, args.host, args.port, args.dtype, args.api_key_env, args.served_model_name,
+                          device=args.device, context_tokens=args.context_tokens, token_delay_s=args.token_delay_s)
+    log.info("engine server: serving %s (%s on %s, context %s, log-probs %s) at %s", args.model, args.dtype,
+             server.device, args.context_tokens or "unlimited",
+             "unscaled" if server.original_logprob else "of softmax(logits / T) on /generate", server.url)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
