@@ -86,3 +86,12 @@ def test_a_run_started_before_a_key_existed_resumes_while_the_key_holds_its_defa
         prepare_run_dir(run, {**config, "fsdp": True}, True, GRPOConfigError, defaults)
     with pytest.raises(GRPOConfigError, match="differs in activation_checkpointing, fsdp, generator"):
         prepare_run_dir(run, config, True, GRPOConfigError)  # without the defaults: every new key differs
+
+
+def test_engine_gpus_are_checked_with_the_config_naming_file_and_line(tmp_path):
+    path = tmp_path / "grpo.yaml"
+    path.write_text("basins: [a]\ngenerator: engine\nengine: {api: sglang, url: 'http://127.0.0.1:1', gpus: 'x y'}\n")
+    with pytest.raises(GRPOConfigError, match=r"grpo.yaml:3: engine.gpus: 'x y' is not a list of GPU ids"):
+        load_grpo_config(path)
+    path.write_text("basins: [a]\ngenerator: engine\nengine: {api: sglang, url: 'http://127.0.0.1:1', gpus: [3]}\n")
+    assert load_grpo_config(path).engine["gpus"] == [3]

@@ -85,7 +85,7 @@ from hydroagent_hpc.train.distributed import (
     process_group_timeout,
     shard,
 )
-from hydroagent_hpc.train.engine import EngineSampler, EngineSettings
+from hydroagent_hpc.train.engine import EngineSampler, EngineSettings, serve_rollouts
 from hydroagent_hpc.train.engine_process import EngineWeights
 from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError, check_world_size
 from hydroagent_hpc.train.grpo_loss import LogprobModel, grpo_loss
@@ -99,7 +99,7 @@ from hydroagent_hpc.train.rollout import (
     run_rollouts,
 )
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
-from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, RolloutSampler, Sampling
+from hydroagent_hpc.train.sampler import BatchedSampler, RolloutSampler, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpe
     shared = SharedRuns() if config.share_runs else None
     model.eval()
     t0 = time.perf_counter()
-    with GenerationServer(sampler) as server:
+    with serve_rollouts(sampler) as server:  # an engine: one request per turn, continuously batched there
         rollouts = run_rollouts(
             specs,
             env_factory=lambda spec, sim: CalibrationEnv(basins[spec.basin_dir], sim, env_config, agent=agent,
@@ -462,7 +462,8 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     try:
         if lead and config.generator == "engine":
             assert config.engine is not None  # checked with the config
-            engine = EngineWeights(EngineSettings.from_mapping(config.engine), run_dir)
+            engine = EngineWeights(EngineSettings.from_mapping(config.engine), run_dir,
+                                   context_tokens=config.max_context_tokens + config.max_new_tokens)
         return _run(config, run_dir, model, tokenizer, optimizer, scheduler, state, resume_from, metrics,
                     store, sims, basins, runner, pad_id, ranks, engine, started)
     finally:

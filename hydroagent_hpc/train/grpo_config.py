@@ -43,6 +43,8 @@ engine.timeout_s       seconds one generation request may take (600)
 engine.start_timeout_s seconds a launched server may take to answer ``/health`` (900)
 engine.weights_dir     where the pushed weights are written; the engine must see it (null:
                        ``RUN/engine-weights``)
+engine.gpus            the launched engine's ``CUDA_VISIBLE_DEVICES`` entries (null: the visible GPUs
+                       after the first T, T = the trainer processes on the node)
 =====================  ==============================================================================
 
 Several training processes (``torchrun``/``accelerate launch``; ``docs/grpo.md``, "Several GPUs"):
@@ -282,6 +284,13 @@ def _check_engine(value: Any, at: str) -> dict[str, Any] | None:
     if value.get("api_key_env") is not None and not _ENV_NAME.fullmatch(value["api_key_env"]):
         raise GRPOConfigError(f"{at}: engine.api_key_env: {brief(value['api_key_env'])} is not a variable name",
                               "name the environment variable that holds the key, never the key itself")
+    if value.get("gpus") is not None:
+        from hydroagent_hpc.train.engine import EngineError, parse_gpus
+
+        try:
+            parse_gpus(value["gpus"])
+        except EngineError as exc:
+            raise GRPOConfigError(f"{at}: {exc.message}", exc.fix) from None
     for key in ("timeout_s", "start_timeout_s"):
         v = value.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
