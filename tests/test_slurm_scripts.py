@@ -115,7 +115,8 @@ def test_site_settings_come_from_the_environment(monkeypatch):
     ("campaign.sbatch", "c.yaml", ()), ("report.sbatch", "x.h5", ()),
     # the local test cluster has no GPUs: the documented CPU path (the header's third example)
     ("sft.sbatch", "c.yaml", ("--gpus-per-node=0", "--mem=1G", "--cpus-per-task=1")),
-    ("grpo.sbatch", "c.yaml", ("--gpus-per-node=0", "--ntasks=2", "--mem-per-cpu=1G")),
+    # --mincpus: the GPU default (40: a trainer's 8 CPUs + 32 simulation ranks) does not fit a small test node
+    ("grpo.sbatch", "c.yaml", ("--gpus-per-node=0", "--ntasks=2", "--mincpus=2", "--mem-per-cpu=1G")),
 ])
 def test_sbatch_accepts_the_scripts(tmp_path, script, arg, extra):
     if not slurm_available():

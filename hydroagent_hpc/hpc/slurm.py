@@ -9,6 +9,8 @@ Site settings (partition, account, QOS, modules, time) come from the command lin
 editing anything, from the same environment variables ``sbatch`` itself reads
 (``SBATCH_PARTITION``, ``SBATCH_ACCOUNT``, ``SBATCH_QOS``) plus ``HYDROAGENT_MODULES`` (modules to
 load, space-separated) and ``HYDROAGENT_SETUP`` (shell lines run before the job, ``;``-separated).
+:meth:`SiteSettings.has` tells a value the user gave from a default, so a job that knows better
+(a GPU training job's CPUs and memory, :mod:`hydroagent_hpc.train.submit`) replaces only defaults.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class SiteSettings:
     array_parallelism: int = 64
     modules: tuple[str, ...] = ()
     setup: tuple[str, ...] = field(default_factory=tuple)
+    #: the names whose values were given (command line or environment), not defaults: see :meth:`has`
+    given: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, **given: Any) -> SiteSettings:
@@ -57,9 +61,15 @@ class SiteSettings:
             "setup": tuple(s.strip() for s in env.get("HYDROAGENT_SETUP", "").split(";") if s.strip()),
         }
         values.update({k: v for k, v in given.items() if v is not None})
+        values["given"] = tuple(sorted(k for k, v in values.items() if v not in (None, ())))
         site = cls(**values)
         site.check()
         return site
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` was given rather than left at its default: named in ``given`` (what
+        :meth:`from_env` saw), or, for settings built directly, different from the default."""
+        return name in self.given or getattr(self, name) != getattr(type(self)(), name)
 
     def check(self) -> None:
         for name in ("time_min", "cpus_per_task", "ntasks", "array_parallelism"):

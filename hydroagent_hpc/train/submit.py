@@ -41,15 +41,29 @@ up from the MPI world: :func:`hydroagent_hpc.hpc.mpi.split_trainers`) and the si
 whose trainers agree on them at the end of the step and save together. Across several nodes,
 ``sbatch --ntasks=N slurm/grpo.sbatch`` is the path (``srun --mpi=pmi2``). The config is read with
 :func:`hydroagent_hpc.train.grpo_config.load_grpo_config` (for T processes) before anything is queued.
+When the config launches its own inference engine (``generator: engine`` with ``engine.launch``), the
+default is T = G - 1 trainers: the engine, started by trainer rank 0, takes the GPUs after the first T
+(:func:`grpo_trainers`; one GPU, or T >= G, is refused), as ``slurm/grpo.sbatch`` does.
+
+Host CPUs and memory (audit F10). On GPUs every training process loads the whole fp32 model on the host
+before it is sharded, rank 0 gathers the full weights and optimizer state at each checkpoint, and GRPO's
+rank 0 also plays the rollouts; one CPU and the site's default memory starve them. So, unless the
+command line (or the environment) gives ``--cpus-per-task`` / ``--mem-gb``, a GPU job asks for
+:func:`sft_host_request` (8 CPUs per GPU process; memory from the model's size, or 64 GB per GPU when
+the model folder is not there yet) or :func:`grpo_host_request` (8 CPUs per trainer process and for a
+launched engine, one per simulation slot; 4 GB per CPU, as ``slurm/grpo.sbatch``), and logs the request
+and how it was reached. CPU jobs (tiny models) keep the site's values.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -61,7 +75,9 @@ from hydroagent_hpc.hpc.slurm import SiteSettings, make_executor
 log = logging.getLogger(__name__)
 
 __all__ = ["TRAINER_MODULE", "GRPO_MODULE", "SFTJob", "GRPOJob", "SubmitError", "launcher_argv", "grpo_argv",
-           "submit_sft", "submit_sft_job", "submit_grpo", "submit_grpo_job"]
+           "submit_sft", "submit_sft_job", "submit_grpo", "submit_grpo_job", "HostRequest", "count_parameters",
+           "model_parameters", "sft_host_memory_gb", "sft_host_request", "grpo_host_request", "grpo_trainers",
+           "grpo_launches_engine"]
 
 #: The trainer's entry point (``python -m``).
 TRAINER_MODULE = "hydroagent_hpc.train.sft"
@@ -71,6 +87,158 @@ GRPO_MODULE = "hydroagent_hpc.train.grpo_launch"
 
 class SubmitError(HydroAgentError):
     """A training submission that cannot start (missing config, bad sizes, no trainer installed)."""
+
+
+# --------------------------------------------------------------------------- host CPUs and memory (F10)
+
+#: CPUs per training process (and for a launched engine) when the site does not say: slurm/sft.sbatch
+#: asks 32 for 4 GPUs, slurm/grpo.sbatch 8 per trainer rank.
+CPUS_PER_RANK = 8
+#: Host memory per GPU process when the model's size is unknown: slurm/sft.sbatch asks 256 GB for 4 GPUs.
+MEM_GB_PER_GPU = 64.0
+#: Host memory of one training process besides the model (CUDA context, torch, transformers, tokenizer, data).
+RANK_OVERHEAD_GB = 4.0
+#: Headroom on the computed memory.
+MEM_MARGIN = 1.1
+#: Host memory per CPU of a GRPO job, slurm/grpo.sbatch's --mem-per-cpu=4G (a simulation rank's basin forcing).
+GRPO_MEM_GB_PER_CPU = 4.0
+
+
+@dataclass(frozen=True)
+class HostRequest:
+    """The CPUs and memory a training job asks for, and how they were reached (logged and recorded)."""
+
+    cpus_per_task: int
+    mem_gb: float | None
+    why: str
+
+
+def count_parameters(cfg: dict[str, Any]) -> int:
+    """Parameters of a decoder-only transformer from its ``config.json`` (Llama/Qwen layout).
+
+    With hidden size ``H``, MLP size ``I``, ``L`` layers, ``n_q`` query and ``n_kv`` key/value heads
+    of size ``d`` (``head_dim``, default ``H / n_q``) and vocabulary ``V``:
+    ``P = V*H*(1 if tied else 2) + H + L*(H*d*(2*n_q + 2*n_kv) + 3*H*I + 2*H + 2*d)``
+    (embedding and untied head; final norm; per layer the q, k, v, o projections, the gated MLP's three
+    matrices, two RMS norms and Qwen3's q/k norms; attention biases, where ``attention_bias``, add
+    ``d*(n_q + 2*n_kv)`` per layer). Qwen3-4B: 4.02e9.
+    """
+    h, i, layers = int(cfg["hidden_size"]), int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])
+    n_q = int(cfg["num_attention_heads"])
+    n_kv = int(cfg.get("num_key_value_heads") or n_q)
+    d = int(cfg.get("head_dim") or h // n_q)
+    vocab = int(cfg["vocab_size"])
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    per_layer = h * d * (2 * n_q + 2 * n_kv) + 3 * h * i + 2 * h + 2 * d
+    if cfg.get("attention_bias"):
+        per_layer += d * (n_q + 2 * n_kv)
+    return vocab * h * (1 if tied else 2) + h + layers * per_layer
+
+
+def model_parameters(model: str | Path) -> int | None:
+    """:func:`count_parameters` of a ``save_pretrained`` folder's ``config.json``; None when there is none
+    yet (``tiny``, a folder a later stage writes) or it is not a decoder config this formula knows."""
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+        return count_parameters(cfg.get("text_config", cfg))
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, AttributeError):
+        return None
+
+
+def sft_host_memory_gb(ranks: int, n_params: int) -> float:
+    """Host memory (GB) for ``ranks`` processes of SFT of a model with ``n_params`` parameters:
+    ``1.1 * (4 B * P * (ranks + 3) + ranks * 4 GB)``: every process loads the whole fp32 model
+    (``4 P`` bytes each) before it is sharded, rank 0 gathers the fp32 weights and both AdamW moments
+    (``12 P``) at a checkpoint, and each process carries its own runtime (``RANK_OVERHEAD_GB``); 10 %
+    headroom. Qwen3-4B (4.02e9): 142 GB on 4 GPUs, 230 GB on 8, 76 GB on 1."""
+    if ranks < 1 or n_params < 1:
+        raise ValueError(f"ranks={ranks}, n_params={n_params}: both must be positive")
+    return MEM_MARGIN * (4 * n_params * (ranks + 3) / 1e9 + ranks * RANK_OVERHEAD_GB)
+
+
+def sft_host_request(gpus: int, n_params: int | None) -> HostRequest:
+    """What one node of an SFT job on ``gpus`` GPUs asks for: ``CPUS_PER_RANK`` CPUs per GPU process and
+    :func:`sft_host_memory_gb` rounded up (``MEM_GB_PER_GPU`` per GPU when the model's size is unknown)."""
+    if gpus < 1:
+        raise ValueError(f"gpus={gpus}: the host request is for GPU jobs")
+    cpus = CPUS_PER_RANK * gpus
+    if n_params:
+        mem = math.ceil(sft_host_memory_gb(gpus, n_params))
+        why = (f"{gpus} process(es) x {CPUS_PER_RANK} CPUs; memory 1.1 x (4 B x {n_params / 1e9:.2f}e9 parameters x "
+               f"({gpus} + 3) + {gpus} x {RANK_OVERHEAD_GB:g} GB)")
+    else:
+        mem = math.ceil(MEM_GB_PER_GPU * gpus)
+        why = (f"{gpus} process(es) x {CPUS_PER_RANK} CPUs; memory {MEM_GB_PER_GPU:g} GB per GPU (the model's size "
+               f"is unknown: no config.json in its folder yet)")
+    return HostRequest(cpus, float(mem), why)
+
+
+def grpo_host_request(trainers: int, engine: bool, sim_slots: int) -> HostRequest:
+    """What a GRPO GPU job asks for: ``cpus = trainers * 8 + (8 if engine) + sim_slots`` (the CPUs of
+    slurm/grpo.sbatch's layout: trainer rank 0 also runs the rollout threads, the generation server or
+    HTTP clients and the HDF5 writes; each simulation, on an MPI rank or a thread, one CPU) and
+    ``GRPO_MEM_GB_PER_CPU`` GB per CPU."""
+    if trainers < 1 or sim_slots < 0:
+        raise ValueError(f"trainers={trainers}, sim_slots={sim_slots}: need trainers >= 1, sim_slots >= 0")
+    engine_cpus = CPUS_PER_RANK if engine else 0
+    cpus = trainers * CPUS_PER_RANK + engine_cpus + sim_slots
+    why = (f"{trainers} trainer(s) x {CPUS_PER_RANK} CPUs + {engine_cpus} for the engine + {sim_slots} simulation "
+           f"slot(s); {GRPO_MEM_GB_PER_CPU:g} GB per CPU")
+    return HostRequest(cpus, cpus * GRPO_MEM_GB_PER_CPU, why)
+
+
+def _with_host_request(site: SiteSettings, request: HostRequest, what: str) -> SiteSettings:
+    """``site`` with ``request``'s CPUs and memory where the user gave none (logged either way)."""
+    cpus = site.cpus_per_task if site.has("cpus_per_task") else request.cpus_per_task
+    mem = site.mem_gb if site.has("mem_gb") else request.mem_gb
+    log.info("%s job asks for %d CPUs and %s per node (computed: %d CPUs, %s GB: %s)%s", what, cpus,
+             "the site's default memory" if mem is None else f"{mem:g} GB", request.cpus_per_task,
+             "-" if request.mem_gb is None else f"{request.mem_gb:g}", request.why,
+             "; --cpus-per-task/--mem-gb as given" if site.has("cpus_per_task") or site.has("mem_gb") else "")
+    return site.with_(cpus_per_task=cpus, mem_gb=mem)
+
+
+def _raw_yaml(config: str | Path) -> dict[str, Any]:
+    """The config's top-level mapping, read leniently (layout questions only; the trainers' strict
+    loaders report every error); ``{}`` when the file does not parse as a mapping."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(config).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def grpo_launches_engine(config: str | Path) -> bool:
+    """Whether the GRPO config starts its own inference engine (``generator: engine`` with a non-empty
+    ``engine.launch`` list): it then needs GPUs no trainer uses. slurm/grpo.sbatch asks this too."""
+    data = _raw_yaml(config)
+    engine = data.get("engine")
+    return (data.get("generator") == "engine" and isinstance(engine, dict)
+            and isinstance(engine.get("launch"), list) and bool(engine["launch"]))
+
+
+def grpo_trainers(gpus: int, launches_engine: bool, trainers: int | None = None) -> int:
+    """The number of training processes T: ``trainers`` when given, else ``gpus - 1`` when the config
+    launches an engine (it takes the GPUs after the first T), else one per GPU (1 on CPU). Refuses
+    layouts that leave no GPU for a trainer or for the engine, and more trainers than GPUs."""
+    if trainers is None:
+        trainers = gpus - 1 if gpus and launches_engine else (gpus or 1)
+        if trainers < 1:
+            raise SubmitError(f"--gpus {gpus}: the config launches an inference engine (generator: engine with "
+                              f"engine.launch), which needs a GPU of its own, so no GPU is left for a trainer",
+                              "give --gpus 2 or more (GPUs - 1 trainers, the engine on the rest), or start the "
+                              "engine elsewhere and give engine.url without engine.launch")
+    if trainers < 1:
+        raise SubmitError(f"--trainers {trainers}: give 1 or more training processes")
+    if gpus and trainers > gpus:
+        raise SubmitError(f"--trainers {trainers} with --gpus {gpus}: one trainer process per GPU",
+                          f"give --gpus {trainers}, or fewer trainers")
+    if gpus and launches_engine and trainers >= gpus:
+        raise SubmitError(f"--trainers {trainers} with --gpus {gpus} leave no GPU for the engine the config launches "
+                          f"(engine.launch)", f"give --trainers {gpus - 1} (or leave it out), or --gpus {trainers + 1}")
+    return trainers
 
 
 def launcher_argv(config: str, run_dir: str, *, gpus: int, nodes: int = 1, node_rank: int = 0,
@@ -183,6 +351,10 @@ def submit_sft_job(config: str | Path, run_dir: str | Path, site: SiteSettings, 
         raise SubmitError(f"--max-requeues {max_requeues}: must be 0 or more")
     if validate:
         _validate(cfg, module, "SFT")
+    request = None
+    if gpus:  # every process loads the whole fp32 model on the host: CPUs and memory for them (F10)
+        request = sft_host_request(gpus, model_parameters(_sft_model_dir(cfg)))
+        site = _with_host_request(site, request, "SFT")
     run = Path(run_dir).resolve()
     logs = run / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -191,16 +363,26 @@ def submit_sft_job(config: str | Path, run_dir: str | Path, site: SiteSettings, 
     if ex.cluster == "slurm":
         ex.update_parameters(slurm_signal_delay_s=int(save_wait_s) + 60)
     port = 29500 + os.getpid() % 1000
+    # accelerate launch gives each process OMP_NUM_THREADS=1 unless told: its share of the task's CPUs
+    threads = {"OMP_NUM_THREADS": str(max(1, site.cpus_per_task // gpus))} if gpus else None
     job = ex.submit(SFTJob(cfg, run, gpus=gpus, nodes=nodes, master_port=port, save_wait_s=save_wait_s,
-                           module=module))
+                           module=module, env=threads))
     record = {"command": "submit sft", "config": str(cfg), "run_dir": str(run), "job_id": str(job.job_id),
               "cluster": ex.cluster, "gpus_per_node": gpus, "nodes": nodes, "max_requeues": max_requeues,
-              "site": site.as_dict(), "submitted_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              "site": site.as_dict(), "host_request": None if request is None else request.__dict__,
+              "submitted_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     _write_record(run, record)
     log.info("submitted SFT job %s (%s); logs in %s", job.job_id, ex.cluster, logs)
     out: dict[str, Any] = {"job_id": str(job.job_id), "cluster": ex.cluster, "run_dir": str(run),
                            "logs": str(logs), "final": str(run / "final")}
     return job, out
+
+
+def _sft_model_dir(config: Path) -> Path:
+    """The SFT config's ``model`` folder, relative to the config's folder as the trainer resolves it
+    (``tiny`` names no folder: the result has no config.json)."""
+    model = str(_raw_yaml(config).get("model", "tiny"))
+    return (config.parent / model).resolve()
 
 
 def _write_record(run: Path, record: dict[str, Any]) -> None:
@@ -314,24 +496,29 @@ def submit_grpo_job(config: str | Path, run_dir: str | Path, site: SiteSettings,
                           "grpo_config.py)")
     if gpus < 0:
         raise SubmitError(f"--gpus {gpus}: give the GPUs of the job, or 0 to train on CPU (tiny models)")
-    n_trainers = (gpus or 1) if trainers is None else int(trainers)
-    if n_trainers < 1:
-        raise SubmitError(f"--trainers {n_trainers}: give 1 or more training processes")
-    if gpus and n_trainers > gpus:
-        raise SubmitError(f"--trainers {n_trainers} with --gpus {gpus}: one trainer process per GPU",
-                          f"give --gpus {n_trainers}, or fewer trainers")
+    engine = grpo_launches_engine(cfg)
+    n_trainers = grpo_trainers(gpus, engine, None if trainers is None else int(trainers))
     if max_requeues < 0:
         raise SubmitError(f"--max-requeues {max_requeues}: must be 0 or more")
     if save_wait_s <= 0:
         raise SubmitError(f"--save-wait {save_wait_s}: must be positive")
     if validate:
         _validate(cfg, module, "GRPO", world_size=n_trainers)
+    # torchrun gives each trainer OMP_NUM_THREADS=1 unless told; on GPUs a trainer has CPUS_PER_RANK CPUs
+    threads = {"OMP_NUM_THREADS": str(CPUS_PER_RANK)} if gpus else None
     job_cmd = GRPOJob(cfg, Path(run_dir).resolve(), save_wait_s=save_wait_s, module=module, sim_ranks=sim_ranks,
-                      trainers=n_trainers)  # before any folder exists: a missing launcher is refused here
+                      trainers=n_trainers, env=threads)  # before any folder exists: a missing launcher is refused
     run = Path(run_dir).resolve()
     logs = run / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    cpus = max(site.cpus_per_task or 1, sim_ranks + n_trainers) if sim_ranks else site.cpus_per_task
+    request = None
+    if gpus:  # trainer rank 0 plays the rollouts: CPUs of its own, beside the engine's and the simulations' (F10)
+        slots = sim_ranks or int(_raw_yaml(cfg).get("max_simulations_in_flight", 32))
+        request = grpo_host_request(n_trainers, engine, slots)
+        site = _with_host_request(site, request, "GRPO")
+        cpus = site.cpus_per_task
+    else:
+        cpus = max(site.cpus_per_task or 1, sim_ranks + n_trainers) if sim_ranks else site.cpus_per_task
     ex = make_executor(logs, site.with_(gpus_per_node=gpus, ntasks=1, cpus_per_task=cpus), cluster,
                        name=f"hydroagent-grpo-{cfg.stem}", max_num_timeout=max_requeues)
     if ex.cluster == "slurm":
@@ -340,7 +527,8 @@ def submit_grpo_job(config: str | Path, run_dir: str | Path, site: SiteSettings,
     record = {"command": "submit grpo", "config": str(cfg), "run_dir": str(run), "job_id": str(job.job_id),
               "cluster": ex.cluster, "gpus_per_node": gpus, "pool": "mpi" if sim_ranks else "threads",
               "sim_ranks": sim_ranks, "trainers": n_trainers, "max_requeues": max_requeues,
-              "site": site.as_dict(), "submitted_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              "site": site.as_dict(), "host_request": None if request is None else request.__dict__,
+              "submitted_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     _write_record(run, record)
     log.info("submitted GRPO job %s (%s); logs in %s", job.job_id, ex.cluster, logs)
     out: dict[str, Any] = {"job_id": str(job.job_id), "cluster": ex.cluster, "run_dir": str(run),
