@@ -18,6 +18,24 @@ model itself (temperature 1, no filtering): the quantity the trainer recomputes,
 be compared (they agree to float rounding on one device; another engine's differ, which is what
 truncated importance weights correct).
 
+The decode step is built for a GPU, where every value the host reads waits for the device:
+
+* Draws. Row ``r``'s generator gives ``max_new_tokens`` uniforms ``u`` before the loop (one draw
+  per row per call, not per token); step ``t`` picks the id where ``u[r, t]`` falls in the
+  cumulative distribution of the kept ids, ranked by probability (inverse CDF, float64). Every row
+  is sampled at once on the device, and the step's ids and their log-probs come back in **one**
+  transfer; the host and the device each decide from the same ids which rows are done, and the
+  next step's input ids and masks are computed on the device, so nothing is uploaded either. A
+  given seed therefore picks other tokens than the per-row ``torch.multinomial`` of earlier
+  versions did; the distribution is the same.
+* Top-p without sorting the vocabulary. The nucleus is found among the ``top_p_candidates + 1``
+  most probable ids (``torch.topk``, 512 by default): the mass ranked above an id only grows down
+  the ranking, so when the candidate after the first ``top_p_candidates`` is outside the nucleus
+  the nucleus lies inside them, and it is the same set, with the same probabilities, as the full
+  sort gives. A row whose nucleus is wider (a flat distribution) is redrawn from the full sort with
+  the same uniform, so it draws the token the full sort would; that step costs one more transfer
+  (``stats["top_p_wide_rows"]`` counts these rows).
+
 Prefix cache (``prefix_cache=True``, the GRPO default). A rollout's sequence only grows: turn
 ``t + 1``'s prompt is turn ``t``'s prompt, its sampled ids, then the template glue, tool responses
 and the next generation prompt. With a ``key`` per rollout the sampler keeps each row's keys and
@@ -96,32 +114,122 @@ class RolloutSampler(Protocol):
     def forget(self) -> None: ...
 
 
-def _filter(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """Per-row next-token probabilities after temperature, top-k and top-p (rows of ``logits``)."""
+#: Default number of candidate ids for top-p (see :func:`_nucleus`): enough for the nucleus of almost
+#: every decode step of an instruct model at temperature 1, top-p 0.95; a row whose nucleus is wider
+#: falls back to the full sort.
+TOP_P_CANDIDATES = 512
+
+
+def _probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """Per-row ``softmax(logits / T)`` after top-k (ids below the k-th largest logit get 0; ties kept)."""
     scaled = logits / s.temperature
     if s.top_k and s.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, s.top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
+    return torch.softmax(scaled, dim=-1)
+
+
+def _keep_ranked(ranked_p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which ids of each row, ranked by probability (descending), the nucleus keeps: rank ``i`` is
+    kept when ``sum_{j < i} p_j < top_p`` (the mass ranked above it), so the first is always kept."""
+    before = torch.cumsum(ranked_p, dim=-1) - ranked_p
+    return before < top_p
+
+
+def _nucleus(probs: torch.Tensor, top_p: float, width: int = TOP_P_CANDIDATES
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The top-p nucleus of each row from its ``width + 1`` most probable ids, without sorting the
+    vocabulary: ``(ids, kept_p, covered)``, ``ids`` and ``kept_p`` of shape ``(rows, w)`` ranked by
+    probability (``kept_p`` is 0 for the ranked ids the nucleus drops; not renormalised), ``covered``
+    per row.
+
+    Why ``width + 1`` candidates decide it: the mass ranked above rank ``i``, ``sum_{j < i} p_j``,
+    only grows with ``i``, so once rank ``width`` (the candidate after the first ``width``) is
+    dropped every rank below it is dropped too, and the nucleus lies inside the first ``width``
+    ids. ``covered`` is that test. A row that fails it (its nucleus is wider than ``width``) must
+    be redone with :func:`_nucleus_sorted`. The candidates are the full sort's first ``width + 1``
+    entries and their masses are the same prefix sums, so the kept ids and probabilities are the
+    sort's (bit for bit on the CPU, whose cumsum is sequential; ties between equal probabilities
+    may be ranked in another order; in float32 the prefix sums are only non-decreasing up to
+    rounding, so an id below ~1e-7 of probability is where the two could part). When ``width + 1``
+    reaches the vocabulary this is the full sort.
+    """
+    vocab = probs.shape[-1]
+    if width + 1 >= vocab:
+        ids, kept = _nucleus_sorted(probs, top_p)
+        return ids, kept, torch.ones(probs.shape[:-1], dtype=torch.bool, device=probs.device)
+    ranked_p, ids = torch.topk(probs, width + 1, dim=-1, sorted=True)
+    keep = _keep_ranked(ranked_p, top_p)
+    covered = ~keep[..., -1]
+    kept = torch.where(keep[..., :-1], ranked_p[..., :-1], torch.zeros_like(ranked_p[..., :-1]))
+    return ids[..., :-1], kept, covered
+
+
+def _nucleus_sorted(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The nucleus from a full sort of the vocabulary: ``(ids, kept_p)`` as in :func:`_nucleus`
+    with ``w`` the vocabulary (the fallback for rows :func:`_nucleus` does not cover)."""
+    ranked_p, ids = torch.sort(probs, dim=-1, descending=True)
+    keep = _keep_ranked(ranked_p, top_p)
+    return ids, torch.where(keep, ranked_p, torch.zeros_like(ranked_p))
+
+
+def _filter(logits: torch.Tensor, s: Sampling, width: int = TOP_P_CANDIDATES) -> torch.Tensor:
+    """Per-row next-token probabilities after temperature, top-k and top-p, renormalised (a dense
+    ``(rows, vocab)`` tensor; the decode loop itself samples from :func:`_nucleus`'s candidates)."""
+    probs = _probs(logits, s)
     if s.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass of the ids ranked above each id
-        keep_sorted = before < s.top_p  # the first id is always kept
-        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        probs = torch.where(keep, probs, torch.zeros_like(probs))
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+        ids, kept, covered = _nucleus(probs, s.top_p, width)
+        dense = torch.zeros_like(probs).scatter(-1, ids, kept)
+        wide = (~covered).nonzero().flatten()
+        if wide.numel():
+            wide_ids, wide_kept = _nucleus_sorted(probs[wide], s.top_p)
+            dense[wide] = torch.zeros_like(wide_kept).scatter(-1, wide_ids, wide_kept)
+        probs = dense / dense.sum(dim=-1, keepdim=True)
     return probs
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the index ``i`` with ``c_{i-1} <= u * c_last < c_i``, ``c = cumsum(weights)`` in
+    float64 (``weights`` >= 0, not necessarily normalised; ``u`` in [0, 1), one per row): a draw
+    from ``weights / sum(weights)`` driven by ``u`` alone. Only ids with positive weight come out
+    (a zero weight leaves ``c`` flat, so no ``u`` lands on it; a ``u * c_last`` rounded up to
+    ``c_last`` is pulled back to the first index that reaches ``c_last``)."""
+    cdf = torch.cumsum(weights.double(), dim=-1)
+    total = cdf[:, -1:].contiguous()
+    idx = torch.searchsorted(cdf, u.double()[:, None] * total, right=True)
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(idx, last)[:, 0]
+
+
+def _draw(probs: torch.Tensor, u: torch.Tensor, top_p: float, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's token from its probabilities (after temperature and top-k) and its uniform ``u``:
+    ``(tokens, covered)``; rows not ``covered`` must be redrawn with :func:`_draw_sorted` (see
+    :func:`_nucleus`). Everything stays on the device: no host sync."""
+    if top_p >= 1.0:
+        return _inverse_cdf(probs, u), torch.ones_like(u, dtype=torch.bool)
+    ids, kept, covered = _nucleus(probs, top_p, width)
+    return ids.gather(-1, _inverse_cdf(kept, u)[:, None])[:, 0], covered
+
+
+def _draw_sorted(probs: torch.Tensor, u: torch.Tensor, top_p: float) -> torch.Tensor:
+    """:func:`_draw` from a full sort (the rows whose nucleus is wider than the candidates)."""
+    ids, kept = _nucleus_sorted(probs, top_p)
+    return ids.gather(-1, _inverse_cdf(kept, u)[:, None])[:, 0]
 
 
 class BatchedSampler:
     """Sample continuations of several prompts in one KV-cached decode loop (see the module doc)."""
 
     def __init__(self, model: Any, stop_ids: Sequence[int], pad_id: int, sampling: Sampling,
-                 max_batch: int = 64, prefix_cache: bool = False) -> None:
+                 max_batch: int = 64, prefix_cache: bool = False, top_p_candidates: int = TOP_P_CANDIDATES) -> None:
         self.model = model
         self.prefix_cache = bool(prefix_cache)
         self._prefix: dict[Hashable, tuple[list[int], list[Any]]] = {}
-        self.stats: dict[str, Any] = {"prefix_hits": 0, "prefix_misses": 0, "prefix_tokens": 0}
+        self.stats: dict[str, Any] = {"prefix_hits": 0, "prefix_misses": 0, "prefix_tokens": 0,
+                                      "top_p_wide_rows": 0}
+        self.top_p_candidates = int(top_p_candidates)
+        if self.top_p_candidates < 1:
+            raise ValueError(f"top_p_candidates={top_p_candidates!r}: must be at least 1")
         self.stop_ids = tuple(int(i) for i in stop_ids)
         self.pad_id = int(pad_id)
         self.sampling = sampling
@@ -208,49 +316,69 @@ class BatchedSampler:
             attn = new_mask
         held_t = torch.tensor(held, dtype=torch.long, device=device)[:, None]
         positions = (held_t + new_mask.cumsum(-1) - 1).clamp(min=0)
-        gens = []
-        for seed in seeds:
-            g = None
-            if seed is not None and not self.sampling.greedy:
-                g = torch.Generator(device=device)
-                g.manual_seed(int(seed))
-            gens.append(g)
+        steps = self.sampling.max_new_tokens
+        uniforms = None if self.sampling.greedy else self._uniforms(seeds, steps, device)
+        forcing = [f is not None for f in forced]
+        # the forced rows (which, their ids, how many) on the device once, so no step uploads anything
+        forced_t: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        if any(forcing):
+            table = torch.full((n, steps), self.pad_id, dtype=torch.long)
+            for r, f in enumerate(forced):
+                if f is not None:
+                    table[r, :min(len(f), steps)] = torch.tensor(list(f[:steps]), dtype=torch.long)
+            forced_t = (torch.tensor(forcing, device=device), table.to(device),
+                        torch.tensor([len(f) if f is not None else -1 for f in forced], device=device))
+        stop_t = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True,
                          logits_to_keep=1, **extra)
         past = _cache_of(out)
         logits = out.logits[:, -1, :].float()
         done = [False] * n
+        done_t = torch.zeros(n, dtype=torch.bool, device=device)
         sampled: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         stop = set(self.stop_ids)
         last_pos = positions[:, -1]
         real = [attn.bool()]  # which cache positions hold a row's own tokens (not padding)
-        for step in range(self.sampling.max_new_tokens):
+        for step in range(steps):
+            # Every row's token and log-prob on the device, then one transfer of all of them (a second
+            # one only on a step where some row's top-p nucleus is wider than the candidates).
             model_logp = torch.log_softmax(logits, dim=-1)
-            if self.sampling.greedy:
-                chosen = logits.argmax(dim=-1).tolist()
+            if uniforms is None:
+                tok, covered = logits.argmax(dim=-1), None
             else:
-                probs = _filter(logits, self.sampling)
-                chosen = []
-                for r in range(n):
-                    if done[r]:
-                        chosen.append(self.pad_id)
-                        continue
-                    chosen.append(int(torch.multinomial(probs[r], 1, generator=gens[r]).item()))
+                probs = _probs(logits, self.sampling)
+                tok, covered = _draw(probs, uniforms[:, step], self.sampling.top_p, self.top_p_candidates)
+            if forced_t is not None:
+                tok = torch.where(forced_t[0], forced_t[1][:, step], tok)
+            lp_t = model_logp.gather(-1, tok[:, None])[:, 0]
+            packed = [tok.double(), lp_t.double()]
+            if covered is not None and self.sampling.top_p < 1.0 and self.top_p_candidates + 1 < logits.shape[-1]:
+                packed.append(covered.double())
+            host = torch.stack(packed).tolist()  # the step's one device-to-host transfer
+            toks = [int(t) for t in host[0]]
+            lps = host[1]
+            if len(host) > 2:
+                wide = [r for r in range(n) if not host[2][r] and not done[r] and not forcing[r]]
+                if wide:
+                    assert uniforms is not None
+                    tok, toks, lps = self._redraw_wide(wide, probs, uniforms[:, step], model_logp, tok, toks, lps)
             for r in range(n):
                 if done[r]:
                     continue
-                f = forced[r]
-                tok = int(f[len(sampled[r])]) if f is not None else int(chosen[r])
-                sampled[r].append(tok)
-                logps[r].append(float(model_logp[r, tok]))
-                if tok in stop or (f is not None and len(sampled[r]) >= len(f)):
+                sampled[r].append(toks[r])
+                logps[r].append(float(lps[r]))
+                if toks[r] in stop or (forcing[r] and len(sampled[r]) >= len(forced[r] or ())):
                     done[r] = True
-            if all(done) or step == self.sampling.max_new_tokens - 1:
+            if all(done) or step == steps - 1:
                 break  # nothing more to sample: the last ids are not fed
-            real.append(torch.tensor([not d for d in done], device=device)[:, None])
-            nxt = torch.tensor([self.pad_id if d else x[-1] for d, x in zip(done, sampled)],
-                               dtype=torch.long, device=device)[:, None]
+            # the same bookkeeping on the device (the same rule, from the same ids), so nothing is uploaded
+            ended = torch.isin(tok, stop_t)
+            if forced_t is not None:
+                ended = ended | (forced_t[2] == step + 1)
+            done_t = done_t | ended
+            real.append(~done_t[:, None])
+            nxt = torch.where(done_t, self.pad_id, tok)[:, None]
             attn = torch.cat([attn, torch.ones((n, 1), dtype=torch.long, device=device)], dim=-1)
             last_pos = last_pos + 1
             out = self.model(input_ids=nxt, attention_mask=attn, position_ids=last_pos[:, None],
@@ -260,6 +388,35 @@ class BatchedSampler:
         if self.prefix_cache:
             self._keep_prefixes(keys, prompts, sampled, past, torch.cat(real, dim=-1))
         return [Sample(x, lp) for x, lp in zip(sampled, logps)]
+
+    @staticmethod
+    def _uniforms(seeds: Sequence[int | None], steps: int, device: Any) -> torch.Tensor:
+        """``(rows, steps)`` uniforms in [0, 1): row ``r``'s are the first ``steps`` draws of its own
+        generator seeded with ``seeds[r]`` (torch's global generator for ``None``), drawn before the
+        loop, so a row's draws depend on its seed alone and no step launches a draw per row."""
+        rows = []
+        for seed in seeds:
+            g = None
+            if seed is not None:
+                g = torch.Generator(device=device)
+                g.manual_seed(int(seed))
+            rows.append(torch.rand(steps, generator=g, dtype=torch.float64, device=device))
+        return torch.stack(rows)
+
+    def _redraw_wide(self, wide: list[int], probs: torch.Tensor, u: torch.Tensor, model_logp: torch.Tensor,
+                     tok: torch.Tensor, toks: list[int], lps: list[float]
+                     ) -> tuple[torch.Tensor, list[int], list[float]]:
+        """Redraw the rows ``wide`` (their nucleus is wider than the candidates) from a full sort with
+        the same uniforms, so their token is the one a full-sort sampler draws; one more transfer."""
+        self.stats["top_p_wide_rows"] += len(wide)
+        rows = torch.tensor(wide, dtype=torch.long, device=tok.device)
+        new = _draw_sorted(probs[rows], u[rows], self.sampling.top_p)
+        lp = model_logp[rows].gather(-1, new[:, None])[:, 0]
+        host = torch.stack([new.double(), lp.double()]).tolist()
+        toks, lps = list(toks), list(lps)
+        for i, r in enumerate(wide):
+            toks[r], lps[r] = int(host[0][i]), host[1][i]
+        return tok.index_copy(0, rows, new), toks, lps
 
     def _keep_prefixes(self, keys: Sequence[Hashable | None], prompts: Sequence[Sequence[int]],
                        sampled: list[list[int]], past: Any, real: torch.Tensor) -> None:
