@@ -4,14 +4,20 @@
   steps (forward, weighted assistant-only loss, backward, clip, AdamW) of the tiny offline Qwen3
   (:mod:`hydroagent_hpc.train.tiny`, fp32) at a few sequence lengths.
 * ``--gpu``: a Qwen3-4B-shaped model (:data:`hydroagent_hpc.train.throughput.QWEN3_4B_SHAPE`) with
-  random weights in BF16 on one CUDA device, 8,192-token sequences, timed for ``--seconds``
-  (default 180): tokens/s per GPU, achieved TFLOP/s and MFU against the device's dense BF16 peak
-  (989 TFLOP/s for H100/H200; ``--peak-tflops`` for others). The FLOP count and its formula are in
+  random weights on one CUDA device, held as the SFT trainer holds it in one process (fp32 master
+  weights, bf16 autocast compute, the trainer's own AdamW), 8,192-token sequences with activation
+  checkpointing (``--no-activation-checkpointing`` turns it off; the result records which ran),
+  timed for ``--seconds`` (default 180): tokens/s per GPU, achieved TFLOP/s and MFU against the
+  device's dense BF16 peak (989 TFLOP/s for H100/H200; ``--peak-tflops`` for others), and peak
+  memory beside the memory plan's (:mod:`hydroagent_hpc.train.memory_plan`). The plan is checked
+  against the device's free memory before the model is built: a size that does not fit is refused
+  with the number of layers that would (``--layers``). The FLOP count and its formula are in
   :mod:`hydroagent_hpc.train.throughput`. Without CUDA it refuses with exit status 2.
 
 * ``--grpo`` (with or without ``--gpu``): the parts of a GRPO step measured with the trainer's own
   code (prefill, decode through the rollout sampler, one GRPO optimizer step with the reference
-  model; :mod:`hydroagent_hpc.train.grpo_throughput`) and the step they add up to for the paper's
+  model, activation checkpointing on unless ``--no-activation-checkpointing``;
+  :mod:`hydroagent_hpc.train.grpo_throughput`) and the step they add up to for the paper's
   setting (4 prompts x K=8 episodes of up to 50 turns), on 1 GPU and on 4, the assumptions printed
   with it. On the CPU it runs the tiny model with small sizes (seconds), which checks the code, not
   the GPU figure.
@@ -32,7 +38,8 @@ import logging
 import sys
 from typing import Any
 
-__all__ = ["cpu_rows", "gpu_result", "markdown", "grpo_result", "grpo_markdown", "main"]
+__all__ = ["cpu_rows", "gpu_result", "markdown", "grpo_result", "grpo_markdown", "main", "build_parser",
+           "bench_sft_config", "bench_shape", "bench_sft_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +72,72 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                                "peak resident set.\n")
 
 
+def bench_sft_config(seq_len: int, batch: int, activation_checkpointing: bool) -> Any:
+    """The ``--gpu`` SFT benchmark as an SFT config (for its memory plan): one process, bf16 compute
+    over fp32 weights, one micro-batch of ``batch x seq_len`` tokens per optimizer step."""
+    from hydroagent_hpc.train.config import SFTConfig
+
+    return SFTConfig(data="-", max_steps=1, max_seq_len=seq_len, micro_batch_size=batch, grad_accum=1,
+                     dtype="bf16", fsdp=False, activation_checkpointing=activation_checkpointing)
+
+
+def bench_shape(layers: int | None = None) -> Any:
+    """The benchmark's model shape (Qwen3-4B, or fewer layers)."""
+    from hydroagent_hpc.train.memory_plan import ModelShape
+    from hydroagent_hpc.train.throughput import qwen3_config
+
+    return ModelShape.from_config(qwen3_config(**({"num_hidden_layers": layers} if layers else {})),
+                                  name="Qwen3-4B shape" + (f", {layers} layers" if layers else ""))
+
+
+def bench_sft_plan(seq_len: int, batch: int, activation_checkpointing: bool, layers: int | None = None, *,
+                   gpu: str | None = None, free_bytes: int | None = None) -> Any:
+    """The memory plan of the ``--gpu`` SFT benchmark (:func:`hydroagent_hpc.train.memory_plan.plan_sft`)."""
+    from hydroagent_hpc.train.memory_plan import plan_sft
+
+    return plan_sft(bench_sft_config(seq_len, batch, activation_checkpointing), world=1, gpu=gpu,
+                    free_bytes=free_bytes, shape=bench_shape(layers), suggest=False)
+
+
+def _layers_that_fit(seq_len: int, batch: int, activation_checkpointing: bool, free_bytes: int) -> int | None:
+    top = int(bench_shape().layers)
+    for layers in range(top - 1, 0, -1):
+        if bench_sft_plan(seq_len, batch, activation_checkpointing, layers, free_bytes=free_bytes).fits:
+            return layers
+    return None
+
+
 def gpu_result(seconds: float, seq_len: int, batch: int, activation_checkpointing: bool,
                peak_tflops: float | None, layers: int | None = None) -> dict[str, Any]:
-    """The ``--gpu`` benchmark on CUDA device 0 (the caller checked that there is one)."""
+    """The ``--gpu`` benchmark on CUDA device 0 (the caller checked that there is one): the model as the SFT
+    trainer holds it in one process (fp32 master weights, bf16 autocast, the trainer's AdamW). The memory
+    plan is checked against the device's free memory first (a :class:`MemoryPlanError` names the
+    ``--layers`` that would fit)."""
+    import torch
+
+    from hydroagent_hpc.train.config import SFTConfig
+    from hydroagent_hpc.train.memory_plan import MemoryPlanError, check_plan, free_device_memory
+    from hydroagent_hpc.train.sft import _optimizer
     from hydroagent_hpc.train.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
 
+    free = free_device_memory("cuda:0")
+    assert free is not None
+    plan = bench_sft_plan(seq_len, batch, activation_checkpointing, layers, free_bytes=free)
+    try:
+        check_plan(plan)
+    except MemoryPlanError as exc:
+        fit = _layers_that_fit(seq_len, batch, activation_checkpointing, free)
+        raise MemoryPlanError(f"--gpu benchmark: {exc.message}",
+                              (f"--layers {fit} fits ({plan.device}); " if fit else "") +
+                              "or a shorter --seq-len; the SFT trainer itself needs FSDP2 over more GPUs here "
+                              "(hydroagent train plan)") from None
     overrides = {"num_hidden_layers": layers} if layers else {}
-    model = build_random_qwen3(qwen3_config(**overrides), "cuda", "bfloat16")
+    model = build_random_qwen3(qwen3_config(**overrides), "cuda", "float32")
+    trainer = SFTConfig(data="-", max_steps=1)
     r = measure_sft_steps(model, seq_len=seq_len, batch=batch, seconds=seconds, warmup_steps=2,
-                          activation_checkpointing=activation_checkpointing, peak_tflops=peak_tflops)
-    return r.as_dict()
+                          activation_checkpointing=activation_checkpointing, peak_tflops=peak_tflops,
+                          compute_dtype=torch.bfloat16, optimizer=lambda m: _optimizer(m, trainer))
+    return {**r.as_dict(), "plan_peak_mb": plan.peak / 2**20, "plan_capacity_mb": plan.capacity / 2**20}
 
 
 #: The layouts the GRPO estimate is printed for: (training GPUs, generating GPUs).
@@ -107,12 +170,14 @@ def grpo_result(gpu: bool, shape: Any, *, sim_s: float, sim_slots: int, layers: 
         reference.float().requires_grad_(False)
         sizes = dict(prefill_batch=4, prefill_len=256, decode_batch=4, decode_ctx=(64, decode_ctx or 256),
                      decode_tokens=8, train_seq_len=256)
+    if activation_checkpointing and not gpu:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     parts = measure_parts(model, reference, **sizes)
     rows = [{"gpus": g, "engines": e, **estimate_step(parts, shape, gpus=g, engines=e, sim_s_per_run=sim_s,
                                                       sim_slots=sim_slots)}
             for g, e in GRPO_LAYOUTS]
     return {"parts": parts.as_dict(), "shape": {**vars(shape), "tokens": shape.tokens}, "sim_s": sim_s,
-            "sim_slots": sim_slots, "estimates": rows}
+            "sim_slots": sim_slots, "activation_checkpointing": activation_checkpointing, "estimates": rows}
 
 
 def grpo_markdown(r: dict[str, Any]) -> str:
@@ -120,8 +185,9 @@ def grpo_markdown(r: dict[str, Any]) -> str:
     (c0, c1), (d0, d1) = p["decode_ctx"], p["decode_s"]
     cpu_note = (["The tiny model on the CPU: this checks the benchmark's code; the step estimate below is not a "
                  "GPU figure (run `--gpu --grpo` on a GPU node for that).", ""] if p["device"] == "cpu" else [])
-    lines = [f"## GRPO step parts, {p['device']}, {p['dtype']}, {p['params'] / 1e6:,.1f} M parameters (random weights)",
-             "", *cpu_note, "| part | measured |", "|---|---|",
+    ac = "on" if r.get("activation_checkpointing") else "off"
+    lines = [f"## GRPO step parts, {p['device']}, {p['dtype']}, {p['params'] / 1e6:,.1f} M parameters "
+             f"(random weights), activation checkpointing {ac}", "", *cpu_note, "| part | measured |", "|---|---|",
              f"| prefill (no gradient) | {p['prefill_tps']:,.0f} tokens/s |",
              f"| decode, batch {p['decode_batch']} | {d0 * 1e3:.2f} ms/step at {c0:,} tokens of context, "
              f"{d1 * 1e3:.2f} ms at {c1:,} |",
@@ -142,13 +208,17 @@ def grpo_markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line (its defaults are the ``--gpu`` runs' settings)."""
     ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.bench.train", description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", action="store_true", help="the Qwen3-4B-shaped BF16 benchmark on CUDA device 0")
     ap.add_argument("--seconds", type=float, default=180.0, help="--gpu: seconds of timed steps (default 180)")
     ap.add_argument("--seq-len", type=int, default=8192, help="--gpu: tokens per sequence (default 8192)")
     ap.add_argument("--batch", type=int, default=1, help="--gpu: sequences per step (default 1)")
-    ap.add_argument("--activation-checkpointing", action="store_true", help="--gpu: recompute activations")
+    ap.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                    help="--gpu, --grpo: recompute each decoder layer's activations in the backward pass (default "
+                         "on, as the paper configs train; --no-activation-checkpointing measures without; "
+                         "the result records which ran)")
     ap.add_argument("--peak-tflops", type=float, help="--gpu: the device's dense BF16 peak (default: by name)")
     ap.add_argument("--layers", type=int, help="--gpu: fewer layers for a quick check (MFU then differs)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of Markdown")
@@ -164,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds per simulator run (default 1.0: a 10,000-cell basin, 90 days hourly, one core)")
     g.add_argument("--sim-slots", type=int, default=32, help="simulations in flight (default 32, the paper's)")
     g.add_argument("--decode-ctx", type=int, help="the longer decode context (default: the episode, at most 8192)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.grpo:
         return _grpo_main(args)
@@ -179,20 +253,28 @@ def main(argv: list[str] | None = None) -> int:
               "(run it on a GPU node, e.g. `srun --gpus=1 python -m hydroagent_hpc.bench.train --gpu`, or "
               "drop --gpu for the CPU benchmark)", file=sys.stderr)
         return 2
-    r = gpu_result(args.seconds, args.seq_len, args.batch, args.activation_checkpointing, args.peak_tflops,
-                   args.layers)
+    from hydroagent_hpc.errors import HydroAgentError, one_line
+
+    try:
+        r = gpu_result(args.seconds, args.seq_len, args.batch, args.activation_checkpointing, args.peak_tflops,
+                       args.layers)
+    except HydroAgentError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
     if args.json:
         sys.stdout.write(json.dumps(r) + "\n")
         return 0
     mfu = f"{r['mfu'] * 100:.1f} %" if r["mfu"] is not None else "n/a (unknown peak: give --peak-tflops)"
     sys.stdout.write(
-        f"## SFT throughput, Qwen3-4B shape, random weights, {r['dtype']}\n\n"
+        f"## SFT throughput, Qwen3-4B shape, random weights, {r['dtype']} master weights, {r['compute_dtype']} "
+        f"compute, {r['optimizer']}\n\n"
         f"| device | params | matmul params | batch x seq | act. ckpt | steps | s | tokens/s per GPU | "
         f"TFLOP/s | peak TFLOP/s | MFU | peak memory GB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         f"| {r['device']} | {r['params'] / 1e9:.3f} B | {r['matmul_params'] / 1e9:.3f} B | {r['batch']} x "
         f"{r['seq_len']} | {r['activation_checkpointing']} | {r['steps']} | {r['seconds']:.1f} | "
         f"{r['tokens_per_s']:,.0f} | {r['achieved_tflops']:.1f} | {r['peak_tflops'] or 'n/a'} | {mfu} | "
-        f"{r['peak_memory_mb'] / 1024:.1f} |\n\nModel FLOPs per token = 6 x matmul params + 12 x layers x "
+        f"{r['peak_memory_mb'] / 1024:.1f} (plan {r['plan_peak_mb'] / 1024:.1f}) |\n\n"
+        f"Model FLOPs per token = 6 x matmul params + 12 x layers x "
         f"(heads x head_dim) x seq_len = {r['flops_per_token'] / 1e9:.2f} GFLOP "
         "(hydroagent_hpc/train/throughput.py).\n")
     return 0

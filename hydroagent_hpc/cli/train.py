@@ -1,15 +1,19 @@
 """``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft_data.py);
 ``hydroagent train sft CONFIG --out RUN_DIR [--resume]``: weighted SFT (see train/sft.py);
-``hydroagent train grpo CONFIG --out RUN_DIR [--resume]``: GRPO on the simulator's reward (train/grpo.py)."""
+``hydroagent train grpo CONFIG --out RUN_DIR [--resume]``: GRPO on the simulator's reward (train/grpo.py);
+``hydroagent train plan CONFIG --gpu H100-80GB [--gpus N]``: the run's GPU memory plan (train/memory_plan.py)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
+from pathlib import Path
 
 from hydroagent_hpc.cli.argtypes import positive_int, probability, seed
+from hydroagent_hpc.errors import UsageError, one_line
 
 log = logging.getLogger("hydroagent")
 
@@ -19,6 +23,10 @@ _SFT_PRESETS = ("paper", "released")
 _AUGMENT_MODES = ("none", "stopping_points")
 #: The renderers for text-less episodes (train/sft_data.py RENDERERS).
 _RENDERERS = ("none", "calls")
+#: The GPU kinds of train/memory_plan.py GPUS (kept here too so building the parser does not import it).
+_GPUS = ("H100-80GB", "H100-94GB", "H200", "A100-40GB", "A100-80GB", "L40S", "GH200", "B200")
+#: The built-in model shapes of train/memory_plan.py SHAPES.
+_SHAPES = ("qwen3-4b",)
 
 
 def cmd_sft_data(args: argparse.Namespace) -> int:
@@ -54,8 +62,74 @@ def cmd_grpo(args: argparse.Namespace) -> int:
     return 0 if summary["stopped"] is None else 143
 
 
+def _load_run_config(path: str, gpus: int) -> tuple[str, object]:
+    """``("sft" | "grpo", config)``: the file read as an SFT config, else as a GRPO config (for ``gpus``
+    training processes). When it is neither, the error is the loader's whose required key the file has
+    (``data``: SFT, ``basins``: GRPO)."""
+    import yaml
+
+    from hydroagent_hpc.train.config import SFTConfigError, load_sft_config
+    from hydroagent_hpc.train.grpo_config import GRPOConfigError, load_grpo_config
+
+    try:
+        return "sft", load_sft_config(path)
+    except SFTConfigError as sft_error:
+        try:
+            return "grpo", load_grpo_config(path, world_size=gpus)
+        except GRPOConfigError as grpo_error:
+            try:
+                keys = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+            except (OSError, yaml.YAMLError):
+                keys = {}
+            if isinstance(keys, dict) and "basins" in keys:
+                raise grpo_error from None
+            if isinstance(keys, dict) and "data" in keys:
+                raise sft_error from None
+            raise UsageError(f"{path}: neither an SFT config ({sft_error.message}) nor a GRPO config "
+                             f"({grpo_error.message})", "plan an SFT config (with data:) or a GRPO config "
+                                                        "(with basins:)") from None
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print the memory plan; 0 when it fits, 1 (with the reason on stderr) when it does not."""
+    import sys
+
+    from hydroagent_hpc.train.memory_plan import SHAPES, MemoryPlanError, check_plan, gpu_named, plan_grpo, plan_sft
+
+    if args.gpu is None and args.free_bytes is None:
+        raise UsageError("train plan: --gpu: missing", f"name the GPU kind: {', '.join(_GPUS)}")
+    gpu = gpu_named(args.gpu) if args.free_bytes is None else None
+    kind, config = _load_run_config(args.config, args.gpus)
+    shape = SHAPES[args.shape] if args.shape else None
+    planner = plan_sft if kind == "sft" else plan_grpo
+    plan = planner(config, world=args.gpus, gpu=gpu, free_bytes=args.free_bytes, shape=shape)
+    if args.shape:
+        plan = dataclasses.replace(plan, notes=(f"--shape {args.shape}: {plan.shape.name}",) + plan.notes)
+    error = None
+    try:
+        check_plan(plan)
+    except MemoryPlanError as exc:
+        error = one_line(exc)
+    if args.json:
+        print(json.dumps({**plan.to_dict(), "config": str(args.config), "error": error}))
+    else:
+        print(plan.format())
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _gpu_name(text: str) -> str:
+    """``--gpu``: one of :data:`_GPUS` (any case)."""
+    for name in _GPUS:
+        if name.upper() == text.strip().upper().replace("_", "-"):
+            return name
+    raise argparse.ArgumentTypeError(f"{text!r} is not a GPU the plan knows; use one of {', '.join(_GPUS)}")
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """``train sft-data``, ``train sft``, ``train grpo``."""
+    """``train sft-data``, ``train sft``, ``train grpo``, ``train plan``."""
     t = sub.add_parser("train", help="training data and training runs",
                        description="Training: SFT teacher data, SFT runs and GRPO runs.")
     tsub = t.add_subparsers(dest="train_command", required=True)
@@ -106,3 +180,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--sim-timeout", type=float, default=600.0,
                    help="seconds before a simulation on a worker rank is killed and recorded as failed (mpi)")
     g.set_defaults(func=cmd_grpo)
+    pl = tsub.add_parser("plan", help="the GPU memory a training config needs, without a GPU",
+                         description="The peak GPU memory of an SFT or GRPO config per trainer GPU, term by term "
+                                     "(weights, gradients, optimizer state, activations with and without "
+                                     "checkpointing, logits, KV cache; train/memory_plan.py), against a GPU kind. "
+                                     "Exits 0 when it fits, 1 when it does not (naming the largest term and the "
+                                     "settings that would fit). Reads the model folder's config.json only.")
+    pl.add_argument("config", metavar="CONFIG", help="SFT or GRPO config YAML")
+    pl.add_argument("--gpu", type=_gpu_name, default=None, metavar="KIND",
+                    help=f"the GPU kind: {', '.join(_GPUS)}")
+    pl.add_argument("--gpus", type=positive_int, default=1, metavar="N",
+                    help="training GPUs (FSDP2 ranks; with generator: engine the engine's GPU is extra; default 1)")
+    pl.add_argument("--free-bytes", type=positive_int, default=None, metavar="BYTES",
+                    help="plan against this many free bytes per GPU instead of a GPU kind")
+    pl.add_argument("--shape", choices=_SHAPES, default=None,
+                    help="a built-in model shape, for a model folder that is not here (qwen3-4b: "
+                         "Qwen3-4B-Instruct-2507 as published)")
+    pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    pl.set_defaults(func=cmd_plan)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -107,6 +108,8 @@ class ThroughputResult:
     peak_memory_mb: float
     activation_checkpointing: bool
     final_loss: float
+    compute_dtype: str = ""   # the matmul dtype (autocast's when the weights are fp32 masters)
+    optimizer: str = ""       # the optimizer's class and implementation (fused / foreach / for-loop)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,15 +124,33 @@ def peak_rss_mb() -> float:
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
 
 
+def _optimizer_name(opt: torch.optim.Optimizer) -> str:
+    """``"AdamW (fused)"``, ``(foreach)`` (torch's default when every parameter is on CUDA) or ``(for-loop)``."""
+    d = opt.defaults
+    on_cuda = all(p.is_cuda for g in opt.param_groups for p in g["params"])
+    if d.get("fused"):
+        impl = "fused"
+    elif d.get("foreach") or (d.get("foreach") is None and on_cuda):
+        impl = "foreach"
+    else:
+        impl = "for-loop"
+    return f"{type(opt).__name__} ({impl})"
+
+
 def measure_sft_steps(model: PreTrainedModel, *, seq_len: int, batch: int = 1, steps: int | None = None,
                       seconds: float | None = None, warmup_steps: int = 1, lr: float = 1e-5,
                       activation_checkpointing: bool = False, peak_tflops: float | None = None,
-                      seed: int = 0) -> ThroughputResult:
+                      seed: int = 0, compute_dtype: torch.dtype | None = None,
+                      optimizer: Callable[[PreTrainedModel], torch.optim.Optimizer] | None = None) -> ThroughputResult:
     """Time full-parameter SFT steps of ``model`` on random tokens (module docstring).
 
     Runs ``warmup_steps`` untimed steps, then timed steps until ``steps`` are done or ``seconds`` have
     passed (at least one). Tokens per second count every position of the batch (no padding here).
     Peak memory: the device's allocator peak on CUDA, the process's peak resident set on the CPU.
+
+    ``compute_dtype`` (e.g. bf16 with fp32 weights): the forward pass and the loss run under
+    ``torch.autocast`` in that dtype, as the SFT trainer's one-process path does (fp32 master
+    weights, bf16 compute). ``optimizer(model)`` builds the optimizer (default: AdamW, fused on CUDA).
     """
     if steps is None and seconds is None:
         raise ValueError("give steps or seconds")
@@ -144,12 +165,16 @@ def measure_sft_steps(model: PreTrainedModel, *, seq_len: int, batch: int = 1, s
     ids = torch.randint(0, vocab, (batch, seq_len), generator=gen).to(device)
     mask = torch.ones_like(ids)
     weights = torch.ones(batch, device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=cuda)
+    opt = (optimizer(model) if optimizer is not None
+           else torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=cuda))
     loss_value = math.nan
+    weight_dtype = next(model.parameters()).dtype
+    use_autocast = compute_dtype is not None and compute_dtype != weight_dtype
 
     def step() -> float:
-        logits = model(input_ids=ids).logits
-        loss = weighted_assistant_loss(logits, ids, mask, weights)
+        with torch.autocast(device.type, dtype=compute_dtype or weight_dtype, enabled=use_autocast):
+            logits = model(input_ids=ids).logits
+            loss = weighted_assistant_loss(logits, ids, mask, weights)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -185,7 +210,9 @@ def measure_sft_steps(model: PreTrainedModel, *, seq_len: int, batch: int = 1, s
                             params=n_total, matmul_params=n_mm, seq_len=seq_len, batch=batch, steps=done,
                             seconds=elapsed, tokens_per_s=tps, flops_per_token=fpt, achieved_tflops=achieved,
                             peak_tflops=peak, mfu=achieved / peak if peak else None, peak_memory_mb=mem,
-                            activation_checkpointing=activation_checkpointing, final_loss=loss_value)
+                            activation_checkpointing=activation_checkpointing, final_loss=loss_value,
+                            compute_dtype=str(compute_dtype or weight_dtype).removeprefix("torch."),
+                            optimizer=_optimizer_name(opt))
 
 
 def build_random_qwen3(config: Qwen3Config, device: str, dtype: torch.dtype | str,
