@@ -206,3 +206,22 @@ def test_cuda_rng_of_a_four_device_checkpoint_restores_on_this_device():
     a = torch.rand(4, device="cuda")
     set_rng_state(state)
     assert torch.equal(a, torch.rand(4, device="cuda"))
+
+
+def test_local_generation_computes_in_the_trainers_dtype_over_fp32_weights(basins):
+    """With fp32 master weights the in-process sampler must not decode in fp32 on a GPU (twice the KV
+    cache and the weight reads the memory plan counts): it runs under autocast to the compute dtype."""
+    from hydroagent_hpc.sim import open_simulator
+    from hydroagent_hpc.sim.basin import load_basin
+    from hydroagent_hpc.train.rollout import RolloutSpec
+
+    d = str(basins / "b1")
+    config = grpo_config_from_mapping({"basins": [d], "group_size": 1, "max_new_tokens": 4, "generation_batch": 1,
+                                       "env": {"max_turns": 1}, "dtype": "bf16"})
+    model, tok = build_tiny(seed=0)
+    seen: set[torch.dtype] = set()
+    hook = model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.add(o.dtype))
+    _play(config, model, tok, [RolloutSpec(0, 0, d, 0, "gen0")], {d: open_simulator(f"{d}/control.txt")},
+          {d: load_basin(d)})
+    hook.remove()
+    assert seen == {torch.bfloat16} and all(p.dtype == torch.float32 for p in model.parameters())

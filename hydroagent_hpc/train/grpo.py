@@ -89,6 +89,7 @@ from hydroagent_hpc.train.engine import EngineSampler, EngineSettings, serve_rol
 from hydroagent_hpc.train.engine_process import EngineWeights
 from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError, check_world_size
 from hydroagent_hpc.train.grpo_loss import LogprobModel, grpo_loss
+from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rollout import (
     RemoteRunner,
     Rollout,
@@ -265,8 +266,10 @@ def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpe
     if engine is not None:  # an external engine serving the current weights (engine.push after each step)
         sampler = EngineSampler(engine.api, probe.stop_ids, sampling, max_batch=config.generation_batch)
     else:
+        compute = _compute_dtype(config, model.device)  # the trainer's compute dtype over its fp32 weights
         sampler = BatchedSampler(model, probe.stop_ids, probe.pad_id, sampling, max_batch=config.generation_batch,
-                                 prefix_cache=config.prefix_cache)
+                                 prefix_cache=config.prefix_cache,
+                                 autocast_dtype=None if compute == torch.float32 else compute)
     slots = SimulationSlots(config.max_simulations_in_flight)
     shared = SharedRuns() if config.share_runs else None
     model.eval()
@@ -407,6 +410,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     basins = {d: load_basin(d) for d in all_dirs} if lead else {}
     sims = {d: open_simulator(Path(d) / "control.txt", config.simulator) for d in all_dirs} if lead else {}
     dtype = _compute_dtype(config, device)
+    require_fits(config, "grpo", world, device)  # on a GPU: the memory plan, before any weight is loaded
     torch.manual_seed(config.seed)
     model, tokenizer = _load_policy(config, device)
     resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, GRPOConfigError, field_defaults(GRPOConfig))
@@ -435,8 +439,10 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
         scorer = accelerator.prepare(scorer)  # DDP; the reference is a full replica on every rank
     ranks = _Ranks(world, rank, device, dtype, use_fsdp, scorer, ref_scorer)
     # after sharding: the optimizer holds (and the checkpoints name) the parameters of the model itself
+    # fused on a GPU: no full-size temporary at the step (the memory plan counts none)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
-                                  betas=(0.9, 0.999), eps=1e-8, weight_decay=config.weight_decay)
+                                  betas=(0.9, 0.999), eps=1e-8, weight_decay=config.weight_decay,
+                                  fused=device.type == "cuda")
     warm = config.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
     state = TrainerState()

@@ -122,9 +122,9 @@ PREFIX_NEW_TOKENS = 2048
 ENGINE_MEMORY_FRACTION = 0.88
 #: An engine's activation and CUDA-graph workspace outside its KV pool (estimate).
 ENGINE_WORKSPACE = 3 * GiB
-#: The trainers' AdamW on CUDA: ``"foreach"`` (torch's default; one full-size temporary at the step)
-#: or ``"fused"`` (none). Change it with ``train/sft.py`` and ``train/grpo.py`` (``fused=True``).
-TRAINER_ADAMW = "foreach"
+#: The trainers' AdamW on CUDA: ``"fused"`` (what both trainers use there: no temporary at the step)
+#: or ``"foreach"`` (torch's default: one full-size temporary). It follows the trainers' ``fused=``.
+TRAINER_ADAMW = "fused"
 #: How ``generator: local`` samples: ``"autocast"`` over the fp32 policy (keys fp32 in the cache, the
 #: autocast cache of bf16 weights) or ``"bf16"`` from a bf16 copy of the policy (``2 N`` more).
 LOCAL_GENERATION_MODE = "autocast"
@@ -714,9 +714,9 @@ def _training_phase(kind: str, shape: ModelShape, lay: _Layout, tr: _Train, capa
         if kept is not None:
             lb.append(kept)
         moments.append(Moment("loss backward", tuple(lb)))
-        logits_var = _t("logits still referenced (the loop's variable)", 2 * t * v, "2 B T V")
-        moments.append(Moment("decoder backward", (body, *recompute, backward, logits_var)))
-        moments.append(Moment("optimizer step", (*_adamw_temporary(n, lay), logits_var)))
+        # the trainer drops its logits right after each backward pass (``del logits`` in train_sft)
+        moments.append(Moment("decoder backward", (body, *recompute, backward)))
+        moments.append(Moment("optimizer step", tuple(_adamw_temporary(n, lay))))
     else:
         c = max(1, min(tr.chunk, t - 1))
         hidden = _t("final hidden kept for the chunked head", t * res * h, f"T {res} h")

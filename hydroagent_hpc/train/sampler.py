@@ -55,6 +55,7 @@ turn at the same moment share one forward pass, and no rollout waits for another
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import queue
@@ -221,8 +222,12 @@ class BatchedSampler:
     """Sample continuations of several prompts in one KV-cached decode loop (see the module doc)."""
 
     def __init__(self, model: Any, stop_ids: Sequence[int], pad_id: int, sampling: Sampling,
-                 max_batch: int = 64, prefix_cache: bool = False, top_p_candidates: int = TOP_P_CANDIDATES) -> None:
+                 max_batch: int = 64, prefix_cache: bool = False, top_p_candidates: int = TOP_P_CANDIDATES,
+                 autocast_dtype: torch.dtype | None = None) -> None:
         self.model = model
+        # the forward passes under torch.autocast to this dtype (bf16 over a trainer's fp32 master
+        # weights on a GPU); None: in the weights' own dtype
+        self.autocast_dtype = autocast_dtype
         self.prefix_cache = bool(prefix_cache)
         self._prefix: dict[Hashable, tuple[list[int], list[Any]]] = {}
         self.stats: dict[str, Any] = {"prefix_hits": 0, "prefix_misses": 0, "prefix_tokens": 0,
@@ -256,9 +261,12 @@ class BatchedSampler:
         row_keys = list(keys) if keys is not None else [None] * n
         row_forced = list(forced) if forced is not None else [None] * n
         out: list[Sample] = []
-        for start in range(0, n, self.max_batch):
-            end = start + self.max_batch
-            out += self._batch(prompts[start:end], seeds[start:end], row_keys[start:end], row_forced[start:end])
+        # no autocast_dtype: leave whatever autocast the caller set (a disabled context would switch it off)
+        with (torch.autocast(torch.device(self.model.device).type, dtype=self.autocast_dtype)
+              if self.autocast_dtype is not None else contextlib.nullcontext()):
+            for start in range(0, n, self.max_batch):
+                end = start + self.max_batch
+                out += self._batch(prompts[start:end], seeds[start:end], row_keys[start:end], row_forced[start:end])
         return out
 
     def _take_prefix(self, key: Hashable | None, prompt: Sequence[int]) -> tuple[int, list[Any] | None]:

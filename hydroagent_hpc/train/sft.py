@@ -88,6 +88,7 @@ from hydroagent_hpc.train.distributed import (
     process_group_timeout,
     shard,
 )
+from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sft_data import SFTDataError, SFTDataset
 
@@ -249,7 +250,9 @@ def _optimizer(model: torch.nn.Module, config: SFTConfig) -> torch.optim.Optimiz
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
+    # fused on a GPU: no full-size temporary at the step (the memory plan counts none)
+    fused = next(model.parameters()).device.type == "cuda"
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,6 +269,12 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     run_dir = Path(run_dir)
     # 1. checks, before anything is written
     dataset = _open_data(config)
+    # on a GPU: the memory plan against the free memory, before any weight is loaded (the process
+    # group and its device come later, from accelerate; LOCAL_RANK names this rank's device)
+    plan_world = int(os.environ.get("WORLD_SIZE", "1"))
+    plan_device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+                   if torch.cuda.is_available() else torch.device("cpu"))
+    require_fits(config, "sft", plan_world, plan_device)
     model, tokenizer = _load_model(config)
     lengths = _check_data_fits(dataset, config, model)
     resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, SFTConfigError, field_defaults(SFTConfig))
@@ -361,6 +370,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
                         logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
                         part = weighted_token_loss(logits, b) / max(denominator, 1e-30)
                     (part * world).backward()
+                    del logits  # [B, T, V]: not kept alive through the next forward or the optimizer step
                 loss_sum += part.detach().double()
             loss = float(all_reduce_sum(loss_sum, distributed))
             grad_norm_t = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
