@@ -11,7 +11,7 @@ export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 DEMO_DIR ?= results/demo
 TRAIN_DEMO_DIR ?= results/train-demo
 
-.PHONY: help venv demo train-demo test lint bench clean
+.PHONY: help venv demo train-demo test lint bench gpu-check clean
 
 help:
 	@echo "make demo   build the four synthetic demo basins and simulate each (no network, no GPU)"
@@ -19,6 +19,7 @@ help:
 	@echo "make test   run the test suite"
 	@echo "make lint   ruff (lint + import order) and mypy (strict for core, env, store, train)"
 	@echo "make bench  run the simulator, metrics, report and HPC benchmarks"
+	@echo "make gpu-check  on a GPU node: memory plan, one SFT and one GRPO step, the F1/F2 checks -> results/gpu-check.json"
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +45,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m hydroagent_hpc.bench
+
+gpu-check: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m hydroagent_hpc.bench.gpu_check --out results/gpu-check.json
 
 clean:
 	rm -rf $(VENV) .cache results/demo results/train-demo

@@ -1,10 +1,10 @@
 """Keep an external inference engine serving the trainer's weights: the launcher and the weight push.
 
 :class:`EngineProcess` (optional; used when ``engine.launch`` is given) starts the server as a
-subprocess from an argument list (never a shell string; ``{model}`` becomes the weights folder and
-``{api_key}`` the key from ``engine.api_key_env``), waits until its health endpoint answers 200,
-and stops it at the end. Its output goes to ``RUN/engine.log`` with the API key replaced by
-``***``; the logged command line is redacted too.
+subprocess from an argument list (never a shell string; ``{model}`` becomes the weights folder,
+``{api_key}`` the key from ``engine.api_key_env`` and ``{python}`` the trainer's own interpreter),
+waits until its health endpoint answers 200, and stops it at the end. Its output goes to
+``RUN/engine.log`` with the API key replaced by ``***``; the logged command line is redacted too.
 
 What the launched server gets (:meth:`EngineProcess.launch_env`, :meth:`EngineProcess.argv`):
 
@@ -52,6 +52,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -299,6 +300,7 @@ class EngineProcess:
             if key and key in arg:
                 raise EngineError("engine.launch holds the API key itself",
                                   "write {api_key} where the key goes; it is read from engine.api_key_env")
+            arg = arg.replace("{python}", sys.executable)  # the trainer's own interpreter (its venv)
             argv.append(arg.replace("{model}", model_dir).replace("{api_key}", key or ""))
             shown.append(arg.replace("{model}", model_dir).replace("{api_key}", "***"))
         flag = self.api.context_flag
