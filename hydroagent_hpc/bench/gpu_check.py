@@ -169,50 +169,82 @@ def check_memory_plan(device: torch.device, nominal: str) -> dict[str, Any]:
     return {"plans": plans}
 
 
-def _qwen3(device: torch.device, cpu: bool) -> Any:
+def _qwen3(device: torch.device, cpu: bool, layers: int | None = None) -> Any:
     from hydroagent_hpc.train.throughput import build_random_qwen3, qwen3_config
 
-    config = qwen3_config(**(CPU_SHAPE if cpu else {}))
-    return build_random_qwen3(config, str(device), torch.float32)
+    overrides = dict(CPU_SHAPE) if cpu else {}
+    if layers is not None:
+        overrides["num_hidden_layers"] = layers
+    return build_random_qwen3(qwen3_config(**overrides), str(device), torch.float32)
 
 
-def _planned_sft_peak(model: Any, device: torch.device, nominal: str, seq_len: int) -> float | None:
+def _fitting_size(kind: str, device: torch.device, nominal: str, seq_len: int | None) -> tuple[int, int | None, float]:
+    """``(tokens, layers, planned MiB)`` of the largest step of a Qwen3-4B shape that the memory plan fits
+    on this GPU in one process: 4,096 tokens, else 2,048 or 1,024, else fewer layers (None: all 36).
+    On the CPU: the dry run's size, planned for the nominal GPU."""
+    import dataclasses
+
     from hydroagent_hpc.train.config import config_from_mapping
-    from hydroagent_hpc.train.memory_plan import ModelShape, plan_sft
+    from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+    from hydroagent_hpc.train.memory_plan import QWEN3_4B_INSTRUCT_2507, plan_grpo, plan_sft
 
     gpu, free = _gpu_for(device, nominal)
-    config = config_from_mapping({"data": "unused.h5", "max_steps": 1, "max_seq_len": seq_len, "dtype": "bf16",
-                                  "activation_checkpointing": True, "fsdp": False})
-    plan = plan_sft(config, world=1, gpu=gpu, free_bytes=free, shape=ModelShape.from_config(model.config),
-                    suggest=False)
-    return plan.training.peak / 2**20 if plan.training is not None else None
+
+    def planned(tokens: int, layers: int | None) -> tuple[bool, float]:
+        shape = QWEN3_4B_INSTRUCT_2507 if layers is None else dataclasses.replace(QWEN3_4B_INSTRUCT_2507,
+                                                                                   layers=layers)
+        if kind == "sft":
+            config: Any = config_from_mapping({"data": "-", "max_steps": 1, "max_seq_len": tokens, "dtype": "bf16",
+                                               "activation_checkpointing": True, "fsdp": False})
+            phase = plan_sft(config, world=1, gpu=gpu, free_bytes=free, shape=shape, suggest=False).training
+        else:
+            config = grpo_config_from_mapping({"basins": ["-"], "max_context_tokens": tokens, "dtype": "bf16",
+                                               "activation_checkpointing": True, "prompts_per_step": 1,
+                                               "group_size": 1})
+            phase = plan_grpo(config, world=1, gpu=gpu, free_bytes=free, shape=shape, suggest=False).training
+        return phase.fits, phase.peak / 2**20
+
+    if device.type != "cuda":
+        return seq_len or 128, None, float("nan")
+    for tokens in ((seq_len,) if seq_len else (4096, 2048, 1024)):
+        ok, mib = planned(tokens, None)
+        if ok:
+            return tokens, None, mib
+    tokens = seq_len or 1024
+    for layers in range(35, 0, -1):
+        ok, mib = planned(tokens, layers)
+        if ok:
+            return tokens, layers, mib
+    raise Skip(f"not even one Qwen3-4B layer fits this GPU's free memory for a {kind} step")
 
 
-def check_sft_step(device: torch.device, cpu: bool, seconds: float, seq_len: int, nominal: str) -> dict[str, Any]:
+def check_sft_step(device: torch.device, cpu: bool, seconds: float, seq_len: int | None,
+                   nominal: str) -> dict[str, Any]:
     from hydroagent_hpc.train.throughput import measure_sft_steps
 
-    model = _qwen3(device, cpu)
+    tokens, layers, planned = _fitting_size("sft", device, nominal, seq_len)
+    model = _qwen3(device, cpu, layers)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    r = measure_sft_steps(model, seq_len=seq_len, batch=1, seconds=None if cpu else seconds,
+    r = measure_sft_steps(model, seq_len=tokens, batch=1, seconds=None if cpu else seconds,
                           steps=2 if cpu else None, warmup_steps=1, activation_checkpointing=True,
                           compute_dtype=torch.bfloat16)
     out = r.as_dict()
-    planned = _planned_sft_peak(model, device, nominal, seq_len)
-    out["planned_peak_mb"] = planned
-    if device.type == "cuda" and planned:
+    out.update(layers=int(model.config.num_hidden_layers), planned_peak_mb=planned)
+    if device.type == "cuda":
         out["peak_over_plan"] = out["peak_memory_mb"] / planned
     assert np.isfinite(out["final_loss"]), f"the loss is {out['final_loss']}"
     assert all(p.dtype == torch.float32 for p in model.parameters()), "the master weights are not fp32"
     return out
 
 
-def check_grpo_step(device: torch.device, cpu: bool, seq_len: int) -> dict[str, Any]:
+def check_grpo_step(device: torch.device, cpu: bool, seq_len: int | None, nominal: str) -> dict[str, Any]:
     import copy
 
     from hydroagent_hpc.train.grpo_throughput import measure_train
 
-    model = _qwen3(device, cpu)
+    seq_len, layers, planned = _fitting_size("grpo", device, nominal, seq_len)
+    model = _qwen3(device, cpu, layers)
     reference = copy.deepcopy(model).to(torch.bfloat16).eval()
     for p in reference.parameters():
         p.requires_grad_(False)
@@ -224,8 +256,9 @@ def check_grpo_step(device: torch.device, cpu: bool, seq_len: int) -> dict[str, 
     with torch.autocast(device.type, dtype=torch.bfloat16):
         s_per_token = measure_train(model, reference, seq_len=seq_len, repeats=1 if cpu else 2)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-    return {"seq_len": seq_len, "train_s_per_token": s_per_token, "train_tokens_per_s": 1.0 / s_per_token,
-            "peak_memory_mb": peak, "params": sum(p.numel() for p in model.parameters())}
+    return {"seq_len": seq_len, "layers": int(model.config.num_hidden_layers), "train_s_per_token": s_per_token,
+            "train_tokens_per_s": 1.0 / s_per_token, "peak_memory_mb": peak, "planned_peak_mb": planned,
+            "params": sum(p.numel() for p in model.parameters())}
 
 
 def _basin(root: Path) -> str:
@@ -334,7 +367,7 @@ def run_checks(*, cpu: bool, seconds: float = 45.0, seq_len: int | None = None,
     from hydroagent_hpc.provenance import git_commit
 
     device = torch.device("cpu") if cpu else torch.device("cuda", torch.cuda.current_device())
-    seq = seq_len or (128 if cpu else 4096)
+    seq = seq_len or (128 if cpu else None)  # on a GPU: the largest the memory plan fits
     t0 = time.perf_counter()
     results: list[CheckResult] = []
     with tempfile.TemporaryDirectory(prefix="hydroagent-gpu-check-") as tmp:
@@ -343,7 +376,7 @@ def run_checks(*, cpu: bool, seconds: float = 45.0, seq_len: int | None = None,
             ("environment", lambda: check_environment(device)),
             ("memory_plan", lambda: check_memory_plan(device, nominal_gpu)),
             ("sft_step", lambda: check_sft_step(device, cpu, seconds, seq, nominal_gpu)),
-            ("grpo_step", lambda: check_grpo_step(device, cpu, seq)),
+            ("grpo_step", lambda: check_grpo_step(device, cpu, seq, nominal_gpu)),
             ("tiny_grpo", lambda: check_tiny_grpo(device, work / "tiny")),
             ("engine", lambda: check_engine(device, work / "engine")),
         ]
@@ -362,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the JSON verdict here (and print it)")
     ap.add_argument("--cpu", action="store_true", help="the dry run on the CPU at small sizes (no GPU figures)")
     ap.add_argument("--seconds", type=float, default=45.0, help="seconds of timed SFT steps on the GPU (45)")
-    ap.add_argument("--seq-len", type=int, default=None, help="tokens per timed sequence (GPU 4096, CPU 128)")
+    ap.add_argument("--seq-len", type=int, default=None, help="tokens per timed sequence (GPU: the largest of 4096, 2048, 1024 the plan fits; CPU 128)")
     ap.add_argument("--gpu", default="H100-80GB", help="the GPU the --cpu dry run plans for (H100-80GB)")
     ap.add_argument("--only", default="", help="comma list of checks to run (default: all)")
     ap.add_argument("--debug", action="store_true", help="tracebacks of failed checks in the log")
