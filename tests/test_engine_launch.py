@@ -29,6 +29,7 @@ from hydroagent_hpc.train.engine import EngineError, EngineSampler, EngineSettin
 from hydroagent_hpc.train.engine_process import (
     EngineProcess,
     EngineWeights,
+    engine_cpus,
     engine_devices,
     group_members,
     trainer_processes,
@@ -67,8 +68,9 @@ child = subprocess.Popen([sys.executable, "-c", GRANDCHILD, str(args.linger)], s
                          stderr=subprocess.DEVNULL, text=True)
 assert child.stdout.readline().strip() == "ready"  # its SIGTERM handler is in place
 with open(args.dump, "a") as f:
+    time.sleep(0.2)  # the launcher pins this process right after it starts
     f.write(json.dumps({"argv": sys.argv, "env": dict(os.environ), "pid": os.getpid(), "grandchild": child.pid,
-                        "pgid": os.getpgid(0)}) + "\n")
+                        "pgid": os.getpgid(0), "cpus": sorted(os.sched_getaffinity(0))}) + "\n")
 
 class Health(BaseHTTPRequestHandler):
     def do_GET(self):
@@ -343,3 +345,21 @@ def test_a_launched_sglang_stand_in_returns_unscaled_logprobs_within_the_runs_co
         assert info["weights_sha256"] == weights_digest(other) and info["updates"] == 1
         assert os.path.realpath(weights.served_path).endswith("step-000001")
     assert "softmax(logits" not in caplog.text
+
+
+def test_a_launched_engine_runs_on_the_cpus_the_job_set_aside_for_it(probe, monkeypatch, tmp_path):
+    """slurm/ranks.sh gives rank 0 its own CPUs plus the engine's (HYDROAGENT_ENGINE_CPUS): the engine
+    runs on the latter with as many threads, not on the trainer's with its OMP_NUM_THREADS (gpu-audit F10)."""
+    mine = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("HYDROAGENT_ENGINE_CPUS", str(mine[-1]))
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    settings_for, dumps = probe
+    settings = settings_for("sglang")
+    process = EngineProcess(settings, make_api(settings), tmp_path / "engine.log")
+    process.start(str(tmp_path / "weights"))
+    process.stop()
+    got = dumps()[-1]
+    assert got["cpus"] == [mine[-1]] and got["env"]["OMP_NUM_THREADS"] == "1"
+    assert engine_cpus({"HYDROAGENT_ENGINE_CPUS": "8-10,12"}) == {8, 9, 10, 12} and engine_cpus({}) == set()
+    with pytest.raises(EngineError, match="HYDROAGENT_ENGINE_CPUS='x'"):
+        engine_cpus({"HYDROAGENT_ENGINE_CPUS": "x"})

@@ -257,6 +257,24 @@ def gpu_state() -> GpuState | None:
 
 
 # -- the launched server ---------------------------------------------------------------------------
+def engine_cpus(env: Mapping[str, str] | None = None) -> set[int]:
+    """The CPUs ``HYDROAGENT_ENGINE_CPUS`` sets aside for a launched engine (``slurm/ranks.sh`` sets it on
+    rank 0 of a GPU job: a comma list of CPU ids and ``a-b`` ranges); empty when unset.
+
+    Raises:
+        EngineError: a value that is not such a list.
+    """
+    raw = (os.environ if env is None else env).get("HYDROAGENT_ENGINE_CPUS", "").strip()
+    out: set[int] = set()
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        lo, sep, hi = item.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise EngineError(f"HYDROAGENT_ENGINE_CPUS={raw!r} is not a list of CPU ids",
+                              "e.g. 8,9,10,11 or 8-11 (slurm/ranks.sh sets it), or unset it")
+        out.update(range(int(lo), int(hi if sep else lo) + 1))
+    return out
+
+
 class EngineProcess:
     """An engine server this run started (see the module doc).
 
@@ -289,6 +307,9 @@ class EngineProcess:
                if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)}
         if self.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.devices)
+        cpus = engine_cpus()
+        if cpus:  # threads sized to the engine's own CPUs, not the trainer rank's OMP_NUM_THREADS
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(len(cpus))
         env.update(self.api.launch_env)
         return env
 
@@ -332,6 +353,14 @@ class EngineProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
+        cpus = engine_cpus()
+        if cpus:  # the CPUs the job script set aside for the engine (slurm/ranks.sh), not the trainer's
+            try:
+                os.sched_setaffinity(self.proc.pid, cpus)
+                log.info("engine: pinned to CPUs %s (HYDROAGENT_ENGINE_CPUS)", ",".join(map(str, sorted(cpus))))
+            except OSError as exc:
+                log.warning("engine: could not pin to HYDROAGENT_ENGINE_CPUS=%s (%s); it shares the trainer's CPUs",
+                            os.environ.get("HYDROAGENT_ENGINE_CPUS"), exc)
         assert self.proc.stdout is not None
         self._pump = threading.Thread(target=_pump, args=(self.proc.stdout, self.log_path, self.settings.api_key()),
                                       name="engine-log", daemon=True)
