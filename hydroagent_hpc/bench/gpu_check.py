@@ -395,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the JSON verdict here (and print it)")
     ap.add_argument("--cpu", action="store_true", help="the dry run on the CPU at small sizes (no GPU figures)")
     ap.add_argument("--seconds", type=float, default=45.0, help="seconds of timed SFT steps on the GPU (45)")
-    ap.add_argument("--seq-len", type=int, default=None, help="tokens per timed sequence (GPU: the largest of 4096, 2048, 1024 the plan fits; CPU 128)")
+    ap.add_argument("--seq-len", type=int, default=None,
+                    help="tokens per timed sequence (GPU: the largest of 4096, 2048, 1024 the plan fits; CPU 128)")
     ap.add_argument("--gpu", default="H100-80GB", help="the GPU the --cpu dry run plans for (H100-80GB)")
     ap.add_argument("--only", default="", help="comma list of checks to run (default: all)")
     ap.add_argument("--debug", action="store_true", help="tracebacks of failed checks in the log")
