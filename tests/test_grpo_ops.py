@@ -331,7 +331,8 @@ def _wait_job(job: str, timeout: float) -> str:
 def _sbatch(tmp_path: Path, *args: str) -> str:
     # -O: three ranks on a node that may have fewer CPUs (the local test cluster has 2)
     p = subprocess.run(["sbatch", "--parsable", "-O", "--ntasks=3", "--gpus-per-node=0", "--mincpus=1",
-                        "--mem-per-cpu=2G", "--time=30", *args, str(SBATCH), "cfg.yaml", "run"], capture_output=True, text=True,
+                        "--mem-per-cpu=2G", "--time=30", *args, str(SBATCH), "cfg.yaml", "run"],
+                       capture_output=True, text=True,
                        cwd=tmp_path, env=_slurm_env(), timeout=60)
     assert p.returncode == 0, p.stderr
     return p.stdout.strip().split(";")[0]
@@ -415,7 +416,8 @@ def _sbatch_two_trainers(tmp_path: Path, *args: str) -> str:
     env = _slurm_env()
     env.update(HYDROAGENT_GRPO_TRAINERS="2", OMP_NUM_THREADS="1")
     p = subprocess.run(["sbatch", "--parsable", "-O", "--ntasks=3", "--gpus-per-node=0", "--mincpus=1",
-                        "--mem-per-cpu=2G", "--time=30", *args, str(SBATCH), "cfg.yaml", "run"], capture_output=True, text=True,
+                        "--mem-per-cpu=2G", "--time=30", *args, str(SBATCH), "cfg.yaml", "run"],
+                       capture_output=True, text=True,
                        cwd=tmp_path, env=env, timeout=60)
     assert p.returncode == 0, p.stderr
     return p.stdout.strip().split(";")[0]
