@@ -95,3 +95,30 @@ def pytest_collection_modifyitems(config, items):
         why = "needs a CUDA GPU and torch, which is not installed"
     for item in marked:
         item.add_marker(pytest.mark.skip(reason=why))
+
+
+# The engine tests' module-scoped fixtures (tests/test_engine_requests.py, tests/test_grpo_engine.py):
+# the tiny offline Qwen3, its save_pretrained folder and its stop and pad ids.
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from hydroagent_hpc.train.tiny import build_tiny
+
+    return build_tiny(seed=0)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny, tmp_path_factory) -> Path:
+    from hydroagent_hpc.train.tiny import save_tiny
+
+    model, tok = tiny
+    return save_tiny(tmp_path_factory.mktemp("engine") / "tiny", model, tok)
+
+
+@pytest.fixture(scope="module")
+def stops(tiny):
+    from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
+
+    probe = HFLocalPolicy(*tiny)
+    return probe.stop_ids, probe.pad_id

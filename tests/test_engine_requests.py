@@ -18,33 +18,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 from hydroagent_hpc.train.engine import EngineRequests, EngineSampler, EngineSettings, make_api, serve_rollouts
 from hydroagent_hpc.train.engine_server import EngineServer
 from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sampling
-from hydroagent_hpc.train.tiny import build_tiny, save_tiny
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return build_tiny(seed=0)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny, tmp_path_factory) -> Path:
-    model, tok = tiny
-    return save_tiny(tmp_path_factory.mktemp("engine-requests") / "tiny", model, tok)
-
-
-@pytest.fixture(scope="module")
-def stops(tiny):
-    probe = HFLocalPolicy(*tiny)
-    return probe.stop_ids, probe.pad_id
 
 
 @pytest.fixture(autouse=True)

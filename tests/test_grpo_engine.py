@@ -17,35 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 from hydroagent_hpc.train.engine import EngineError, EngineSampler, EngineSettings, make_api
 from hydroagent_hpc.train.engine_process import EngineWeights
 from hydroagent_hpc.train.engine_server import EngineServer, weights_digest
 from hydroagent_hpc.train.grpo import train_grpo
 from hydroagent_hpc.train.grpo_config import GRPOConfigError, load_grpo_config
 from hydroagent_hpc.train.sampler import BatchedSampler, Sampling
-from hydroagent_hpc.train.tiny import build_tiny, save_tiny
+from hydroagent_hpc.train.tiny import build_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY_ENV = "HYDROAGENT_TEST_ENGINE_KEY"
 SECRET = "sk-test-3f9c2e71d0a4b8"
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return build_tiny(seed=0)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny, tmp_path_factory) -> Path:
-    model, tok = tiny
-    return save_tiny(tmp_path_factory.mktemp("engine") / "tiny", model, tok)
-
-
-@pytest.fixture(scope="module")
-def stops(tiny):
-    probe = HFLocalPolicy(*tiny)
-    return probe.stop_ids, probe.pad_id
 
 
 @pytest.fixture
