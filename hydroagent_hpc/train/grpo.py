@@ -104,7 +104,7 @@ from hydroagent_hpc.train.sampler import BatchedSampler, RolloutSampler, Samplin
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train_grpo", "rollout_seed", "plan_prompts", "rank_passes", "METRICS_COLUMNS", "main"]
+__all__ = ["train_grpo", "rollout_seed", "plan_prompts", "rank_passes", "learning_signal", "METRICS_COLUMNS", "main"]
 
 METRICS_COLUMNS = ("step", "reward_mean", "reward_std", "turn_reward_mean", "terminal_mean", "best_nse_mean",
                    "simulations_mean", "turns_mean", "parse_failures_mean", "rollouts", "trainable",
@@ -112,7 +112,9 @@ METRICS_COLUMNS = ("step", "reward_mean", "reward_std", "turn_reward_mean", "ter
                    "clip_fraction", "grad_norm", "lr", "tokens", "logprob_mismatch_mean", "logprob_mismatch_max",
                    "tis_weight_mean", "generation_s", "simulation_s", "training_s",
                    "step_s", "sim_peak_in_flight", "shared_run_hits", "stop_reasons", "val_reward_mean",
-                   "val_best_nse_mean", "weight_sync_s", "sim_batches", "sim_batched_runs")
+                   "val_best_nse_mean", "weight_sync_s", "sim_batches", "sim_batched_runs",
+                   "degenerate_share", "adv_p10", "adv_p50", "adv_p90", "tokens_adv_pos", "tokens_adv_neg",
+                   "tokens_adv_zero")
 
 
 def rollout_seed(seed: int, step: int, group: int, member: int) -> int:
@@ -566,6 +568,7 @@ def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any,
                     last_val = _validate(config, model, tokenizer, sims, basins, store, step, runner, engine)
                 advs = np.concatenate(list(per_turn.values())) if per_turn else np.zeros(1)
                 row = {"step": step, **_episode_summary(rollouts), "rollouts": len(rollouts),
+                       **learning_signal(batch, advs, degenerate, len(idx)),
                        "trainable": sum(r.trainable for r in rollouts), "degenerate_groups": degenerate,
                        "adv_mean": float(advs.mean()), "adv_std": float(advs.std()),
                        "adv_abs_max": float(np.abs(advs).max()), **parts, "lr": lr,
@@ -622,6 +625,23 @@ def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any,
             "first_reward": summary_rows[0]["reward_mean"] if summary_rows else None,
             "last_reward": summary_rows[-1]["reward_mean"] if summary_rows else None,
             "world_size": ranks.world, "fsdp": ranks.fsdp, "wall_s": time.perf_counter() - started}
+
+
+def learning_signal(batch: Sequence[_Sequence], turn_advantages: np.ndarray, degenerate: int,
+                    groups: int) -> dict[str, float]:
+    """Why a step does or does not move the policy: the share of groups whose returns were all equal
+    (no gradient from them), the 10/50/90 % quantiles of the per-turn advantages, and the shares of
+    trained (mask-1) tokens whose advantage is positive, negative or zero (a step whose tokens all
+    carry 0 trains on the KL and entropy terms alone)."""
+    counts = np.zeros(3)
+    for seq in batch:
+        adv = token_advantages(seq.advantages, seq.spans, len(seq.ids))[np.asarray(seq.mask, dtype=bool)]
+        counts += ((adv > 0).sum(), (adv < 0).sum(), (adv == 0).sum())
+    shares = counts / counts.sum() if counts.sum() else np.full(3, np.nan)
+    q = np.quantile(turn_advantages, [0.1, 0.5, 0.9]) if turn_advantages.size else np.full(3, np.nan)
+    return {"degenerate_share": degenerate / groups if groups else float("nan"),
+            "adv_p10": float(q[0]), "adv_p50": float(q[1]), "adv_p90": float(q[2]),
+            "tokens_adv_pos": float(shares[0]), "tokens_adv_neg": float(shares[1]), "tokens_adv_zero": float(shares[2])}
 
 
 def _advantages(config: GRPOConfig, rollouts: Sequence[Rollout], groups: int) -> tuple[dict[int, np.ndarray], int]:
