@@ -39,6 +39,7 @@ def test_the_cpu_dry_run_passes_every_check_it_can_and_says_why_it_skips_the_res
     sft = checks["sft_step"]["details"]
     assert sft["activation_checkpointing"] and sft["tokens_per_s"] > 0 and sft["compute_dtype"] == "bfloat16"
     assert checks["grpo_step"]["details"]["train_tokens_per_s"] > 0
+    assert checks["grpo_step"]["details"]["decode_s_per_step"] >= 0
 
 
 def test_a_gpu_run_without_cuda_is_refused_with_the_way_out():

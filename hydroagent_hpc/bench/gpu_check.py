@@ -241,7 +241,7 @@ def check_sft_step(device: torch.device, cpu: bool, seconds: float, seq_len: int
 def check_grpo_step(device: torch.device, cpu: bool, seq_len: int | None, nominal: str) -> dict[str, Any]:
     import copy
 
-    from hydroagent_hpc.train.grpo_throughput import measure_train
+    from hydroagent_hpc.train.grpo_throughput import measure_decode, measure_train
 
     seq_len, layers, planned = _fitting_size("grpo", device, nominal, seq_len)
     model = _qwen3(device, cpu, layers)
@@ -256,8 +256,13 @@ def check_grpo_step(device: torch.device, cpu: bool, seq_len: int | None, nomina
     with torch.autocast(device.type, dtype=torch.bfloat16):
         s_per_token = measure_train(model, reference, seq_len=seq_len, repeats=1 if cpu else 2)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    # rollout decode through the in-process sampler, under autocast as the trainer generates
+    batch, ctx = (2, 64) if cpu else (8, 1500)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        decode_s = measure_decode(model, batch=batch, ctx=ctx, new_tokens=4 if cpu else 32, repeats=1)
     return {"seq_len": seq_len, "layers": int(model.config.num_hidden_layers), "train_s_per_token": s_per_token,
             "train_tokens_per_s": 1.0 / s_per_token, "peak_memory_mb": peak, "planned_peak_mb": planned,
+            "decode_batch": batch, "decode_context": ctx, "decode_s_per_step": decode_s,
             "params": sum(p.numel() for p in model.parameters())}
 
 
