@@ -1,6 +1,10 @@
 """GRPO runs end to end on CPU with the tiny offline Qwen3, the real environment and simulator:
 the run folder, the episode store, exact resume after SIGKILL (also mid-step) and SIGUSR1, and the
-direction of one update."""
+direction of one update.
+
+The resume test trains a policy whose groups get different rewards (:func:`calling_policy`), so the
+step it replays after the kill carries a policy gradient: a random tiny model writes only parse
+failures, every member of a group earns the same, and such a step has zero advantages."""
 
 from __future__ import annotations
 
@@ -24,6 +28,84 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def basins(grpo_basins: Path) -> Path:
     return grpo_basins  # tests/conftest.py
+
+
+def calling_policy(basins: Path, out: Path, target_nll: float = 0.3) -> Path:
+    """A tiny policy that writes a valid ``run_simulation`` call as its first turn about half the
+    time at temperature 1.2 (the rest are parse failures), saved as a ``save_pretrained`` folder.
+
+    The random tiny Qwen3 (seed 0) is taught the call after the first prompt of b1 and b2 (the
+    tiny template with the tool schemas, 2204 tokens) until the call's summed negative log-likelihood is
+    below ``target_nll``. Only what acts on the call's own positions trains: the last layer's
+    query projection and norm, its output projection, its MLP and norms, and the final norm. The
+    keys and values of every layer at the prompt's positions do not depend on those, so the
+    prompt is run once and its KV cache reused (copied) at every step: each step costs the 16 call
+    tokens, not the prompt, and the result is exactly what training on the whole sequence gives.
+    About 190 Adam steps, 9 s on one thread.
+    """
+    import copy
+    import inspect
+
+    from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
+    from hydroagent_hpc.config import preset
+    from hydroagent_hpc.env.environment import CalibrationEnv
+    from hydroagent_hpc.env.toolcalls import render_hermes
+    from hydroagent_hpc.sim import open_simulator
+    from hydroagent_hpc.sim.basin import load_basin
+    from hydroagent_hpc.train.tiny import build_tiny, save_tiny
+    from hydroagent_hpc.types import ToolCall
+
+    model, tok = build_tiny(seed=0)
+    probe = HFLocalPolicy(model, tok)  # renders exactly what RolloutPolicy renders
+    prompts = []
+    for name in ("b1", "b2"):
+        d = basins / name
+        env = CalibrationEnv(load_basin(d), open_simulator(d / "control.txt"), preset("paper", max_turns=2))
+        prompts.append(probe.builder.encode(probe.render(env.reset())))
+    call = probe.builder.encode(render_hermes(ToolCall("run_simulation", {})))
+    last = model.model.layers[-1]
+    trained = [last.self_attn.q_proj, last.self_attn.q_norm, last.self_attn.o_proj, last.post_attention_layernorm,
+               last.mlp, model.model.norm]
+    model.requires_grad_(False)
+    params = [p for m in trained for p in m.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    # transformers 5.x names the forward's KV cache argument (and output) "cache", 4.x "past_key_values"
+    cache_arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    target = torch.tensor(call)
+    optimizer = torch.optim.Adam(params, lr=3e-2)
+    with torch.no_grad():  # every id of the prompt but its last, which is the first input below
+        caches = [getattr(model(input_ids=torch.tensor([p[:-1]]), use_cache=True), cache_arg) for p in prompts]
+    for _ in range(400):
+        nll = torch.stack([torch.nn.functional.cross_entropy(
+            model(input_ids=torch.tensor([[p[-1]] + call[:-1]]), use_cache=True,
+                  **{cache_arg: copy.deepcopy(c)}).logits[0].float(), target, reduction="sum")
+            for p, c in zip(prompts, caches)]).mean()
+        if nll.item() < target_nll:
+            break
+        optimizer.zero_grad()
+        nll.backward()
+        optimizer.step()
+    assert nll.item() < target_nll, f"the call was not learned: summed NLL {nll.item():.3f}"
+    model.requires_grad_(True)
+    return save_tiny(out, model, tok)
+
+
+@pytest.fixture(scope="module")
+def caller(basins: Path, tmp_path_factory) -> Path:
+    """:func:`calling_policy`, trained in a child process on one thread: the same weights on every
+    machine, and this process's torch thread settings untouched (changing them and back changes the
+    rounding of later matmuls, and the resume test compares this process's run with a child's bit
+    for bit). One thread is also the fastest on a shared 2-core machine (about 10 s)."""
+    out = tmp_path_factory.mktemp("caller") / "model"
+    script = ("import sys, torch; from pathlib import Path; torch.set_num_threads(1); "
+              "sys.path.insert(0, sys.argv[1]); from test_grpo_train import calling_policy; "
+              "calling_policy(Path(sys.argv[2]), Path(sys.argv[3]))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-c", script, str(ROOT / "tests"), str(basins), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
 
 
 def _config(basins: Path, tmp_path: Path, **extra: object) -> Path:
@@ -82,43 +164,47 @@ def _module(cfg: Path, out: Path, *args: str, faults: str = "") -> subprocess.Co
                           env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
-def test_resume_after_sigusr1_and_a_kill_mid_step_equals_an_uninterrupted_run(basins, tmp_path):
-    cfg_path = _config(basins, tmp_path)
+#: The resume test's run: the calling policy, K = 4, sampled at 1.2 so that about half the first turns
+#: are valid calls; lr 1e-5 keeps the policy calling after step 1 (at 1e-4 Adam's first step, about lr
+#: on every weight, already ends the calls). With seed 1 both steps' groups have different returns
+#: (measured: seeds 1, 3, 4 and 5 of 0-5 do); the test asserts it, so it fails loudly if they stop to.
+RESUME_RUN = {"group_size": 4, "max_new_tokens": 18, "temperature": 1.2, "lr": "1.0e-5", "seed": 1}
+
+
+def test_resume_after_sigusr1_and_a_kill_mid_step_equals_an_uninterrupted_run(basins, caller, tmp_path):
+    cfg_path = _config(basins, tmp_path, model=caller, **RESUME_RUN)
     whole = train_grpo(load_grpo_config(cfg_path), tmp_path / "whole")
     assert whole["steps"] == 2
+    # both steps carry a policy gradient: rewards differ inside the group, advantages are not all zero
+    rows = list(csv.DictReader(open(tmp_path / "whole" / "metrics.csv")))
+    assert [int(r["degenerate_groups"]) for r in rows] == [0, 0], rows
+    assert all(float(r["adv_std"]) > 0.5 and float(r["reward_std"]) > 0 for r in rows), rows
+    # the KL is to the frozen initial policy: none before the first update, some after it
+    assert float(rows[0]["kl"]) == 0.0 and float(rows[1]["kl"]) > 1e-3, rows
     # SIGUSR1 after step 1 saves (save_every is 0); the kill comes after step 2's rollouts were stored
     killed = _module(cfg_path, tmp_path / "cut", faults="usr1:1,kill_after_rollouts:2")
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip() == "step-1"
-    assert len(read_episodes(tmp_path / "cut" / "rollouts.h5")) == 4  # step 2's episodes were stored
+    episodes = 2 * int(RESUME_RUN["group_size"])
+    assert len(read_episodes(tmp_path / "cut" / "rollouts.h5")) == episodes  # step 2's episodes were stored
     resumed = _module(cfg_path, tmp_path / "cut", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = _params(tmp_path / "whole" / "final"), _params(tmp_path / "cut" / "final")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert any(not torch.equal(a[k], _params_initial(k)) for k in a)
+    initial = _params(caller)
+    assert any(not torch.equal(a[k], initial[k]) for k in a)
     # the replayed step is neither stored twice nor counted twice
-    assert len(read_episodes(tmp_path / "cut" / "rollouts.h5")) == 4
+    assert len(read_episodes(tmp_path / "cut" / "rollouts.h5")) == episodes
     assert [r["step"] for r in csv.DictReader(open(tmp_path / "cut" / "metrics.csv"))] == ["1", "2"]
     import h5py
 
     with h5py.File(tmp_path / "cut" / "metrics.h5") as f, h5py.File(tmp_path / "whole" / "metrics.h5") as g:
         assert list(f["metrics/step"][:]) == [1.0, 2.0]
-        assert f["metrics/reward_mean"][:].tolist() == g["metrics/reward_mean"][:].tolist()
+        for column in ("reward_mean", "adv_std", "loss", "pg", "grad_norm"):  # the replayed step is the same step
+            assert f[f"metrics/{column}"][:].tolist() == g[f"metrics/{column}"][:].tolist(), column
     # a finished run is not started over without --resume
     again = _module(cfg_path, tmp_path / "cut")
     assert again.returncode != 0 and "--resume" in again.stderr
-
-
-_INITIAL: dict[str, torch.Tensor] = {}
-
-
-def _params_initial(key: str) -> torch.Tensor:
-    if not _INITIAL:
-        from hydroagent_hpc.train.tiny import build_tiny
-
-        model, _ = build_tiny(seed=0)
-        _INITIAL.update({k: v.detach().clone() for k, v in model.state_dict().items()})
-    return _INITIAL[key]
 
 
 def test_one_update_moves_log_probs_toward_positive_advantages(basins):

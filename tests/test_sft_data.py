@@ -110,6 +110,25 @@ def test_paper_preset_filters_weights_and_masks(stores, tok, tmp_path):
     assert [b["episode_id"] for b in loader] == order
 
 
+def test_paper_filter_drops_a_best_nse_of_exactly_0_6_and_keeps_the_next_float(stores, tok, tmp_path):
+    """The paper keeps final best NSE > 0.6: an episode at exactly 0.6 is dropped, one at the next
+    float above it is kept (two heuristic episodes with their stored score set to each)."""
+    import dataclasses
+
+    from hydroagent_hpc.store import EpisodeWriter, iter_episodes
+
+    eps = [e for e in iter_episodes(stores["mixed"]) if e.agent == "heuristic"][:2]
+    above = float(np.nextafter(0.6, 1.0))
+    edge = tmp_path / "edge.h5"
+    with EpisodeWriter(edge) as w:
+        for e, nse in zip(eps, (0.6, above)):
+            w.write(dataclasses.replace(e, episode_id=f"{e.episode_id}-at-{nse!r}", best_nse=nse))
+    report = build_sft_data([edge], tmp_path / "edge-data.h5", preset="paper", tokenizer=tok, tokenizer_name="tiny",
+                            max_tokens=100_000, augment="none")
+    assert report.kept == 1 and report.dropped == {"nse_le_0.6": 1}
+    assert SFTDataset(tmp_path / "edge-data.h5").episode_ids == [f"{eps[1].episode_id}-at-{above!r}"]
+
+
 def test_released_preset_keeps_every_text_episode_with_clipped_weights(stores, tok, tmp_path):
     eps = read_episodes(stores["mixed"])
     text = eps[eps["agent"] != "dds"]
