@@ -113,8 +113,6 @@ def gpu_result(seconds: float, seq_len: int, batch: int, activation_checkpointin
     trainer holds it in one process (fp32 master weights, bf16 autocast, the trainer's AdamW). The memory
     plan is checked against the device's free memory first (a :class:`MemoryPlanError` names the
     ``--layers`` that would fit)."""
-    import torch
-
     from hydroagent_hpc.train.config import SFTConfig
     from hydroagent_hpc.train.memory_plan import MemoryPlanError, check_plan, free_device_memory
     from hydroagent_hpc.train.sft import _optimizer
@@ -136,7 +134,7 @@ def gpu_result(seconds: float, seq_len: int, batch: int, activation_checkpointin
     trainer = SFTConfig(data="-", max_steps=1)
     r = measure_sft_steps(model, seq_len=seq_len, batch=batch, seconds=seconds, warmup_steps=2,
                           activation_checkpointing=activation_checkpointing, peak_tflops=peak_tflops,
-                          compute_dtype=torch.bfloat16, optimizer=lambda m: _optimizer(m, trainer))
+                          compute_dtype="bfloat16", optimizer=lambda m: _optimizer(m, trainer))
     return {**r.as_dict(), "plan_peak_mb": plan.peak / 2**20, "plan_capacity_mb": plan.capacity / 2**20}
 
 

@@ -140,7 +140,7 @@ def _optimizer_name(opt: torch.optim.Optimizer) -> str:
 def measure_sft_steps(model: PreTrainedModel, *, seq_len: int, batch: int = 1, steps: int | None = None,
                       seconds: float | None = None, warmup_steps: int = 1, lr: float = 1e-5,
                       activation_checkpointing: bool = False, peak_tflops: float | None = None,
-                      seed: int = 0, compute_dtype: torch.dtype | None = None,
+                      seed: int = 0, compute_dtype: torch.dtype | str | None = None,
                       optimizer: Callable[[PreTrainedModel], torch.optim.Optimizer] | None = None) -> ThroughputResult:
     """Time full-parameter SFT steps of ``model`` on random tokens (module docstring).
 
@@ -169,6 +169,10 @@ def measure_sft_steps(model: PreTrainedModel, *, seq_len: int, batch: int = 1, s
            else torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=cuda))
     loss_value = math.nan
     weight_dtype = next(model.parameters()).dtype
+    if isinstance(compute_dtype, str):  # a torch dtype's name, e.g. "bfloat16"
+        compute_dtype = getattr(torch, compute_dtype)
+        if not isinstance(compute_dtype, torch.dtype):
+            raise ValueError(f"compute_dtype={compute_dtype!r}: not a torch dtype name such as 'bfloat16'")
     use_autocast = compute_dtype is not None and compute_dtype != weight_dtype
 
     def step() -> float:
