@@ -129,6 +129,8 @@ def test_sft_data_recovery_reaches_build_sft_data(tmp_path, monkeypatch):
     from hydroagent_hpc.pipeline import stages
 
     data = yaml.safe_load(DEMO.read_text())
+    data["sft_data"].pop("recovery", None)  # the demo sets it; this test needs the section without the keys
+    data["sft_data"].pop("recovery_seed", None)
     assert "recovery" not in load_pipeline(write(tmp_path / "p.yaml", data)).section("sft-data")
     data["sft_data"].update(recovery=0.1, recovery_seed=3)
     spec = load_pipeline(write(tmp_path / "p.yaml", data))

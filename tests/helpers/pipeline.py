@@ -20,7 +20,8 @@ def smaller_demo() -> dict:
     d["teacher"].update(seeds=[0, 1, 2])
     d["teacher"]["env"]["max_simulations"] = 2
     d["sft"].update(max_steps=4, save_every=1, log_every=1, warmup_steps=0)
-    d["grpo"].update(max_steps=1, group_size=2, prompts_per_step=1, max_new_tokens=48, env={"max_turns": 2})
+    d["grpo"].update(max_steps=1, group_size=2, prompts_per_step=1, max_new_tokens=48)
+    d["grpo"].setdefault("env", {})["max_turns"] = 2  # the demo's other env keys (its observation) stay
     d["evaluation"].update(seeds=[0], references=[{"name": "heuristic", "kind": "heuristic"}])
     d["evaluation"]["policy"]["max_new_tokens"] = 48
     d["evaluation"]["env"]["max_turns"] = 3
