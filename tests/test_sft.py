@@ -77,6 +77,7 @@ def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["HF_HUB_OFFLINE"] = "1"
+    env["OMP_NUM_THREADS"] = "1"  # as this process (_one_thread): a run split across both computes alike
     env.pop(FAULT_ENV, None)
     env.update(extra)
     return env
@@ -87,6 +88,18 @@ def _run_module(cfg: Path, out: Path, *args: str, faults: str = "",
     return subprocess.run([sys.executable, "-m", "hydroagent_hpc.train.sft", str(cfg), "--out", str(out), *args],
                           env=_env(**({FAULT_ENV: faults} if faults else {})), capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One torch thread here and in the trainer subprocesses: the exact-resume tests compare a run
+    split between a subprocess and this process with one run in this process, bit for bit, and the
+    rounding of a matrix product depends on the thread count (and on an earlier test module having
+    changed it and set it back: tests/test_hf_local.py does)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")
