@@ -7,6 +7,9 @@ skip. ``../shared`` is only for the benchmarks.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,3 +125,20 @@ def stops(tiny):
 
     probe = HFLocalPolicy(*tiny)
     return probe.stop_ids, probe.pad_id
+
+
+@pytest.fixture(scope="session")
+def caller(grpo_basins: Path, tmp_path_factory) -> Path:
+    """:func:`test_grpo_train.calling_policy`, trained in a child process on one thread: the same weights on every
+    machine, and this process's torch thread settings untouched (changing them and back changes the
+    rounding of later matmuls, and the resume test compares this process's run with a child's bit
+    for bit). One thread is also the fastest on a shared 2-core machine (about 10 s)."""
+    out = tmp_path_factory.mktemp("caller") / "model"
+    script = ("import sys, torch; from pathlib import Path; torch.set_num_threads(1); "
+              "sys.path.insert(0, sys.argv[1]); from test_grpo_train import calling_policy; "
+              "calling_policy(Path(sys.argv[2]), Path(sys.argv[3]))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-c", script, str(ROOT / "tests"), str(grpo_basins), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out

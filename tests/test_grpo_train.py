@@ -91,23 +91,6 @@ def calling_policy(basins: Path, out: Path, target_nll: float = 0.3) -> Path:
     return save_tiny(out, model, tok)
 
 
-@pytest.fixture(scope="module")
-def caller(basins: Path, tmp_path_factory) -> Path:
-    """:func:`calling_policy`, trained in a child process on one thread: the same weights on every
-    machine, and this process's torch thread settings untouched (changing them and back changes the
-    rounding of later matmuls, and the resume test compares this process's run with a child's bit
-    for bit). One thread is also the fastest on a shared 2-core machine (about 10 s)."""
-    out = tmp_path_factory.mktemp("caller") / "model"
-    script = ("import sys, torch; from pathlib import Path; torch.set_num_threads(1); "
-              "sys.path.insert(0, sys.argv[1]); from test_grpo_train import calling_policy; "
-              "calling_policy(Path(sys.argv[2]), Path(sys.argv[3]))")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-c", script, str(ROOT / "tests"), str(basins), str(out)], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
-
-
 def _config(basins: Path, tmp_path: Path, **extra: object) -> Path:
     values: dict[str, object] = {"basins": f"[{basins / 'b1'}, {basins / 'b2'}]", "group_size": 2,
                                  "prompts_per_step": 1, "max_steps": 2, "max_new_tokens": 12, "lr": "1.0e-3",

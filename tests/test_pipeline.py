@@ -308,3 +308,14 @@ def test_site_file_errors_name_the_line(tmp_path, text, says):
     with pytest.raises(SiteError) as err:
         load_site(site)
     assert err.value.message.startswith(f"{site}:2:") and says in err.value.message
+
+
+def test_greedy_policies_play_one_seed_and_the_references_every_seed(tmp_path):
+    from hydroagent_hpc.pipeline.stages import _campaign_mapping
+
+    spec = load_pipeline(DEMO)
+    assert spec.policy_options.get("greedy") is True and len(spec.evaluation.seeds) > 1
+    agents = {a["name"]: a for a in _campaign_mapping(spec, tmp_path, "evaluation")["agents"]}
+    assert {p: agents[p]["seeds"] for p in ("base", "sft", "grpo")} == {p: [spec.evaluation.seeds[0]]
+                                                                       for p in ("base", "sft", "grpo")}
+    assert all("seeds" not in agents[r] for r in ("heuristic", "dds", "random"))

@@ -8,8 +8,12 @@ A campaign file (YAML, strict: unknown keys fail with file:line) names::
       - {name: heuristic, kind: heuristic}
       - {name: dds, kind: dds}
       - {name: gpt-5, kind: openai, model: gpt-5}
+      - {name: sft, kind: hf_local, path: ../sft/final, greedy: true, seeds: [0]}
     seeds: [0, 1]
     env: {preset: paper, protocol: turns, max_simulations: 200, max_turns: null, patience: null}
+
+An agent's own ``seeds`` replace the campaign's for that agent (a greedy policy plays the same
+episode whatever the seed, so one seed is enough).
 
 ``run_campaign`` expands it into episodes (ids ``name/basin/agent/seed``), keeps one shard of
 them when asked (``shard=(i, n)``: every n-th episode from the i-th, for array jobs), skips those
@@ -49,9 +53,13 @@ class CampaignError(HydroAgentError, ValueError):
 
 @dataclass(frozen=True)
 class AgentSpec:
+    """One agent entry: ``seeds`` (empty: the campaign's) are the seeds this agent plays; a greedy
+    policy, the same episode whatever the seed, needs one."""
+
     name: str
     kind: str
     options: Mapping[str, Any] = field(default_factory=dict)
+    seeds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,7 +182,8 @@ def campaign_from_mapping(data: Any, base_dir: Path | None = None, source: str =
             raise _at(("agents", i, "name"), f"name: agent name {aname!r} is repeated",
                       "give each agent entry its own name")
         seen.add(aname)
-        options = {k: v for k, v in a.items() if k not in ("name", "kind")}
+        options = {k: v for k, v in a.items() if k not in ("name", "kind", "seeds")}
+        agent_seeds = _seeds(a["seeds"], ("agents", i, "seeds"), f"agents[{i}].seeds") if "seeds" in a else ()
         # A checkpoint written as ./x or ../x is relative to the campaign file, as basins are; other
         # values (absolute folders, hub ids such as Qwen/Qwen3-4B-Instruct-2507) are used as given.
         path_opt = options.get("path")
@@ -186,19 +195,8 @@ def campaign_from_mapping(data: Any, base_dir: Path | None = None, source: str =
             fix = (f"remove {problem[0]!r} or spell it as one of the options listed" if problem[0] in options
                    else "")
             raise _at(("agents", i, problem[0]), problem[1], fix)  # a missing option: the entry's line
-        agents.append(AgentSpec(aname, kind, options))
-    seeds = data.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds:
-        raise _at(("seeds",), f"seeds: a non-empty list of whole numbers, got {brief(seeds)}")
-    lo, hi = SEED_RANGE
-    taken: set[int] = set()
-    for i, s in enumerate(seeds):
-        if isinstance(s, bool) or not isinstance(s, int) or not lo <= s <= hi:
-            raise _at(("seeds", i), f"seeds[{i}]: {brief(s)} is not a seed; seeds are whole numbers from {lo} to "
-                                    f"{hi} (2**63 - 1)")
-        if s in taken:
-            raise _at(("seeds", i), f"seeds[{i}]: seed {s} is repeated", "list each seed once")
-        taken.add(s)
+        agents.append(AgentSpec(aname, kind, options, agent_seeds))
+    seeds = _seeds(data.get("seeds", [0]), ("seeds",), "seeds")
     env_data = data.get("env")
     if env_data is None:
         env_data = {}
@@ -216,7 +214,23 @@ def campaign_from_mapping(data: Any, base_dir: Path | None = None, source: str =
     for i, r in enumerate(requires):
         if not isinstance(r, str) or not r:
             raise _at(("requires", i), f"requires[{i}]: {brief(r)} is not text such as env:OPENAI_API_KEY")
-    return CampaignSpec(name, tuple(resolved), tuple(agents), tuple(seeds), env, source, tuple(requires))
+    return CampaignSpec(name, tuple(resolved), tuple(agents), seeds, env, source, tuple(requires))
+
+
+def _seeds(seeds: Any, path: tuple[Any, ...], label: str) -> tuple[int, ...]:
+    """A non-empty list of distinct seeds in :data:`SEED_RANGE` (errors name ``label`` and its line)."""
+    if not isinstance(seeds, list) or not seeds:
+        raise _at(path, f"{label}: a non-empty list of whole numbers, got {brief(seeds)}")
+    lo, hi = SEED_RANGE
+    taken: set[int] = set()
+    for i, s in enumerate(seeds):
+        if isinstance(s, bool) or not isinstance(s, int) or not lo <= s <= hi:
+            raise _at((*path, i), f"{label}[{i}]: {brief(s)} is not a seed; seeds are whole numbers from {lo} to "
+                                  f"{hi} (2**63 - 1)")
+        if s in taken:
+            raise _at((*path, i), f"{label}[{i}]: seed {s} is repeated", "list each seed once")
+        taken.add(s)
+    return tuple(seeds)
 
 
 def expand(spec: CampaignSpec) -> list[Task]:
@@ -225,7 +239,7 @@ def expand(spec: CampaignSpec) -> list[Task]:
     for b in spec.basins:
         bname = Path(b).name
         for a in spec.agents:
-            for s in spec.seeds:
+            for s in a.seeds or spec.seeds:
                 tasks.append(Task(f"{spec.name}/{bname}/{a.name}/{s}", b, a, s, spec.env))
     return tasks
 

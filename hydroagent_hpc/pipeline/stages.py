@@ -192,7 +192,10 @@ def _campaign_mapping(spec: PipelineSpec, run_dir: Path, stage: str) -> dict[str
     else:
         section, basins = spec.evaluation, _basin_folders(spec, run_dir, "heldout")
         paths = {"base": _base_model(spec, run_dir), "sft": _final(run_dir, "sft"), "grpo": _final(run_dir, "grpo")}
-        agents = [{"name": p, "kind": "hf_local", "path": paths[p], **dict(spec.policy_options)} for p in spec.policies]
+        # a greedy policy plays the same episode whatever the seed: one seed (the first) is enough
+        once = {"seeds": list(section.seeds[:1])} if spec.policy_options.get("greedy") else {}
+        agents = [{"name": p, "kind": "hf_local", "path": paths[p], **dict(spec.policy_options), **once}
+                  for p in spec.policies]
         agents += [dict(a) for a in section.agents]
     return {"name": stage, "description": f"pipeline {spec.name}: {stage} campaign", "basins": basins,
             "agents": agents, "seeds": list(section.seeds), "env": dict(section.env)}
