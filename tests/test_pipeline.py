@@ -224,6 +224,8 @@ def test_the_report_opens_with_table1_and_has_the_figures(demo_run):
     assert first_table[0] == "| Basin | Method | Best NSE | Sims | Turns | Parse fail |"
     assert [line.split("|")[2].strip() for line in first_table[2:]] == ["Base", "SFT-only", "SFT+GRPO", "heuristic"]
     assert md.index("| Basin |") < md.index("| stage |")
+    assert md.index("## Overall") < md.index("| Basin |") and "SFT+GRPO reaches a mean best NSE" in md
+    assert (run / "report" / "tables" / "overall.csv").read_text().startswith("agent,method,episodes,seeds,best_nse")
     for name in ("nse_vs_sims.png", "training.png"):
         assert (run / "report" / "figures" / name).stat().st_size > 1000
     html = (run / "report" / "report.html").read_text()
@@ -319,3 +321,29 @@ def test_greedy_policies_play_one_seed_and_the_references_every_seed(tmp_path):
     assert {p: agents[p]["seeds"] for p in ("base", "sft", "grpo")} == {p: [spec.evaluation.seeds[0]]
                                                                        for p in ("base", "sft", "grpo")}
     assert all("seeds" not in agents[r] for r in ("heuristic", "dds", "random"))
+
+
+def test_the_overall_table_counts_unscored_episodes_and_says_what_it_shows():
+    import pandas as pd
+
+    from hydroagent_hpc.pipeline.report import in_words, overall
+
+    def ep(agent, basin, seed, nse, messages, failures, sims):
+        return {"agent": agent, "basin_id": basin, "seed": seed, "best_nse": nse, "counters.messages": messages,
+                "counters.parse_failures": failures, "n_turns": messages, "n_sims": sims, "total_reward": 1.0}
+
+    eps = pd.DataFrame([ep("base", "a", 0, float("nan"), 4, 4, 0), ep("base", "b", 0, float("nan"), 4, 4, 0),
+                        ep("sft", "a", 0, 0.5, 10, 1, 4), ep("sft", "b", 0, 0.7, 10, 0, 4),
+                        ep("grpo", "a", 0, 0.6, 10, 0, 4), ep("grpo", "b", 0, 0.8, 10, 0, 4),
+                        ep("random", "a", 0, 0.2, 10, 0, 4), ep("random", "b", 0, 0.4, 10, 0, 4),
+                        ep("random", "a", 1, 0.4, 10, 0, 4), ep("random", "b", 1, 0.6, 10, 0, 4)])
+    ov = overall(eps, ["base", "sft", "grpo", "random"]).set_index("agent")
+    assert ov.loc["base", "best_nse"] == -1.0 and ov.loc["base", "unscored"] == 2
+    assert ov.loc["base", "valid_calls"] == 0.0 and ov.loc["sft", "valid_calls"] == 0.95
+    assert ov.loc["grpo", "best_nse"] == pytest.approx(0.7) and ov.loc["sft", "best_nse"] == pytest.approx(0.6)
+    assert ov.loc["random", "best_nse"] == pytest.approx(0.4) and ov.loc["random", "best_nse_sd"] == pytest.approx(
+        (0.02) ** 0.5)
+    words = in_words(ov.reset_index(), 2)
+    assert "SFT+GRPO reaches a mean best NSE of 0.700, above SFT by 0.100 (0.600)" in words
+    assert "100% of its messages are valid tool calls (SFT 95%, Base 0%)" in words
+    assert "random 0.400: SFT+GRPO is above random" in words

@@ -29,7 +29,11 @@ from hydroagent_hpc.report.training import read_metrics, training_figure
 
 log = logging.getLogger(__name__)
 
-__all__ = ["table1", "write_pipeline_report", "format_table1"]
+__all__ = ["table1", "overall", "in_words", "write_pipeline_report", "format_table1"]
+
+#: The best NSE an episode without a scored simulation counts as in the overall means (the floor of the
+#: paper's clipped terminal term), so a policy that never simulates cannot look better by having no score.
+UNSCORED_NSE = -1.0
 
 _LABELS = {"base": "Base", "sft": "SFT-only", "grpo": "SFT+GRPO"}
 
@@ -49,6 +53,73 @@ def table1(summary: pd.DataFrame, basin_order: list[str], agent_order: list[str]
                          "best_nse_std": s["best_nse_std"].to_numpy(float),
                          "sims": s["sims_mean"].to_numpy(float), "turns": s["turns_mean"].to_numpy(float),
                          "parse_failures": s["parse_failures_mean"].to_numpy(float)}).reset_index(drop=True)
+
+
+def overall(episodes: pd.DataFrame, agent_order: list[str]) -> pd.DataFrame:
+    """One row per agent over every held-out basin: ``agent, method, episodes, seeds, best_nse`` (the
+    mean over seeds of each seed's mean over basins; an episode without a scored simulation counts
+    :data:`UNSCORED_NSE`), ``best_nse_sd`` (sample std over seeds), ``unscored`` (such episodes),
+    ``valid_calls`` (share of assistant messages that were not parse failures), ``sims``,
+    ``parse_failures`` and ``reward`` (means per episode)."""
+    rows = []
+    for agent in [a for a in agent_order if a in set(episodes["agent"])]:
+        eps = episodes[episodes["agent"] == agent]
+        nse = pd.to_numeric(eps["best_nse"], errors="coerce").astype(float)
+        per_seed = nse.fillna(UNSCORED_NSE).groupby(eps["seed"]).mean()
+        messages = pd.to_numeric(eps.get("counters.messages", eps["n_turns"]), errors="coerce").sum()
+        failures = pd.to_numeric(eps.get("counters.parse_failures", 0), errors="coerce").fillna(0)
+        rows.append({"agent": agent, "method": _LABELS.get(agent, agent), "episodes": len(eps),
+                     "seeds": int(per_seed.size), "best_nse": float(per_seed.mean()),
+                     "best_nse_sd": float(per_seed.std(ddof=1)) if per_seed.size > 1 else float("nan"),
+                     "unscored": int(nse.isna().sum()),
+                     "valid_calls": float(1 - failures.sum() / messages) if messages else float("nan"),
+                     "sims": float(pd.to_numeric(eps["n_sims"]).mean()), "parse_failures": float(failures.mean()),
+                     "reward": float(pd.to_numeric(eps["total_reward"]).mean())})
+    return pd.DataFrame(rows)
+
+
+def in_words(ov: pd.DataFrame, basins: int) -> str:
+    """What the overall table shows, in one or two sentences (the trained policies against the references)."""
+    by = {r["agent"]: r for r in ov.to_dict("records")}
+
+    def nse(agent: str) -> str:
+        return f"{by[agent]['best_nse']:.3f}"
+
+    parts = []
+    if "grpo" in by and "sft" in by:
+        g, s = by["grpo"], by["sft"]
+        diff = g["best_nse"] - s["best_nse"]
+        verdict = ("the same as SFT" if abs(diff) < 5e-4 else
+                   f"{'above' if diff > 0 else 'below'} SFT by {abs(diff):.3f}")
+        parts.append(f"On {basins} held-out basins SFT+GRPO reaches a mean best NSE of {nse('grpo')}, {verdict} "
+                     f"({nse('sft')}); {g['valid_calls']:.0%} of its messages are valid tool calls (SFT "
+                     f"{s['valid_calls']:.0%}, Base {by['base']['valid_calls']:.0%})." if "base" in by else
+                     f"On {basins} held-out basins SFT+GRPO reaches a mean best NSE of {nse('grpo')}, {verdict} "
+                     f"({nse('sft')}); {g['valid_calls']:.0%} of its messages are valid tool calls.")
+    refs = [a for a in by if a not in _LABELS]
+    if refs:
+        lead = "grpo" if "grpo" in by else "sft" if "sft" in by else None
+        ref_text = ", ".join(f"{a} {nse(a)}" for a in refs)
+        sims = ", ".join(sorted({f"{by[a]['sims']:.1f}" for a in refs}))
+        if lead is not None:
+            beaten = [a for a in refs if by[lead]["best_nse"] > by[a]["best_nse"]]
+            parts.append(f"At the same budget ({sims} simulations per episode) the references score {ref_text}: "
+                         f"{_LABELS[lead]} is above {', '.join(beaten) if beaten else 'none of them'}.")
+        else:
+            parts.append(f"The references score {ref_text}.")
+    return " ".join(parts)
+
+
+def _overall_rows(ov: pd.DataFrame) -> tuple[tuple[str, ...], ...]:
+    rows = []
+    for r in ov.to_dict("records"):
+        nse = _cell(r["best_nse"], ".3f") + (f" ± {r['best_nse_sd']:.3f}" if np.isfinite(r["best_nse_sd"]) else "")
+        rows.append((r["method"], str(r["episodes"]), str(r["seeds"]), nse, _cell(r["valid_calls"], ".0%"),
+                     _cell(r["sims"], ".1f"), _cell(r["parse_failures"], ".2f"), _cell(r["reward"], ".2f")))
+    return tuple(rows)
+
+
+OVERALL_COLUMNS = ("Method", "Episodes", "Seeds", "Best NSE", "Valid calls", "Sims", "Parse fail", "Reward")
 
 
 def _cell(v: float, spec: str) -> str:
@@ -102,6 +173,9 @@ def write_pipeline_report(spec: PipelineSpec, run_dir: Path) -> dict[str, Any]:
     t1.to_csv(out / "tables" / "table1.csv", index=False, lineterminator="\n")
     env = res.episodes
     budget = spec.evaluation.env
+    ov = overall(res.episodes, agents)
+    ov.to_csv(out / "tables" / "overall.csv", index=False, lineterminator="\n")
+    words = in_words(ov, len(heldout))
     blocks: list[Block] = [
         Heading(f"Pipeline {spec.name}: the whole recipe", 1, "top"),
         Paragraph(f"Base policy `{spec.model}`; SFT on the teacher campaign's episodes, GRPO from the "
@@ -109,6 +183,14 @@ def write_pipeline_report(spec: PipelineSpec, run_dir: Path) -> dict[str, Any]:
                   f"{len(heldout)} held-out basins ({', '.join(heldout)}) with seeds "
                   f"{', '.join(str(s) for s in spec.evaluation.seeds)}, every policy under the same environment "
                   f"(`{dict(budget) or 'preset defaults'}`). {len(env)} episodes in `evaluation/campaign.h5`."),
+        Heading("Overall: every held-out basin", 2, "overall"),
+        Paragraph(words),
+        Table(OVERALL_COLUMNS, _overall_rows(ov), ("l", "r", "r", "r", "r", "r", "r", "r"),
+              caption="Per method over every held-out basin: best NSE is the mean over seeds of each seed's mean "
+                      f"over basins (± sample std over seeds; an episode without a scored simulation counts "
+                      f"{UNSCORED_NSE:g}); valid calls = share of assistant messages that were not parse failures; "
+                      "sims, parse failures and reward per episode. A greedy policy plays one seed (the same "
+                      "episode whatever the seed). Data: `tables/overall.csv`."),
         Heading("Table 1: best NSE per policy and basin", 2, "table1"),
         Table(TABLE1_COLUMNS, _rows(t1), ("l", "l", "r", "r", "r", "r"),
               caption="The paper's Table 1 layout (Li et al. 2026): best NSE (mean ± std over seeds), simulations "
@@ -160,4 +242,5 @@ def write_pipeline_report(spec: PipelineSpec, run_dir: Path) -> dict[str, Any]:
         os.replace(tmp, out / name)  # never half a report
     log.info("pipeline report: %s", out / "report.md")
     return {"markdown": str(out / "report.md"), "html": str(out / "report.html"),
-            "campaign_report": str(campaign.markdown), "table1": t1.to_dict("records")}
+            "campaign_report": str(campaign.markdown), "table1": t1.to_dict("records"),
+            "overall": ov.to_dict("records"), "in_words": words}
