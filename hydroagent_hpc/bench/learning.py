@@ -286,15 +286,17 @@ def _read(out: Path, key: str) -> dict[str, Any]:
     return done
 
 
-def _do(out: str, plan: dict[str, Any], unit: Unit, threads: int) -> tuple[str, float]:
-    """Run one unit in a worker process (``threads`` torch threads); returns its key and wall time."""
+def _worker(threads: int) -> None:
+    """A worker process's start, before anything imports torch: it reads its thread count once."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+
+
+def _do(out: str, plan: dict[str, Any], unit: Unit) -> tuple[str, float]:
+    """Run one unit in a worker process; returns its key and wall time."""
     t0 = time.perf_counter()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if unit.kind in ("base", "sft", "grpo", "eval"):
-        import torch
-
-        torch.set_num_threads(threads)
     root = Path(out)
     folder = root / unit.key
     folder.mkdir(parents=True, exist_ok=True)
@@ -331,10 +333,11 @@ def run(out: Path, plan: BenchPlan, jobs: int = 2, progress: bool = True) -> dic
     finished = {u.key for u in units(plan) if u not in todo}
     running: dict[Future[tuple[str, float]], Unit] = {}
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn"), initializer=_worker,
+                             initargs=(threads,)) as pool:
         while todo or running:
             for u in [u for u in todo if set(u.needs) <= finished][:max(0, jobs - len(running))]:
-                running[pool.submit(_do, str(out), plan.to_dict(), u, threads)] = u
+                running[pool.submit(_do, str(out), plan.to_dict(), u)] = u
                 todo.remove(u)
             if not running:
                 raise RuntimeError(f"units wait on units that never finish: {[u.key for u in todo]}")
