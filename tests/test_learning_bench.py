@@ -19,7 +19,9 @@ def test_the_bench_scores_every_row_and_resumes(tmp_path):
     out = tmp_path / "bench"
     result = run(out, TOY, jobs=2, progress=False)
     rows = {r["row"]: r for r in result["rows"]}
-    assert list(rows) == ["Base", "SFT", "SFT+GRPO", "heuristic", "DDS", "random"]
+    assert list(rows) == ["Base", "SFT", "SFT+GRPO", "heuristic", "DDS", "random", "DDS (every simulation)",
+                          "random (every simulation)"]
+    assert rows["random (every simulation)"]["sims"] == TOY.max_simulations  # calls enough for every simulation
     for name in ("SFT", "SFT+GRPO", "Base"):
         assert rows[name]["n"] == 1 and rows[name]["sims"] <= TOY.max_simulations
     assert rows["heuristic"]["valid_calls"] == 1.0 and rows["heuristic"]["sims"] >= 1
