@@ -80,13 +80,13 @@ class BenchPlan:
     sft_lr: float = 3e-3
     grpo_steps: int = 16
     k: int = 8
-    prompts_per_step: int = 2
+    prompts_per_step: int = 1
     grpo_lr: float = 2e-4
     temperature: float = 1.0
     max_new_tokens: int = 128
     validate_every: int = 4
     curve_basins: int = 12
-    ablation: int = 3
+    ablation: int = 2
     recovery: float = 0.1
 
     @property
@@ -616,8 +616,8 @@ def report_markdown(result: Mapping[str, Any], curves: Any, signal: Any) -> str:
         for r in signal.to_dict("records"):
             lines.append(f"| {int(r['step'])} | " + " | ".join(_fmt(r[c], ".3g") for c in cols) + " |")
     total = sum(v for v in result["unit_s"].values() if v)
-    lines += ["", f"Work: {total:.0f} s of unit time in all (units run {'in parallel' if total else ''}); "
-              "`unit_s` in result.json per unit.", ""]
+    lines += ["", f"Work: {total:.0f} s of unit time in all (`--jobs` units run at once, so the wall time is "
+              "shorter); `unit_s` in result.json per unit.", ""]
     return "\n".join(lines)
 
 
