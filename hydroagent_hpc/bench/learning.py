@@ -11,14 +11,17 @@ SFT                Base after SFT on the teacher episodes of each data seed (the
 SFT+GRPO           SFT after ``--grpo-steps`` GRPO steps on the teaching basins (``paper`` preset,
                    K = ``--k``, per-episode credit), from the SFT checkpoint
 heuristic          the teacher itself (agents/heuristic.py), seeds ``--ref-seeds``
-DDS, random        the optimisers, same basins, same simulation budget, seeds ``--ref-seeds``
+DDS, random        the optimisers, same basins, same budget, seeds ``--ref-seeds``; once more
+                   "(every simulation)": with tool calls enough for all the simulations of the
+                   budget (three calls each), the row goal 2 compares at equal simulations
 =================  ===========================================================================
 
 Trained policies play greedily (one episode per held-out basin); each row gives the mean over its
 seeds of: mean best NSE, the share of assistant messages that were valid tool calls, simulations
 used, parse failures and total reward per episode, with the spread (sample standard deviation)
-over seeds. The ablation (``--ablation N``: the first N cells) trains GRPO three times from the
-same SFT checkpoint with only the credit mode changed: ``episode`` (the paper: one
+over seeds (an episode without a valid simulation scores -1). The ablation (``--ablation N``: the
+first N cells) trains GRPO three times from the same SFT checkpoint with only the credit mode
+changed: ``episode`` (the paper: one
 group-normalised return per episode), ``turn`` (per-turn reward-to-go with the paper's shaping)
 and ``released`` (terminal reward only, what the authors' code trained).
 
@@ -30,7 +33,8 @@ per advantage sign) is averaged over cells into ``DIR/tables/signal.csv`` for th
 
 Every unit of work (a data set, an SFT run, a GRPO run, an evaluation) writes its result into its
 own folder and a ``done.json`` last; a rerun with the same settings skips what is done, and the
-trainers resume from their newest checkpoints. ``--jobs`` units run at once, each on
+trainers resume from their newest checkpoints; a changed recipe setting is refused, more seeds or
+ablation cells extend a bench (:data:`EXTENDABLE`). ``--jobs`` units run at once, each on
 ``cores / jobs`` torch threads (the tiny model is too small to use two cores well in one
 process). ``DIR/report.md`` holds the tables, the goals and the figures; ``DIR/result.json`` the
 numbers. ``--quick`` is a smoke-sized run (minutes) for the tests.
