@@ -21,9 +21,9 @@ seeds of: mean best NSE, the share of assistant messages that were valid tool ca
 used, parse failures and total reward per episode, with the spread (sample standard deviation)
 over seeds (an episode without a valid simulation scores -1). The ablation (``--ablation N``: the
 first N cells) trains GRPO three times from the same SFT checkpoint with only the credit mode
-changed: ``episode`` (the paper: one
-group-normalised return per episode), ``turn`` (per-turn reward-to-go with the paper's shaping)
-and ``released`` (terminal reward only, what the authors' code trained).
+changed: ``episode`` (the paper: one group-normalised return per episode), ``turn`` (per-turn
+reward-to-go with the paper's shaping) and ``released`` (terminal reward only, what the authors'
+code trained).
 
 Curves: every ``validate_every`` steps GRPO plays the first ``--curve-basins`` held-out basins
 greedily (stored as ``grpo-val`` episodes); the held-out reward and valid-call share against the
