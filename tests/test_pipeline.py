@@ -328,18 +328,29 @@ def test_the_overall_table_counts_unscored_episodes_and_says_what_it_shows():
 
     from hydroagent_hpc.pipeline.report import in_words, overall
 
-    def ep(agent, basin, seed, nse, messages, failures, sims):
-        return {"agent": agent, "basin_id": basin, "seed": seed, "best_nse": nse, "counters.messages": messages,
-                "counters.parse_failures": failures, "n_turns": messages, "n_sims": sims, "total_reward": 1.0}
+    eps, turns = [], []
 
-    eps = pd.DataFrame([ep("base", "a", 0, float("nan"), 4, 4, 0), ep("base", "b", 0, float("nan"), 4, 4, 0),
-                        ep("sft", "a", 0, 0.5, 10, 1, 4), ep("sft", "b", 0, 0.7, 10, 0, 4),
-                        ep("grpo", "a", 0, 0.6, 10, 0, 4), ep("grpo", "b", 0, 0.8, 10, 0, 4),
-                        ep("random", "a", 0, 0.2, 10, 0, 4), ep("random", "b", 0, 0.4, 10, 0, 4),
-                        ep("random", "a", 1, 0.4, 10, 0, 4), ep("random", "b", 1, 0.6, 10, 0, 4)])
-    ov = overall(eps, ["base", "sft", "grpo", "random"]).set_index("agent")
+    def ep(agent, basin, seed, nse, messages, failed, sims, failures_per_message=1):
+        eid = f"{agent}/{basin}/{seed}"
+        eps.append({"episode_id": eid, "agent": agent, "basin_id": basin, "seed": seed, "best_nse": nse,
+                    "counters.parse_failures": failed * failures_per_message, "n_sims": sims, "total_reward": 1.0})
+        for m in range(messages):
+            kinds = ["parse_failure"] * failures_per_message if m < failed else ["tool"]
+            turns.extend({"episode_id": eid, "message_index": m, "kind": k} for k in kinds)
+
+    ep("base", "a", 0, float("nan"), 4, 4, 0, failures_per_message=3)  # several malformed calls in a message
+    ep("base", "b", 0, float("nan"), 4, 4, 0)
+    ep("sft", "a", 0, 0.5, 10, 1, 4)
+    ep("sft", "b", 0, 0.7, 10, 0, 4)
+    ep("grpo", "a", 0, 0.6, 10, 0, 4)
+    ep("grpo", "b", 0, 0.8, 10, 0, 4)
+    for seed, (x, y) in enumerate(((0.2, 0.4), (0.4, 0.6))):
+        ep("random", "a", seed, x, 10, 0, 4)
+        ep("random", "b", seed, y, 10, 0, 4)
+    ov = overall(pd.DataFrame(eps), pd.DataFrame(turns), ["base", "sft", "grpo", "random"]).set_index("agent")
     assert ov.loc["base", "best_nse"] == -1.0 and ov.loc["base", "unscored"] == 2
     assert ov.loc["base", "valid_calls"] == 0.0 and ov.loc["sft", "valid_calls"] == 0.95
+    assert ov.loc["base", "parse_failures"] == 8.0  # calls, where valid_calls counts messages
     assert ov.loc["grpo", "best_nse"] == pytest.approx(0.7) and ov.loc["sft", "best_nse"] == pytest.approx(0.6)
     assert ov.loc["random", "best_nse"] == pytest.approx(0.4) and ov.loc["random", "best_nse_sd"] == pytest.approx(
         (0.02) ** 0.5)

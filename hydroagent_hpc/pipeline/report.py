@@ -55,24 +55,29 @@ def table1(summary: pd.DataFrame, basin_order: list[str], agent_order: list[str]
                          "parse_failures": s["parse_failures_mean"].to_numpy(float)}).reset_index(drop=True)
 
 
-def overall(episodes: pd.DataFrame, agent_order: list[str]) -> pd.DataFrame:
+def overall(episodes: pd.DataFrame, turns: pd.DataFrame, agent_order: list[str]) -> pd.DataFrame:
     """One row per agent over every held-out basin: ``agent, method, episodes, seeds, best_nse`` (the
     mean over seeds of each seed's mean over basins; an episode without a scored simulation counts
     :data:`UNSCORED_NSE`), ``best_nse_sd`` (sample std over seeds), ``unscored`` (such episodes),
-    ``valid_calls`` (share of assistant messages that were not parse failures), ``sims``,
-    ``parse_failures`` and ``reward`` (means per episode)."""
+    ``valid_calls`` (share of assistant messages, read from ``turns``, without a parse failure: a
+    message with several malformed calls counts once), ``sims``, ``parse_failures`` and ``reward``
+    (means per episode)."""
+    per_message = turns.groupby("episode_id").message_index.nunique()
+    failed = turns[turns["kind"] == "parse_failure"].groupby("episode_id").message_index.nunique()
     rows = []
     for agent in [a for a in agent_order if a in set(episodes["agent"])]:
         eps = episodes[episodes["agent"] == agent]
         nse = pd.to_numeric(eps["best_nse"], errors="coerce").astype(float)
         per_seed = nse.fillna(UNSCORED_NSE).groupby(eps["seed"]).mean()
-        messages = pd.to_numeric(eps.get("counters.messages", eps["n_turns"]), errors="coerce").sum()
+        ids = eps["episode_id"]
+        messages = int(per_message.reindex(ids).fillna(0).sum())
+        failed_messages = int(failed.reindex(ids).fillna(0).sum())
         failures = pd.to_numeric(eps.get("counters.parse_failures", 0), errors="coerce").fillna(0)
         rows.append({"agent": agent, "method": _LABELS.get(agent, agent), "episodes": len(eps),
                      "seeds": int(per_seed.size), "best_nse": float(per_seed.mean()),
                      "best_nse_sd": float(per_seed.std(ddof=1)) if per_seed.size > 1 else float("nan"),
                      "unscored": int(nse.isna().sum()),
-                     "valid_calls": float(1 - failures.sum() / messages) if messages else float("nan"),
+                     "valid_calls": float(1 - failed_messages / messages) if messages else float("nan"),
                      "sims": float(pd.to_numeric(eps["n_sims"]).mean()), "parse_failures": float(failures.mean()),
                      "reward": float(pd.to_numeric(eps["total_reward"]).mean())})
     return pd.DataFrame(rows)
@@ -173,7 +178,9 @@ def write_pipeline_report(spec: PipelineSpec, run_dir: Path) -> dict[str, Any]:
     t1.to_csv(out / "tables" / "table1.csv", index=False, lineterminator="\n")
     env = res.episodes
     budget = spec.evaluation.env
-    ov = overall(res.episodes, agents)
+    from hydroagent_hpc.store import read_turns
+
+    ov = overall(res.episodes, read_turns(store), agents)
     ov.to_csv(out / "tables" / "overall.csv", index=False, lineterminator="\n")
     words = in_words(ov, len(heldout))
     blocks: list[Block] = [
