@@ -33,7 +33,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointedCommand", "CommandFailed", "child_pids", "descendant_pids", "mpi_rank"]
+__all__ = ["CheckpointedCommand", "CommandFailed", "child_pids", "descendant_pids", "mpi_rank", "slurm_active_jobs"]
 
 #: Environment variables in which MPI launchers give a process its rank (MPICH/Hydra and Slurm's pmi2,
 #: PMIx, Open MPI).
@@ -87,6 +87,21 @@ def mpi_rank(pid: int) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+def slurm_active_jobs(job_ids: list[str]) -> list[str]:
+    """The ids among ``job_ids`` that Slurm still has pending or running (``squeue``); none when
+    ``squeue`` is missing or does not answer within a minute. An array task id ``123_4`` asks for its array."""
+    if not job_ids:
+        return []
+    try:
+        # COMPLETING is left out: its work is over (a job just finished stays in squeue for a moment)
+        p = subprocess.run(["squeue", "-h", "-o", "%i %T", "-t", "PENDING,CONFIGURING,RUNNING,REQUEUED,REQUEUE_HOLD,"
+                            "SUSPENDED", "-j", ",".join(sorted({j.split("_")[0] for j in job_ids}))],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
 
 
 def _newest_mtime(folder: Path) -> float:

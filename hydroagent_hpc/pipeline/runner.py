@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hydroagent_hpc.hpc.jobs import slurm_active_jobs
 from hydroagent_hpc.pipeline import stages as st
 from hydroagent_hpc.pipeline.spec import STAGES, PipelineError, PipelineSpec, load_pipeline
 from hydroagent_hpc.pipeline.state import read_record
@@ -96,13 +97,11 @@ def _slurm_jobs_active(run: Path) -> list[str]:
     record = run / "submit.json"
     if not record.is_file():
         return []
-    from hydroagent_hpc.pipeline.submit import _active  # lazily: submit imports this module
-
     submitted = json.loads(record.read_text())
     if submitted.get("cluster") != "slurm":  # local jobs are processes of a finished `submit --cluster local`
         return []
     jobs = submitted.get("jobs") or {}
-    return _active([j for ids in jobs.values() for j in ids])
+    return slurm_active_jobs([j for ids in jobs.values() for j in ids])
 
 
 def _run_locked(path: str | Path, run: Path, workers: int, until: str | None, only: str | None) -> dict[str, Any]:

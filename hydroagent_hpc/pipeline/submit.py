@@ -35,6 +35,7 @@ from typing import Any
 from hydroagent_hpc.campaign.submit import ShardJob
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.hpc.jobs import CheckpointedCommand
+from hydroagent_hpc.hpc.jobs import slurm_active_jobs as _active
 from hydroagent_hpc.hpc.slurm import SiteSettings, array_id, make_executor
 from hydroagent_hpc.pipeline import stages as st
 from hydroagent_hpc.pipeline.runner import RUN_SPEC, adopt_spec, load_run_spec
@@ -255,20 +256,6 @@ class TrainStageJob:
 
 
 # --------------------------------------------------------------------------- submitting
-
-
-def _active(job_ids: list[str]) -> list[str]:
-    """The ids among ``job_ids`` that Slurm still has pending or running."""
-    if not job_ids:
-        return []
-    try:
-        # COMPLETING is left out: its work is over (a job just finished stays in squeue for a moment)
-        p = subprocess.run(["squeue", "-h", "-o", "%i %T", "-t", "PENDING,CONFIGURING,RUNNING,REQUEUED,REQUEUE_HOLD,"
-                            "SUSPENDED", "-j", ",".join(sorted({j.split("_")[0] for j in job_ids}))],
-                           capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
 
 
 def _pending_on_dependency(job_ids: list[str]) -> tuple[list[str], list[str]]:
