@@ -1,12 +1,15 @@
 """The ``hydroagent`` command.
 
 Subcommands, wired here and defined in :mod:`hydroagent_hpc.cli.basins` (``simulate``, a drop-in
-for ``ef5 control.txt``; ``basin synth|from-camels``; ``data usgs|verify``) and
-:mod:`hydroagent_hpc.cli.runs` (``calibrate``; ``campaign run|merge|status``; ``submit campaign|sft``;
-``demo``; ``report``) and :mod:`hydroagent_hpc.cli.store` (``store verify|salvage``) and
-:mod:`hydroagent_hpc.cli.train` (``train sft-data``) and
-:mod:`hydroagent_hpc.cli.pipeline` (``pipeline run|status|submit``). Errors in the input print one clear message
-(file:line, key, fix) and exit with status 2 (an incomplete merge exits 1); no traceback unless ``--debug``.
+for ``ef5 control.txt``; ``basin synth|from-camels``; ``data usgs|camels|verify``) and
+:mod:`hydroagent_hpc.cli.runs` (``calibrate``; ``campaign run|submit|merge|status``; ``demo``; ``report``) and
+:mod:`hydroagent_hpc.cli.store` (``store verify|salvage``) and
+:mod:`hydroagent_hpc.cli.train` (``train sft-data|sft|grpo|plan``; ``train submit sft|grpo``) and
+:mod:`hydroagent_hpc.cli.pipeline` (``pipeline run|status|submit``). One grammar: ``hydroagent NOUN VERB``
+(``train submit sft``: NOUN VERB OBJECT), besides the single words ``simulate``, ``calibrate``, ``demo`` and
+``report``. :mod:`hydroagent_hpc.cli.aliases` keeps the old spellings ``submit campaign|sft|grpo`` working
+(unlisted in ``--help``; each logs one warning naming the new spelling). Errors in the input print one clear
+message (file:line, key, fix) and exit with status 2 (an incomplete merge exits 1); no traceback unless ``--debug``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def _blas_single_threaded_for_simulate() -> None:
 _blas_single_threaded_for_simulate()
 
 from hydroagent_hpc import __version__  # noqa: E402  (after the BLAS choice above)
-from hydroagent_hpc.cli import basins, pipeline, runs, store, train  # noqa: E402
+from hydroagent_hpc.cli import aliases, basins, pipeline, runs, store, train  # noqa: E402
 from hydroagent_hpc.errors import HydroAgentError, one_line  # noqa: E402
 
 __all__ = ["build_parser", "main"]
@@ -63,6 +66,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     store.add_parsers(sub)
     train.add_parsers(sub)
     pipeline.add_parsers(sub)
+    aliases.add_parsers(sub)
+    aliases.hide(sub)
     return p
 
 
@@ -71,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if getattr(args, "old_spelling", None):
+        logging.getLogger("hydroagent").warning("%s", args.old_spelling)
     try:
         return int(args.func(args) or 0)
     except HydroAgentError as exc:  # every error raised on purpose: one message, no traceback

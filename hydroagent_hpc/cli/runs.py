@@ -1,4 +1,7 @@
-"""``hydroagent calibrate``, ``campaign run|merge|status``, ``submit campaign|sft|grpo``, ``demo`` and ``report``."""
+"""``hydroagent calibrate``, ``campaign run|submit|merge|status``, ``demo`` and ``report``.
+
+:func:`add_campaign_submit` builds ``campaign submit`` and its old spelling ``submit campaign``
+(:mod:`hydroagent_hpc.cli.aliases`); :func:`add_site_options` is shared with ``train submit sft|grpo``."""
 
 from __future__ import annotations
 
@@ -169,33 +172,6 @@ def cmd_submit_campaign(args: argparse.Namespace) -> int:
     return 1 if out.get("shard_failures") or (merge is not None and merge.get("missing")) else 0
 
 
-def cmd_submit_sft(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.hpc.slurm import SiteSettings
-    from hydroagent_hpc.train.submit import submit_sft
-
-    site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
-                                 constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
-                                 mem_gb=args.mem_gb, modules=tuple(args.module) if args.module else None)
-    out = submit_sft(args.config, args.run_dir, site, gpus=args.gpus, nodes=args.nodes, cluster=args.cluster,
-                     wait=args.wait, max_requeues=args.max_requeues, save_wait_s=args.save_wait)
-    print(json.dumps(out, default=str))
-    return 0
-
-
-def cmd_submit_grpo(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.hpc.slurm import SiteSettings
-    from hydroagent_hpc.train.submit import submit_grpo
-
-    site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
-                                 constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
-                                 mem_gb=args.mem_gb, modules=tuple(args.module) if args.module else None)
-    out = submit_grpo(args.config, args.run_dir, site, gpus=args.gpus, cluster=args.cluster, wait=args.wait,
-                      max_requeues=args.max_requeues, save_wait_s=args.save_wait, sim_ranks=args.sim_ranks,
-                      trainers=args.trainers)
-    print(json.dumps(out, default=str))
-    return 0
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from hydroagent_hpc.cli.demo import run_demo
 
@@ -217,9 +193,7 @@ def cmd_report(args: argparse.Namespace) -> int:
           f"{len(report.tables)} tables in {out / 'tables'}; {report.seconds:.1f} s)")
     return 0
 
-
-
-def _add_site_options(p: argparse.ArgumentParser, *, local: str, time: str, cpus: str, module: str) -> None:
+def add_site_options(p: argparse.ArgumentParser, *, local: str, time: str, cpus: str, module: str) -> None:
     """The Slurm site options every ``submit`` subcommand takes (read by ``hpc.slurm.SiteSettings``)."""
     p.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
                    help=f"auto: Slurm when sbatch is here, else {local}")
@@ -230,14 +204,48 @@ def _add_site_options(p: argparse.ArgumentParser, *, local: str, time: str, cpus
     p.add_argument("--mem-gb", type=positive_float)
     p.add_argument("--module", action="append", help=module)
 
+
+def pool_choices() -> tuple[str, ...]:
+    """The ``--pool`` choices of ``campaign run|submit``: auto and the pool backends."""
+    from hydroagent_hpc.hpc.pool import BACKENDS as POOL_BACKENDS
+
+    return ("auto", *POOL_BACKENDS.names())
+
+
+def add_campaign_submit(sub: argparse._SubParsersAction, name: str = "submit") -> argparse.ArgumentParser:
+    """``campaign submit`` (and, under the name ``campaign`` of the ``submit`` alias group, its old
+    spelling ``submit campaign``): one definition of its help and options."""
+    sc = sub.add_parser(name, help="a campaign as a job array of shards plus a dependent merge job",
+                        description="Submit a campaign as an array of --array shard jobs and a merge job that runs "
+                                    "after all of them (Slurm), or run them as local processes and merge (no "
+                                    "Slurm). Shards are requeued on preemption or time limit and resume from their "
+                                    "files. Site settings default to $SBATCH_PARTITION, $SBATCH_ACCOUNT, "
+                                    "$SBATCH_QOS and $HYDROAGENT_MODULES.")
+    sc.add_argument("file", help="campaign YAML")
+    sc.add_argument("--run-dir", required=True, help="run folder: shards/, campaign.h5, logs/, report/")
+    sc.add_argument("--array", type=positive_int, default=4, help="number of shard jobs (default 4)")
+    add_site_options(sc, local="local processes", time="minutes per shard job (default 60)",
+                     cpus="CPUs per shard job (default 1); local processes use them",
+                     module="environment module to load in each job (repeatable)")
+    sc.add_argument("--ntasks", type=positive_int, help="MPI ranks per shard job (srun --mpi=pmi2; default 1)")
+    sc.add_argument("--array-parallelism", type=positive_int, help="shard jobs running at once (default 64)")
+    sc.add_argument("--pool", choices=pool_choices(), default="auto")
+    sc.add_argument("--workers", type=positive_int, help="worker processes per shard job (default: its CPUs)")
+    sc.add_argument("--max-in-flight", type=positive_int, default=32)
+    sc.add_argument("--timeout", type=positive_float, help="seconds one episode may run")
+    sc.add_argument("--no-report", action="store_true", help="merge only; do not write RUN_DIR/report/")
+    sc.add_argument("--wait", action="store_true", help="wait for the merge job and print its summary")
+    sc.set_defaults(func=cmd_submit_campaign)
+    return sc
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """The calibrate, campaign, submit, demo and report subcommands."""
+    """The calibrate, campaign, demo and report subcommands."""
     from hydroagent_hpc.agents.factory import AGENT_KINDS
     from hydroagent_hpc.config import PRESETS
-    from hydroagent_hpc.hpc.pool import BACKENDS as POOL_BACKENDS
     from hydroagent_hpc.sim import BACKENDS as SIM_BACKENDS
 
-    POOLS = ("auto", *POOL_BACKENDS.names())
+    POOLS = pool_choices()
     c = sub.add_parser("calibrate", help="run one calibration episode and store it in HDF5",
                        description="Run one episode of an agent on a basin folder and append it to an HDF5 store.")
     c.add_argument("--basin", required=True, help="basin folder (control.txt, obs; e.g. from `basin synth`)")
@@ -284,6 +292,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cr.add_argument("--limit", type=nonnegative_int, help="run at most this many episodes now")
     cr.add_argument("--no-progress", action="store_true")
     cr.set_defaults(func=cmd_campaign_run)
+    add_campaign_submit(cp)
     cm = cp.add_parser("merge", help="merge a run folder's shards into RUN_DIR/campaign.h5, each episode once",
                        description="Merge RUN_DIR/shards/*.h5 (and an earlier RUN_DIR/campaign.h5) into a new "
                                    "RUN_DIR/campaign.h5. Fails, replacing nothing, when an episode is missing or "
@@ -302,81 +311,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cs.add_argument("--run-dir", required=True)
     cs.add_argument("--json", action="store_true", help="print one JSON object")
     cs.set_defaults(func=cmd_campaign_status)
-
-    sm = sub.add_parser("submit", help="submit work to Slurm (or local processes) through submitit").add_subparsers(
-        dest="submit_command", required=True)
-    sc = sm.add_parser("campaign", help="a campaign as a job array of shards plus a dependent merge job",
-                       description="Submit a campaign as an array of --array shard jobs and a merge job that runs "
-                                   "after all of them (Slurm), or run them as local processes and merge (no Slurm). "
-                                   "Shards are requeued on preemption or time limit and resume from their files. "
-                                   "Site settings default to $SBATCH_PARTITION, $SBATCH_ACCOUNT, $SBATCH_QOS and "
-                                   "$HYDROAGENT_MODULES.")
-    sc.add_argument("file", help="campaign YAML")
-    sc.add_argument("--run-dir", required=True, help="run folder: shards/, campaign.h5, logs/, report/")
-    sc.add_argument("--array", type=positive_int, default=4, help="number of shard jobs (default 4)")
-    _add_site_options(sc, local="local processes", time="minutes per shard job (default 60)",
-                      cpus="CPUs per shard job (default 1); local processes use them",
-                      module="environment module to load in each job (repeatable)")
-    sc.add_argument("--ntasks", type=positive_int, help="MPI ranks per shard job (srun --mpi=pmi2; default 1)")
-    sc.add_argument("--array-parallelism", type=positive_int, help="shard jobs running at once (default 64)")
-    sc.add_argument("--pool", choices=POOLS, default="auto")
-    sc.add_argument("--workers", type=positive_int, help="worker processes per shard job (default: its CPUs)")
-    sc.add_argument("--max-in-flight", type=positive_int, default=32)
-    sc.add_argument("--timeout", type=positive_float, help="seconds one episode may run")
-    sc.add_argument("--no-report", action="store_true", help="merge only; do not write RUN_DIR/report/")
-    sc.add_argument("--wait", action="store_true", help="wait for the merge job and print its summary")
-    sc.set_defaults(func=cmd_submit_campaign)
-    sf = sm.add_parser("sft", help="an SFT run as one job; requeued on time limit, resumes from its checkpoint",
-                       description="Submit `python -m hydroagent_hpc.train.sft CONFIG --out RUN_DIR --resume` "
-                                   "through submitit: one CPU process (--gpus 0), accelerate launch over the GPUs "
-                                   "of one node, or one launcher per node (--nodes N). Before a time limit or "
-                                   "preemption the trainer checkpoints and the job requeues itself. Site settings "
-                                   "default to $SBATCH_PARTITION, $SBATCH_ACCOUNT, $SBATCH_QOS, $HYDROAGENT_MODULES.")
-    sf.add_argument("config", help="SFT config YAML (e.g. data/train/sft-qwen3-4b.yaml)")
-    sf.add_argument("--run-dir", required=True, help="run folder: checkpoints/, final/, logs/, submit.json")
-    sf.add_argument("--gpus", type=nonnegative_int, default=0, help="GPUs per node (default 0: one CPU process)")
-    sf.add_argument("--nodes", type=positive_int, default=1, help="nodes (default 1)")
-    _add_site_options(sf, local="a local process", time="minutes per attempt (default 60)",
-                      cpus="CPUs per node (default 1)", module="environment module to load in the job (repeatable)")
-    sf.add_argument("--max-requeues", type=nonnegative_int, default=3, help="time-limit requeues (default 3)")
-    sf.add_argument("--save-wait", type=positive_float, default=240.0,
-                    help="seconds to wait for the checkpoint after SIGUSR1, then for the exit after SIGTERM "
-                         "(default 240)")
-    sf.add_argument("--wait", action="store_true", help="wait for the run and print the trainer's result")
-    sf.set_defaults(func=cmd_submit_sft)
-    sg = sm.add_parser("grpo", help="a GRPO run as one job (simulations in its threads); requeued on time limit, "
-                                    "resumes from its checkpoint",
-                       description=(
-                           "Submit `python -m hydroagent_hpc.train.grpo CONFIG --out RUN_DIR --resume --pool "
-                           "threads` through submitit: one process that trains (on one GPU with --gpus 1, on CPU "
-                           "with --gpus 0) and runs the simulations in its threads on --cpus-per-task CPUs; with "
-                           "--sim-ranks R the simulations run on R MPI ranks beside the trainer (mpiexec on the "
-                           "job's node); with --gpus G, G trainer processes (torchrun, or ranks of the mpiexec with "
-                           "--sim-ranks; generator: engine). Across nodes use `sbatch --ntasks=N slurm/grpo.sbatch "
-                           "CONFIG RUN_DIR`. Before a time limit or preemption the trainer checkpoints at the end of "
-                           "its step and the job requeues itself. Site settings default to $SBATCH_PARTITION, "
-                           "$SBATCH_ACCOUNT, $SBATCH_QOS, $HYDROAGENT_MODULES."))
-    sg.add_argument("config", help="GRPO config YAML (see hydroagent_hpc/train/grpo_config.py)")
-    sg.add_argument("--out", "--run-dir", dest="run_dir", required=True,
-                    help="run folder: checkpoints/, metrics.csv, rollouts.h5, final/, logs/, submit.json")
-    sg.add_argument("--gpus", type=nonnegative_int, default=0,
-                    help="GPUs of the job: one trainer process per GPU, or 0 to train on CPU (tiny models; "
-                         "default 0)")
-    sg.add_argument("--trainers", type=positive_int, default=None,
-                    help="training processes (default: one per GPU, 1 on CPU; at most --gpus; more than 1 needs "
-                         "generator: engine)")
-    _add_site_options(sg, local="a local process", time="minutes per attempt (default 60)",
-                      cpus="CPUs for the trainer and its simulation threads (default 1)",
-                      module="environment module to load in the job (repeatable)")
-    sg.add_argument("--max-requeues", type=nonnegative_int, default=3, help="time-limit requeues (default 3)")
-    sg.add_argument("--save-wait", type=positive_float, default=540.0,
-                    help="seconds to wait for the checkpoint after SIGUSR1 (the trainer saves at the end of its "
-                         "step), then for the exit after SIGTERM (default 540)")
-    sg.add_argument("--sim-ranks", type=nonnegative_int, default=0,
-                    help="MPI simulation ranks beside the trainer on the job's node (mpiexec; the job gets at least "
-                         "R+1 CPUs); 0: simulations in the trainer's threads (default)")
-    sg.add_argument("--wait", action="store_true", help="wait for the run and print the trainer's result")
-    sg.set_defaults(func=cmd_submit_grpo)
 
     d = sub.add_parser("demo", help="the embedded default end to end: synthetic basins, defaults, a demo campaign")
     d.add_argument("--out", default="results/demo", help="output folder (default results/demo)")

@@ -1,7 +1,10 @@
 """``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft_data.py);
 ``hydroagent train sft CONFIG --out RUN_DIR [--resume]``: weighted SFT (see train/sft.py);
 ``hydroagent train grpo CONFIG --out RUN_DIR [--resume]``: GRPO on the simulator's reward (train/grpo.py);
-``hydroagent train plan CONFIG --gpu H100-80GB [--gpus N]``: the run's GPU memory plan (train/memory_plan.py)."""
+``hydroagent train plan CONFIG --gpu H100-80GB [--gpus N]``: the run's GPU memory plan (train/memory_plan.py);
+``hydroagent train submit sft|grpo CONFIG ...``: those runs as requeueable submitit jobs (train/submit.py).
+:func:`add_submit_sft` and :func:`add_submit_grpo` also build the old spellings ``submit sft|grpo``
+(:mod:`hydroagent_hpc.cli.aliases`)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ import logging
 import os
 from pathlib import Path
 
-from hydroagent_hpc.cli.argtypes import positive_int, probability, seed
+from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, probability, seed
+from hydroagent_hpc.cli.runs import add_site_options
 from hydroagent_hpc.errors import UsageError, one_line
 
 log = logging.getLogger("hydroagent")
@@ -60,6 +64,33 @@ def cmd_grpo(args: argparse.Namespace) -> int:
         print(json.dumps({k: summary[k] for k in ("run_dir", "steps", "first_reward", "last_reward", "final",
                                                   "stopped")}))
     return 0 if summary["stopped"] is None else 143
+
+
+def cmd_submit_sft(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.hpc.slurm import SiteSettings
+    from hydroagent_hpc.train.submit import submit_sft
+
+    site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
+                                 constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
+                                 mem_gb=args.mem_gb, modules=tuple(args.module) if args.module else None)
+    out = submit_sft(args.config, args.run_dir, site, gpus=args.gpus, nodes=args.nodes, cluster=args.cluster,
+                     wait=args.wait, max_requeues=args.max_requeues, save_wait_s=args.save_wait)
+    print(json.dumps(out, default=str))
+    return 0
+
+
+def cmd_submit_grpo(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.hpc.slurm import SiteSettings
+    from hydroagent_hpc.train.submit import submit_grpo
+
+    site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
+                                 constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
+                                 mem_gb=args.mem_gb, modules=tuple(args.module) if args.module else None)
+    out = submit_grpo(args.config, args.run_dir, site, gpus=args.gpus, cluster=args.cluster, wait=args.wait,
+                      max_requeues=args.max_requeues, save_wait_s=args.save_wait, sim_ranks=args.sim_ranks,
+                      trainers=args.trainers)
+    print(json.dumps(out, default=str))
+    return 0
 
 
 def _load_run_config(path: str, gpus: int) -> tuple[str, object]:
@@ -128,10 +159,74 @@ def _gpu_name(text: str) -> str:
     raise argparse.ArgumentTypeError(f"{text!r} is not a GPU the plan knows; use one of {', '.join(_GPUS)}")
 
 
+def add_submit_sft(sub: argparse._SubParsersAction, name: str = "sft") -> argparse.ArgumentParser:
+    """``train submit sft`` (and, in the ``submit`` alias group, its old spelling ``submit sft``): one
+    definition of its help and options."""
+    sf = sub.add_parser(name, help="an SFT run as one job; requeued on time limit, resumes from its checkpoint",
+                        description="Submit `python -m hydroagent_hpc.train.sft CONFIG --out RUN_DIR --resume` "
+                                    "through submitit: one CPU process (--gpus 0), accelerate launch over the GPUs "
+                                    "of one node, or one launcher per node (--nodes N). Before a time limit or "
+                                    "preemption the trainer checkpoints and the job requeues itself. Site settings "
+                                    "default to $SBATCH_PARTITION, $SBATCH_ACCOUNT, $SBATCH_QOS, $HYDROAGENT_MODULES.")
+    sf.add_argument("config", help="SFT config YAML (e.g. data/train/sft-qwen3-4b.yaml)")
+    sf.add_argument("--run-dir", required=True, help="run folder: checkpoints/, final/, logs/, submit.json")
+    sf.add_argument("--gpus", type=nonnegative_int, default=0, help="GPUs per node (default 0: one CPU process)")
+    sf.add_argument("--nodes", type=positive_int, default=1, help="nodes (default 1)")
+    add_site_options(sf, local="a local process", time="minutes per attempt (default 60)",
+                     cpus="CPUs per node (default 1)", module="environment module to load in the job (repeatable)")
+    sf.add_argument("--max-requeues", type=nonnegative_int, default=3, help="time-limit requeues (default 3)")
+    sf.add_argument("--save-wait", type=positive_float, default=240.0,
+                    help="seconds to wait for the checkpoint after SIGUSR1, then for the exit after SIGTERM "
+                         "(default 240)")
+    sf.add_argument("--wait", action="store_true", help="wait for the run and print the trainer's result")
+    sf.set_defaults(func=cmd_submit_sft)
+    return sf
+
+
+def add_submit_grpo(sub: argparse._SubParsersAction, name: str = "grpo") -> argparse.ArgumentParser:
+    """``train submit grpo`` (and, in the ``submit`` alias group, its old spelling ``submit grpo``): one
+    definition of its help and options."""
+    sg = sub.add_parser(name, help="a GRPO run as one job (simulations in its threads); requeued on time limit, "
+                                   "resumes from its checkpoint",
+                        description=(
+                            "Submit `python -m hydroagent_hpc.train.grpo CONFIG --out RUN_DIR --resume --pool "
+                            "threads` through submitit: one process that trains (on one GPU with --gpus 1, on CPU "
+                            "with --gpus 0) and runs the simulations in its threads on --cpus-per-task CPUs; with "
+                            "--sim-ranks R the simulations run on R MPI ranks beside the trainer (mpiexec on the "
+                            "job's node); with --gpus G, G trainer processes (torchrun, or ranks of the mpiexec with "
+                            "--sim-ranks; generator: engine). Across nodes use `sbatch --ntasks=N slurm/grpo.sbatch "
+                            "CONFIG RUN_DIR`. Before a time limit or preemption the trainer checkpoints at the end of "
+                            "its step and the job requeues itself. Site settings default to $SBATCH_PARTITION, "
+                            "$SBATCH_ACCOUNT, $SBATCH_QOS, $HYDROAGENT_MODULES."))
+    sg.add_argument("config", help="GRPO config YAML (see hydroagent_hpc/train/grpo_config.py)")
+    sg.add_argument("--out", "--run-dir", dest="run_dir", required=True,
+                    help="run folder: checkpoints/, metrics.csv, rollouts.h5, final/, logs/, submit.json")
+    sg.add_argument("--gpus", type=nonnegative_int, default=0,
+                    help="GPUs of the job: one trainer process per GPU, or 0 to train on CPU (tiny models; "
+                         "default 0)")
+    sg.add_argument("--trainers", type=positive_int, default=None,
+                    help="training processes (default: one per GPU, 1 on CPU; at most --gpus; more than 1 needs "
+                         "generator: engine)")
+    add_site_options(sg, local="a local process", time="minutes per attempt (default 60)",
+                     cpus="CPUs for the trainer and its simulation threads (default 1)",
+                     module="environment module to load in the job (repeatable)")
+    sg.add_argument("--max-requeues", type=nonnegative_int, default=3, help="time-limit requeues (default 3)")
+    sg.add_argument("--save-wait", type=positive_float, default=540.0,
+                    help="seconds to wait for the checkpoint after SIGUSR1 (the trainer saves at the end of its "
+                         "step), then for the exit after SIGTERM (default 540)")
+    sg.add_argument("--sim-ranks", type=nonnegative_int, default=0,
+                    help="MPI simulation ranks beside the trainer on the job's node (mpiexec; the job gets at least "
+                         "R+1 CPUs); 0: simulations in the trainer's threads (default)")
+    sg.add_argument("--wait", action="store_true", help="wait for the run and print the trainer's result")
+    sg.set_defaults(func=cmd_submit_grpo)
+    return sg
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """``train sft-data``, ``train sft``, ``train grpo``, ``train plan``."""
+    """``train sft-data``, ``train sft``, ``train grpo``, ``train plan``, ``train submit sft|grpo``."""
     t = sub.add_parser("train", help="training data and training runs",
-                       description="Training: SFT teacher data, SFT runs and GRPO runs.")
+                       description="Training: SFT teacher data, SFT runs and GRPO runs, their memory plan, "
+                                   "and those runs submitted as Slurm jobs.")
     tsub = t.add_subparsers(dest="train_command", required=True)
     d = tsub.add_parser("sft-data", help="campaign stores -> weighted, token-exact SFT trajectories (HDF5)",
                         description="Rebuild each text episode's conversation from campaign stores, filter and "
@@ -198,3 +293,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                          "Qwen3-4B-Instruct-2507 as published)")
     pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     pl.set_defaults(func=cmd_plan)
+    ts = tsub.add_parser("submit", help="an SFT or GRPO run as one requeueable job (Slurm or a local process)",
+                         description="Submit an SFT or GRPO run through submitit as one job that checkpoints and "
+                                     "requeues itself before a time limit or preemption.")
+    tss = ts.add_subparsers(dest="train_submit_command", required=True)
+    add_submit_sft(tss)
+    add_submit_grpo(tss)
