@@ -29,9 +29,9 @@ from hydroagent_hpc.store.frames import (
                                          read_turns,
                                          stored_ids,
 )
-from hydroagent_hpc.store.merge import merge
+from hydroagent_hpc.store.merge import merge, salvage
 from hydroagent_hpc.store.schema import SCHEMA_NAME, SCHEMA_VERSION
-from hydroagent_hpc.store.verify import StoreHealth, salvage, verify_store
+from hydroagent_hpc.store.verify import StoreHealth, verify_store
 from hydroagent_hpc.store.writer import EpisodeWriter
 
 __all__ = [

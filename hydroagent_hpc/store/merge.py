@@ -1,4 +1,5 @@
-"""``merge``: combine shard stores (one per MPI rank or array task) into one, each episode once.
+"""``merge``: combine shard stores (one per MPI rank or array task) into one, each episode once;
+``salvage``: copy the intact episodes of a damaged store into a new one.
 
 The ids are checked before anything is written; the result is built under a temporary name
 and renamed into place, so ``dest`` either holds every episode or does not exist, and a killed
@@ -16,10 +17,10 @@ from pathlib import Path
 
 import h5py
 
-from hydroagent_hpc.store.errors import CorruptStoreError, MergeError
+from hydroagent_hpc.store.errors import CorruptStoreError, MergeError, StoreError
 from hydroagent_hpc.store.frames import stored_ids
-from hydroagent_hpc.store.verify import explain
-from hydroagent_hpc.store.view import StoreView, open_store
+from hydroagent_hpc.store.verify import StoreHealth, explain, verify_store
+from hydroagent_hpc.store.view import StoreView, open_read, open_store
 from hydroagent_hpc.store.writer import (
     Appender,
     WriterLock,
@@ -29,7 +30,7 @@ from hydroagent_hpc.store.writer import (
     temp_name,
 )
 
-__all__ = ["merge"]
+__all__ = ["merge", "salvage"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,3 +113,42 @@ def merge(sources: Iterable[str | os.PathLike[str]], dest: str | os.PathLike[str
         lock.release()
     logger.info("merged %d episodes from %d shards into %s in %.2f s", n, len(srcs), out, time.perf_counter() - t0)
     return n
+
+
+def salvage(source: str | os.PathLike[str], dest: str | os.PathLike[str], *, overwrite: bool = False) -> StoreHealth:
+    """Copy the intact committed episodes of ``source`` (damaged or not) into a new store ``dest``.
+
+    Returns the health of ``source``; ``dest`` is built under a temporary name and renamed into
+    place (complete or absent). Raises :class:`StoreError` when nothing of ``source`` can be read.
+    """
+    src, out = Path(source), Path(dest)
+    if out.exists() and not overwrite:
+        raise StoreError(f"{out}: exists; salvage into a new path (or pass overwrite=True)")
+    if out.exists() and out.resolve() == src.resolve():
+        raise StoreError(f"{out}: salvage destination is the damaged store itself; give a new path")
+    health = verify_store(src)
+    if not health.intact:
+        raise StoreError(f"{health.summary()}; nothing to salvage")
+    keep = set(health.intact)
+    lock = WriterLock(out)
+    t0 = time.perf_counter()
+    try:
+        remove_stale_temps(out)
+        tmp = temp_name(out, "merge")
+        try:
+            with open_read(src) as f, new_store_file(tmp) as g:
+                v = StoreView(f, src, strict=False)
+                app = Appender(g, tmp)
+                positions = [i for i, eid in enumerate(v.ids) if eid in keep]
+                v.strict = True  # the kept episodes checked out; any change since is an error
+                for episode, info in v.episodes(positions):
+                    app.append(episode, info)
+            install_file(tmp, out)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    finally:
+        lock.release()
+    logger.info("salvaged %d of %d episodes from %s into %s in %.2f s", len(keep), len(keep) + len(health.damaged),
+                src, out, time.perf_counter() - t0)
+    return health

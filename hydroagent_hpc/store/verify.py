@@ -4,14 +4,14 @@ the intact ones.
 :func:`verify_store` reads every byte a result depends on and checks it against its seal (see
 ``store_schema.md``, "Damage"); it never raises for damage, it lists it. :func:`explain` turns a
 reader's :class:`CorruptStoreError` into the one-line message readers raise: what is damaged and
-what is still intact. :func:`salvage` copies the intact episodes into a new store.
+what is still intact. :func:`hydroagent_hpc.store.merge.salvage` copies the intact episodes into a
+new store.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,7 @@ from hydroagent_hpc.store.errors import CorruptStoreError, StoreError
 from hydroagent_hpc.store.schema import DATASETS, METRICS, SIMS, TURNS
 from hydroagent_hpc.store.view import LIVE_WRITERS, FileCheck, StoreView, check_file, open_read
 
-__all__ = ["StoreHealth", "verify_store", "explain", "salvage"]
+__all__ = ["StoreHealth", "verify_store", "explain"]
 
 logger = logging.getLogger(__name__)
 
@@ -201,51 +201,3 @@ def explain(exc: CorruptStoreError, path: Path) -> CorruptStoreError:
         f"copies the intact ones into a new store (rerun the campaign into NEW.h5 to redo the rest).",
         damaged=tuple(health.damaged) + (exc.damaged if not health.damaged else ()), intact=health.intact,
         summarized=True)
-
-
-def salvage(source: str | os.PathLike[str], dest: str | os.PathLike[str], *, overwrite: bool = False) -> StoreHealth:
-    """Copy the intact committed episodes of ``source`` (damaged or not) into a new store ``dest``.
-
-    Returns the health of ``source``; ``dest`` is built under a temporary name and renamed into
-    place (complete or absent). Raises :class:`StoreError` when nothing of ``source`` can be read.
-    """
-    from hydroagent_hpc.store.writer import (
-        Appender,
-        WriterLock,
-        install_file,
-        new_store_file,
-        remove_stale_temps,
-        temp_name,
-    )
-
-    src, out = Path(source), Path(dest)
-    if out.exists() and not overwrite:
-        raise StoreError(f"{out}: exists; salvage into a new path (or pass overwrite=True)")
-    if out.exists() and out.resolve() == src.resolve():
-        raise StoreError(f"{out}: salvage destination is the damaged store itself; give a new path")
-    health = verify_store(src)
-    if not health.intact:
-        raise StoreError(f"{health.summary()}; nothing to salvage")
-    keep = set(health.intact)
-    lock = WriterLock(out)
-    t0 = time.perf_counter()
-    try:
-        remove_stale_temps(out)
-        tmp = temp_name(out, "merge")
-        try:
-            with open_read(src) as f, new_store_file(tmp) as g:
-                v = StoreView(f, src, strict=False)
-                app = Appender(g, tmp)
-                positions = [i for i, eid in enumerate(v.ids) if eid in keep]
-                v.strict = True  # the kept episodes checked out; any change since is an error
-                for episode, info in v.episodes(positions):
-                    app.append(episode, info)
-            install_file(tmp, out)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    finally:
-        lock.release()
-    logger.info("salvaged %d of %d episodes from %s into %s in %.2f s", len(keep), len(keep) + len(health.damaged),
-                src, out, time.perf_counter() - t0)
-    return health

@@ -54,6 +54,7 @@ from hydroagent_hpc.store.schema import (
     check_schema,
     create_layout,
 )
+from hydroagent_hpc.store.verify import explain
 from hydroagent_hpc.store.view import StoreView, open_store, register_writer, superblock_dirty
 from hydroagent_hpc.types import Basin, Episode
 
@@ -362,8 +363,6 @@ class EpisodeWriter:
             register_writer(self.path, self._file)
         except CorruptStoreError as exc:  # never append to a damaged store: say what is damaged and intact
             self.close()
-            from hydroagent_hpc.store.verify import explain
-
             raise explain(exc, self.path) from None
         except BaseException:
             self.close()
