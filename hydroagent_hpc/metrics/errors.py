@@ -1,7 +1,7 @@
 """Error, bias and volume scores: RMSE, MAE, ME, PBIAS, volume ratio, RSR.
 
 Same calling convention as :mod:`hydroagent_hpc.metrics.scores`: ``f(obs, sim, mask=None, *,
-reasons=None)`` on the joint mask; ``_name(o, s) -> (value, reason)`` on masked arrays. Sign
+reasons=None)`` on the joint mask; ``name_core(o, s) -> (value, reason)`` on masked arrays. Sign
 convention (docs/metrics.md §3): ME and PBIAS are **positive when the simulation is too high**.
 """
 
@@ -24,26 +24,30 @@ from hydroagent_hpc.metrics.series import (
 )
 
 
-def _rmse(o: FloatArray, s: FloatArray) -> Scored:
+def rmse_core(o: FloatArray, s: FloatArray) -> Scored:
+    """The core of :func:`rmse` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     if o.size < MIN_POINTS:
         return undefined(too_few(o.size, MIN_POINTS))
     e = s - o
     return math.sqrt(float(e @ e) / e.size), None
 
 
-def _mae(o: FloatArray, s: FloatArray) -> Scored:
+def mae_core(o: FloatArray, s: FloatArray) -> Scored:
+    """The core of :func:`mae` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     if o.size < MIN_POINTS:
         return undefined(too_few(o.size, MIN_POINTS))
     return float(np.abs(s - o).mean()), None
 
 
-def _me(o: FloatArray, s: FloatArray) -> Scored:
+def me_core(o: FloatArray, s: FloatArray) -> Scored:
+    """The core of :func:`mean_error` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     if o.size < MIN_POINTS:
         return undefined(too_few(o.size, MIN_POINTS))
     return float((s - o).mean()), None
 
 
-def _pbias(o: FloatArray, s: FloatArray) -> Scored:
+def pbias_core(o: FloatArray, s: FloatArray) -> Scored:
+    """The core of :func:`pbias` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     if o.size < MIN_POINTS:
         return undefined(too_few(o.size, MIN_POINTS))
     total = float(o.sum())
@@ -52,7 +56,8 @@ def _pbias(o: FloatArray, s: FloatArray) -> Scored:
     return 100.0 * float((s - o).sum()) / total, None
 
 
-def _volume_ratio(o: FloatArray, s: FloatArray) -> Scored:
+def volume_ratio_core(o: FloatArray, s: FloatArray) -> Scored:
+    """The core of :func:`volume_ratio` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     if o.size < MIN_POINTS:
         return undefined(too_few(o.size, MIN_POINTS))
     total = float(o.sum())
@@ -61,8 +66,9 @@ def _volume_ratio(o: FloatArray, s: FloatArray) -> Scored:
     return float(s.sum()) / total, None
 
 
-def _rsr(o: FloatArray, s: FloatArray) -> Scored:
-    rmse_value, why = _rmse(o, s)
+def rsr_core(o: FloatArray, s: FloatArray) -> Scored:
+    """The core of :func:`rsr` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
+    rmse_value, why = rmse_core(o, s)
     if why is not None:
         return undefined(why)
     sigma = float(o.std())
@@ -90,7 +96,7 @@ def rmse(
     Reference: e.g. Moriasi, D. N. et al. (2007), Trans. ASABE 50(3), 885-900.
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "RMSE", _rmse(ps.o, ps.s))
+    return record(reasons, "RMSE", rmse_core(ps.o, ps.s))
 
 
 @np.errstate(all="ignore")
@@ -106,7 +112,7 @@ def mae(
     Reference: Legates, D. R. & McCabe, G. J. (1999), Water Resour. Res. 35(1), 233-241.
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "MAE", _mae(ps.o, ps.s))
+    return record(reasons, "MAE", mae_core(ps.o, ps.s))
 
 
 @np.errstate(all="ignore")
@@ -122,7 +128,7 @@ def mean_error(
     Reference: Legates & McCabe (1999), Water Resour. Res. 35(1), 233-241.
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "ME", _me(ps.o, ps.s))
+    return record(reasons, "ME", me_core(ps.o, ps.s))
 
 
 @np.errstate(all="ignore")
@@ -143,7 +149,7 @@ def pbias(
     (sign flipped here); Moriasi, D. N. et al. (2015), Trans. ASABE 58(6), 1763-1785.
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "PBIAS", _pbias(ps.o, ps.s))
+    return record(reasons, "PBIAS", pbias_core(ps.o, ps.s))
 
 
 @np.errstate(all="ignore")
@@ -160,7 +166,7 @@ def volume_ratio(
     ``volume_error`` is VR - 1; HydroErr's ``ve`` is a different quantity).
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "volume_ratio", _volume_ratio(ps.o, ps.s))
+    return record(reasons, "volume_ratio", volume_ratio_core(ps.o, ps.s))
 
 
 @np.errstate(all="ignore")
@@ -176,4 +182,4 @@ def rsr(
     Reference: Moriasi, D. N. et al. (2007), Trans. ASABE 50(3), 885-900.
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "RSR", _rsr(ps.o, ps.s))
+    return record(reasons, "RSR", rsr_core(ps.o, ps.s))

@@ -14,11 +14,20 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from hydroagent_hpc.metrics import errors, fdc, scores
+from hydroagent_hpc.metrics.errors import mae_core, me_core, pbias_core, rmse_core, rsr_core, volume_ratio_core
 from hydroagent_hpc.metrics.events import DEFAULT_DETECTOR, EventDetector, find_events
-from hydroagent_hpc.metrics.peaks import _event_scores, _peak_timing, _peak_values, _time_to_peak
+from hydroagent_hpc.metrics.fdc import fhv_core, flv_core, fms_core
+from hydroagent_hpc.metrics.peaks import event_scores_core, peak_timing_core, peak_values_core, time_to_peak_core
+from hydroagent_hpc.metrics.scores import (
+    kge_components_core,
+    kge_high_core,
+    kge_low_core,
+    log_nse_core,
+    nse_band,
+    nse_core,
+)
 from hydroagent_hpc.metrics.series import MIN_POINTS_NSE, PairedSeries, Scored, TimesLike, prepare
-from hydroagent_hpc.metrics.signatures import DEFAULT_BASEFLOW, BaseflowFilter, _bfi, _recession_k
+from hydroagent_hpc.metrics.signatures import DEFAULT_BASEFLOW, BaseflowFilter, bfi_core, recession_k_core
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +120,7 @@ def evaluate(
     with np.errstate(all="ignore"):
         out, reasons = _compute(ps, detector, baseflow, peak_window_h, n_top_events, min_points_nse)
     _sanitise(out, reasons)
-    out["nse_band"] = scores.nse_band(out["NSE"], bands)
+    out["nse_band"] = nse_band(out["NSE"], bands)
     result: dict[str, Any] = {key: out[key] for key in METRIC_KEYS}
     result["reasons"] = reasons
     if reasons:
@@ -152,27 +161,27 @@ def _compute(
             reasons[key] = why
 
     o, s = ps.o, ps.s
-    put("NSE", scores._nse(o, s, min_points_nse))
-    put("logNSE", scores._log_nse(o, s, min_points_nse))
-    kge, r, alpha, beta, kgep, gamma = scores._kge_components(o, s, reasons)
+    put("NSE", nse_core(o, s, min_points_nse))
+    put("logNSE", log_nse_core(o, s, min_points_nse))
+    kge, r, alpha, beta, kgep, gamma = kge_components_core(o, s, reasons)
     out.update(KGE=kge, KGE_r=r, KGE_alpha=alpha, KGE_beta=beta)
     out.update(KGEprime=kgep, KGEprime_r=r, KGEprime_gamma=gamma, KGEprime_beta=beta)
     for key in ("r", "beta"):
         if f"KGE_{key}" in reasons:
             reasons[f"KGEprime_{key}"] = reasons[f"KGE_{key}"]
-    put("RMSE", errors._rmse(o, s))
-    put("MAE", errors._mae(o, s))
-    put("ME", errors._me(o, s))
-    put("RSR", errors._rsr(o, s))
-    put("PBIAS", errors._pbias(o, s))
-    put("volume_ratio", errors._volume_ratio(o, s))
-    put("KGE_high", scores._kge_high(o, s))
-    put("KGE_low", scores._kge_low(o, s))
-    put("FHV", fdc._fhv(o, s))
-    put("FLV", fdc._flv(o, s))
-    put("FMS", fdc._fms(o, s))
+    put("RMSE", rmse_core(o, s))
+    put("MAE", mae_core(o, s))
+    put("ME", me_core(o, s))
+    put("RSR", rsr_core(o, s))
+    put("PBIAS", pbias_core(o, s))
+    put("volume_ratio", volume_ratio_core(o, s))
+    put("KGE_high", kge_high_core(o, s))
+    put("KGE_low", kge_low_core(o, s))
+    put("FHV", fhv_core(o, s))
+    put("FLV", flv_core(o, s))
+    put("FMS", fms_core(o, s))
 
-    for key, scored in _peak_values(ps).items():
+    for key, scored in peak_values_core(ps).items():
         put(key, scored)
     dt_ok = math.isfinite(ps.dt_h) and ps.dt_h > 0
     ev_obs = find_events(ps.obs, ps.valid, ps.t_h, ps.dt_h, detector)
@@ -180,7 +189,7 @@ def _compute(
     out["events_obs"], out["events_sim"] = len(ev_obs), len(ev_sim)
     if ps.n_valid < 3 or not dt_ok:
         reasons["events_obs"] = reasons["events_sim"] = "fewer than 3 valid points or no time step"
-    timing, timing_reasons = _peak_timing(ps, ev_obs, ev_sim, peak_window_h)
+    timing, timing_reasons = peak_timing_core(ps, ev_obs, ev_sim, peak_window_h)
     reasons.update(timing_reasons)
     out.update(
         peak_timing_mae_h=timing.mae_h,
@@ -189,14 +198,14 @@ def _compute(
         missed_peaks=timing.missed_peaks,
         peak_mape=timing.peak_mape,
     )
-    for key, scored in _time_to_peak(ps, ev_obs).items():
+    for key, scored in time_to_peak_core(ps, ev_obs).items():
         put(key, scored)
-    for key, scored in _event_scores(ps, ev_obs, n_top_events).items():
+    for key, scored in event_scores_core(ps, ev_obs, n_top_events).items():
         put(key, scored)
-    put("recession_k_obs", _recession_k(ps.obs, ps.valid, ps.t_h, ev_obs))
-    put("recession_k_sim", _recession_k(ps.sim, ps.valid, ps.t_h, ev_obs))
-    put("bfi_obs", _bfi(ps.obs, ps.valid, ps.dt_h, baseflow))
-    put("bfi_sim", _bfi(ps.sim, ps.valid, ps.dt_h, baseflow))
+    put("recession_k_obs", recession_k_core(ps.obs, ps.valid, ps.t_h, ev_obs))
+    put("recession_k_sim", recession_k_core(ps.sim, ps.valid, ps.t_h, ev_obs))
+    put("bfi_obs", bfi_core(ps.obs, ps.valid, ps.dt_h, baseflow))
+    put("bfi_sim", bfi_core(ps.sim, ps.valid, ps.dt_h, baseflow))
 
     out["n_points"] = out["n_valid"] = ps.n_valid
     out["n_masked"] = ps.n_masked

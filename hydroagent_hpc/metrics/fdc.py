@@ -26,7 +26,8 @@ def _descending(x: FloatArray) -> FloatArray:
     return np.sort(x)[::-1]
 
 
-def _fhv(o: FloatArray, s: FloatArray, h: float = 0.02) -> Scored:
+def fhv_core(o: FloatArray, s: FloatArray, h: float = 0.02) -> Scored:
+    """The core of :func:`fhv` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     n_seg = int(np.round(h * o.size))
     if n_seg < 1:
         return undefined(f"{o.size} valid points give an empty top-{h:.0%} segment")
@@ -38,7 +39,8 @@ def _fhv(o: FloatArray, s: FloatArray, h: float = 0.02) -> Scored:
     return 100.0 * float((ss_ - os_).sum()) / total, None
 
 
-def _flv(o: FloatArray, s: FloatArray, low: float = 0.3) -> Scored:
+def flv_core(o: FloatArray, s: FloatArray, low: float = 0.3) -> Scored:
+    """The core of :func:`flv` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     start = int(np.round((1.0 - low) * o.size))
     if o.size - start < 2:
         return undefined(f"{o.size} valid points give fewer than 2 in the low-flow segment")
@@ -51,7 +53,8 @@ def _flv(o: FloatArray, s: FloatArray, low: float = 0.3) -> Scored:
     return -100.0 * (sim_term - obs_term) / obs_term, None
 
 
-def _fms(o: FloatArray, s: FloatArray, lower: float = 0.2, upper: float = 0.7) -> Scored:
+def fms_core(o: FloatArray, s: FloatArray, lower: float = 0.2, upper: float = 0.7) -> Scored:
+    """The core of :func:`fms` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     if o.size < 2:
         return undefined("no valid data" if o.size == 0 else "only 1 valid point")
     # Exceedance probability p is the (1 - p) non-exceedance quantile (linear interpolation).
@@ -79,7 +82,7 @@ def fhv(
     Reference: Yilmaz et al. (2008), eq. A3, doi:10.1029/2007WR006716.
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "FHV", _fhv(ps.o, ps.s, h))
+    return record(reasons, "FHV", fhv_core(ps.o, ps.s, h))
 
 
 @np.errstate(all="ignore")
@@ -100,7 +103,7 @@ def flv(
     doi:10.1029/2007WR006716.
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "FLV", _flv(ps.o, ps.s, low))
+    return record(reasons, "FLV", flv_core(ps.o, ps.s, low))
 
 
 @np.errstate(all="ignore")
@@ -121,4 +124,4 @@ def fms(
     (2008), eq. A2, doi:10.1029/2007WR006716.
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "FMS", _fms(ps.o, ps.s, lower, upper))
+    return record(reasons, "FMS", fms_core(ps.o, ps.s, lower, upper))

@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from hydroagent_hpc.metrics.events import DEFAULT_DETECTOR, Event, EventDetector, find_events, steps
-from hydroagent_hpc.metrics.scores import _nse
+from hydroagent_hpc.metrics.scores import nse_core
 from hydroagent_hpc.metrics.series import (
     PairedSeries,
     Scored,
@@ -40,7 +40,7 @@ class PeakTiming:
     peak_mape: float
 
 
-def _peak_values(ps: PairedSeries) -> dict[str, Scored]:
+def peak_values_core(ps: PairedSeries) -> dict[str, Scored]:
     """Whole-window peak metrics on a prepared pair."""
     if ps.n_valid < 2:
         why = undefined(too_few(ps.n_valid, 2))
@@ -61,7 +61,7 @@ def _peak_values(ps: PairedSeries) -> dict[str, Scored]:
     return out
 
 
-def _peak_timing(
+def peak_timing_core(
     ps: PairedSeries,
     events_obs: list[Event],
     events_sim: list[Event],
@@ -106,7 +106,7 @@ def _peak_timing(
     return PeakTiming(mae_h, bias_h, len(lags), missed, mape), reasons
 
 
-def _time_to_peak(ps: PairedSeries, events_obs: list[Event]) -> dict[str, Scored]:
+def time_to_peak_core(ps: PairedSeries, events_obs: list[Event]) -> dict[str, Scored]:
     """Time to peak of the largest observed event (obs and sim) and the mean error over events."""
     keys = ("time_to_peak_obs_h", "time_to_peak_sim_h", "time_to_peak_error_h")
     if ps.t_h is None or not events_obs:
@@ -128,7 +128,7 @@ def _time_to_peak(ps: PairedSeries, events_obs: list[Event]) -> dict[str, Scored
     }
 
 
-def _event_scores(ps: PairedSeries, events_obs: list[Event], n_top: int) -> dict[str, Scored]:
+def event_scores_core(ps: PairedSeries, events_obs: list[Event], n_top: int) -> dict[str, Scored]:
     """Mean NSE, peak ratio and lag over the ``n_top`` largest observed events (padded windows)."""
     keys = ("event_nse", "event_peak_ratio", "event_lag_h")
     if ps.t_h is None or not events_obs:
@@ -139,7 +139,7 @@ def _event_scores(ps: PairedSeries, events_obs: list[Event], n_top: int) -> dict
         sl = slice(ev.lo, ev.hi + 1)
         v = ps.valid[sl]
         o, s, t = ps.obs[sl][v], ps.sim[sl][v], ps.t_h[sl][v]
-        value, _ = _nse(o, s)
+        value, _ = nse_core(o, s)
         if math.isfinite(value):
             nses.append(value)
         io, is_ = int(np.argmax(o)), int(np.argmax(s))
@@ -165,7 +165,7 @@ def peak_ratio(
 
     Reference: HydroAgent's whole-window peak definition (docs/metrics.md §4).
     """
-    return record(reasons, "peak_ratio", _peak_values(prepare(obs, sim, mask=mask))["peak_ratio"])
+    return record(reasons, "peak_ratio", peak_values_core(prepare(obs, sim, mask=mask))["peak_ratio"])
 
 
 @np.errstate(all="ignore")
@@ -177,7 +177,7 @@ def peak_error_pct(
     Reference: docs/metrics.md §4 (whole-window maxima; positive = simulated peak too high).
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "peak_error_pct", _peak_values(ps)["peak_error_pct"])
+    return record(reasons, "peak_error_pct", peak_values_core(ps)["peak_error_pct"])
 
 
 @np.errstate(all="ignore")
@@ -196,7 +196,7 @@ def peak_lag_h(
     Reference: docs/metrics.md §4.
     """
     ps = prepare(obs, sim, times, mask)
-    return record(reasons, "peak_lag_h", _peak_values(ps)["peak_lag_h"])
+    return record(reasons, "peak_lag_h", peak_values_core(ps)["peak_lag_h"])
 
 
 @np.errstate(all="ignore")
@@ -225,7 +225,7 @@ def peak_timing(
     assert ps.t_h is not None
     ev_o = find_events(ps.obs, ps.valid, ps.t_h, ps.dt_h, detector)
     ev_s = find_events(ps.sim, ps.valid, ps.t_h, ps.dt_h, detector)
-    return _peak_timing(ps, ev_o, ev_s, window_h)[0]
+    return peak_timing_core(ps, ev_o, ev_s, window_h)[0]
 
 
 @np.errstate(all="ignore")
@@ -248,7 +248,7 @@ def time_to_peak_h(
     ps = prepare(obs, sim, times, mask)
     assert ps.t_h is not None
     ev = find_events(ps.obs, ps.valid, ps.t_h, ps.dt_h, detector)
-    out = _time_to_peak(ps, ev)
+    out = time_to_peak_core(ps, ev)
     return (
         record(reasons, "time_to_peak_obs_h", out["time_to_peak_obs_h"]),
         record(reasons, "time_to_peak_sim_h", out["time_to_peak_sim_h"]),

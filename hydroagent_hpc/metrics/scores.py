@@ -7,7 +7,7 @@ applied first (NaN, +-inf and EF5's -999 sentinel in either series are dropped).
 undefined for the data returns ``nan``; if a ``reasons`` dict is passed, the reason is stored in it
 under the metric's key. Standard deviations are population ones (ddof = 0) throughout.
 
-The ``_name(o, s)`` functions take already-masked arrays and return ``(value, reason)``; they
+The ``name_core(o, s)`` functions take already-masked arrays and return ``(value, reason)``; they
 are what :func:`hydroagent_hpc.metrics.evaluate` calls, so the mask is built only once.
 """
 
@@ -50,7 +50,8 @@ NSE_BANDS_HYDROAGENT_PAPER: tuple[tuple[float, str], ...] = (
 # --------------------------------------------------------------------------- clean-array cores
 
 
-def _nse(o: FloatArray, s: FloatArray, min_points: int = MIN_POINTS_NSE) -> Scored:
+def nse_core(o: FloatArray, s: FloatArray, min_points: int = MIN_POINTS_NSE) -> Scored:
+    """The core of :func:`nse` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     n = o.size
     if n == 0:
         return undefined("no valid data")
@@ -76,12 +77,13 @@ def _log_inputs(o: FloatArray, s: FloatArray) -> tuple[FloatArray, FloatArray, f
     return np.maximum(o, 0.0), np.maximum(s, 0.0), eps
 
 
-def _log_nse(o: FloatArray, s: FloatArray, min_points: int = MIN_POINTS_NSE) -> Scored:
+def log_nse_core(o: FloatArray, s: FloatArray, min_points: int = MIN_POINTS_NSE) -> Scored:
+    """The core of :func:`log_nse` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     prepared = _log_inputs(o, s)
     if isinstance(prepared, str):
         return undefined(prepared)
     oc, sc, eps = prepared
-    return _nse(np.log(oc + eps), np.log(sc + eps), min_points)
+    return nse_core(np.log(oc + eps), np.log(sc + eps), min_points)
 
 
 def _moments(o: FloatArray, s: FloatArray) -> tuple[float, float, float, float, float]:
@@ -108,7 +110,7 @@ def _distance(a: float, b: float, c: float) -> float:
     return math.hypot(a - 1.0, b - 1.0, c - 1.0)
 
 
-def _kge_components(
+def kge_components_core(
     o: FloatArray, s: FloatArray, reasons: dict[str, str]
 ) -> tuple[float, float, float, float, float, float]:
     """KGE-2009 and KGE'-2012 with their components, sharing one pass over the data.
@@ -180,11 +182,12 @@ def _kge_components(
 
 def _kge(o: FloatArray, s: FloatArray) -> Scored:
     notes: dict[str, str] = {}
-    value = _kge_components(o, s, notes)[0]
+    value = kge_components_core(o, s, notes)[0]
     return value, notes.get("KGE")
 
 
-def _kge_high(o: FloatArray, s: FloatArray, quantile: float = 0.9) -> Scored:
+def kge_high_core(o: FloatArray, s: FloatArray, quantile: float = 0.9) -> Scored:
+    """The core of :func:`kge_high` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     if o.size == 0:
         return undefined("no valid data")
     sel = o >= np.quantile(o, quantile)
@@ -196,7 +199,8 @@ def _kge_high(o: FloatArray, s: FloatArray, quantile: float = 0.9) -> Scored:
     return _kge(o[sel], s[sel])
 
 
-def _kge_low(o: FloatArray, s: FloatArray) -> Scored:
+def kge_low_core(o: FloatArray, s: FloatArray) -> Scored:
+    """The core of :func:`kge_low` on already-masked arrays: ``(value, reason)`` (what ``evaluate`` calls)."""
     prepared = _log_inputs(o, s)
     if isinstance(prepared, str):
         return undefined(prepared)
@@ -226,7 +230,7 @@ def nse(
     doi:10.1016/0022-1694(70)90255-6.
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "NSE", _nse(ps.o, ps.s, min_points))
+    return record(reasons, "NSE", nse_core(ps.o, ps.s, min_points))
 
 
 @np.errstate(all="ignore")
@@ -246,7 +250,7 @@ def log_nse(
     doi:10.1016/j.jhydrol.2011.11.055 (transform and epsilon; hydroeval's default).
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "logNSE", _log_nse(ps.o, ps.s, min_points))
+    return record(reasons, "logNSE", log_nse_core(ps.o, ps.s, min_points))
 
 
 @np.errstate(all="ignore")
@@ -260,7 +264,7 @@ def kge_components(
     """KGE (2009) and its components ``(KGE, r, alpha, beta)``; see :func:`kge`."""
     ps = prepare(obs, sim, mask=mask)
     notes: dict[str, str] = {}
-    kge_value, r, alpha, beta, _, _ = _kge_components(ps.o, ps.s, notes)
+    kge_value, r, alpha, beta, _, _ = kge_components_core(ps.o, ps.s, notes)
     sink = {} if reasons is None else reasons
     return (
         record(sink, "KGE", (kge_value, notes.get("KGE"))),
@@ -302,7 +306,7 @@ def kge_prime_components(
     """KGE' (2012) and its components ``(KGEprime, r, gamma, beta)``; see :func:`kge_prime`."""
     ps = prepare(obs, sim, mask=mask)
     notes: dict[str, str] = {}
-    _, r, _, beta, kgep, gamma = _kge_components(ps.o, ps.s, notes)
+    _, r, _, beta, kgep, gamma = kge_components_core(ps.o, ps.s, notes)
     sink = {} if reasons is None else reasons
     return (
         record(sink, "KGEprime", (kgep, notes.get("KGEprime"))),
@@ -347,7 +351,7 @@ def kge_high(
     (docs/metrics.md §2), built on Gupta et al. (2009), doi:10.1016/j.jhydrol.2009.08.003.
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "KGE_high", _kge_high(ps.o, ps.s, quantile))
+    return record(reasons, "KGE_high", kge_high_core(ps.o, ps.s, quantile))
 
 
 @np.errstate(all="ignore")
@@ -366,7 +370,7 @@ def kge_low(
     J. 62(7), 1149-1166, doi:10.1080/02626667.2017.1308511 (KGE on 1/Q for low flows).
     """
     ps = prepare(obs, sim, mask=mask)
-    return record(reasons, "KGE_low", _kge_low(ps.o, ps.s))
+    return record(reasons, "KGE_low", kge_low_core(ps.o, ps.s))
 
 
 def nse_band(value: float, bands: str = "moriasi2015") -> str:

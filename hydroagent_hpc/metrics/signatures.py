@@ -107,7 +107,7 @@ def lyne_hollick_baseflow(q: FloatArray, alpha: float, passes: int = 3, reflect:
     return b[r:b.size - r] if r > 0 else b
 
 
-def _bfi(q: FloatArray, valid: BoolArray, dt_h: float, filt: BaseflowFilter) -> Scored:
+def bfi_core(q: FloatArray, valid: BoolArray, dt_h: float, filt: BaseflowFilter) -> Scored:
     """BFI over the valid points; gaps inside the record are linearly interpolated for filtering."""
     pos = np.flatnonzero(valid)
     if pos.size < 2:
@@ -127,7 +127,7 @@ def _bfi(q: FloatArray, valid: BoolArray, dt_h: float, filt: BaseflowFilter) -> 
     return float(base[inside].sum()) / total, None
 
 
-def _recession_k(
+def recession_k_core(
     q: FloatArray,
     valid: BoolArray,
     t_h: FloatArray,
@@ -178,7 +178,7 @@ def bfi(
     1465-1473; Ladson et al. (2013), Aust. J. Water Resour. 17(1), 25-34.
     """
     qa, valid, _, dt_h = single_series(q, times, mask)
-    return record(reasons, "bfi", _bfi(qa, valid, dt_h, baseflow))
+    return record(reasons, "bfi", bfi_core(qa, valid, dt_h, baseflow))
 
 
 @np.errstate(all="ignore")
@@ -209,4 +209,4 @@ def recession_k(
         raise ValueError(f"reference has {ref.size} values but q has {qa.size}")
     ref_valid = valid & valid_points(ref)
     events = find_events(ref, ref_valid, t_h, dt_h, detector)
-    return record(reasons, "recession_k", _recession_k(qa, valid, t_h, events))
+    return record(reasons, "recession_k", recession_k_core(qa, valid, t_h, events))
