@@ -426,7 +426,7 @@ def _f(x: Any, spec: str = ".3f") -> str:
 def nse_figure(results: dict, path: Path) -> None:
     """Validation NSE per basin (x) and method (marker at the median over seeds, bar from the
     worst to the best seed); SAC-SMA's published series as a black star where the basin has it."""
-    from hydroagent_hpc.report.figures import NSE_FLOOR, _new, _save, _style
+    from hydroagent_hpc.report.figures import NSE_FLOOR, new_figure, save_figure, style
 
     rows, facts = results["rows"], results["basins"]
     labels = [b["label"] for b in facts]
@@ -434,10 +434,10 @@ def nse_figure(results: dict, path: Path) -> None:
     sx = [i for i, b in enumerate(facts) if b.get("sacsma_val_nse") is not None]
     slots = len(methods) + (1 if sx else 0)  # SAC-SMA in a slot of its own, right of the methods
     width = 0.8 / max(slots, 1)
-    with _style():
+    with style():
         import matplotlib
 
-        fig = _new(max(6.0, 0.9 * len(labels) + 2.0), 4.6)
+        fig = new_figure(max(6.0, 0.9 * len(labels) + 2.0), 4.6)
         ax = fig.subplots()
         cmap = matplotlib.colormaps["tab10"]
         for j, m in enumerate(methods):
@@ -466,7 +466,7 @@ def nse_figure(results: dict, path: Path) -> None:
         ax.set_xlim(-0.5, len(labels) - 0.5)
         ax.set_title(f"CAMELS-US validation NSE (split {results['split']['name']}; median and range over seeds)")
         fig.legend(loc="outside lower center", ncol=min(len(methods) + 1, 5))
-        _save(fig, path)
+        save_figure(fig, path)
 
 
 def report_blocks(results: dict) -> list:

@@ -534,10 +534,10 @@ def _curves(out: Path, plan: BenchPlan) -> tuple[Any, Any]:
 
 
 def _curve_figure(curves: Any, path: Path) -> None:
-    from hydroagent_hpc.report.figures import _new, _save, _style
+    from hydroagent_hpc.report.figures import new_figure, save_figure, style
 
-    with _style():
-        fig = _new(10.0, 3.2)
+    with style():
+        fig = new_figure(10.0, 3.2)
         axes = fig.subplots(1, 3)
         for ax, col, title in zip(axes, ("reward", "valid_calls", "best_nse"),
                                   ("held-out reward per episode", "held-out valid-call share",
@@ -546,7 +546,7 @@ def _curve_figure(curves: Any, path: Path) -> None:
             ax.plot(curves["step"], mean, marker="o", color="tab:blue")
             ax.fill_between(curves["step"], mean - sd, mean + sd, color="tab:blue", alpha=0.2, linewidth=0)
             ax.set(title=title, xlabel="GRPO step")
-        _save(fig, path)
+        save_figure(fig, path)
 
 
 def _goals(rows: list[dict[str, Any]], paired: list[tuple[float, float]]) -> list[dict[str, Any]]:

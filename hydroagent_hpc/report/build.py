@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hydroagent_hpc.report import figures as fig
-from hydroagent_hpc.report import published as pub
-from hydroagent_hpc.report import recovery as rec
-from hydroagent_hpc.report import tables as tab
+import hydroagent_hpc.report.figures as fig
+import hydroagent_hpc.report.published as pub
+import hydroagent_hpc.report.recovery as rec
+import hydroagent_hpc.report.tables as tab
 from hydroagent_hpc.report.document import Block, Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
 from hydroagent_hpc.report.hydrograph import basin_precip, best_run_per_basin, file_stem, load_best_series
 from hydroagent_hpc.report.results import CampaignResults, load_results

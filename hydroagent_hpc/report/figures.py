@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from hydroagent_hpc.params import TUNABLE
 
 __all__ = ["agent_colors", "running_best_figure", "comparison_figure", "recovery_figure", "hydrograph_figure",
-           "NSE_FLOOR"]
+           "NSE_FLOOR", "new_figure", "save_figure", "style"]
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType  # matplotlib >= 3.9; annotations only
@@ -38,18 +38,21 @@ _RC: dict[RcKeyType, Any] = {"font.size": 9, "axes.titlesize": 10, "legend.fonts
 
 
 @contextmanager
-def _style() -> Iterator[None]:
+def style() -> Iterator[None]:
+    """The house style of every figure (matplotlib's defaults, small fonts, a light grid) for the ``with`` block."""
     with matplotlib.style.context("default"), matplotlib.rc_context(_RC):
         yield
 
 
-def _new(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
+    """A figure of ``width`` x ``height`` inches on the Agg canvas (no pyplot, no global state)."""
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
-def _save(fig: Figure, path: Path) -> None:
+def save_figure(fig: Figure, path: Path) -> None:
+    """Write ``fig`` as a PNG at :data:`DPI` (parent folders made; no timestamp, so a rerun writes the same bytes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
     log.debug("wrote %s", path)
@@ -73,8 +76,8 @@ def running_best_figure(curve: pd.DataFrame, targets: dict[str, float], colors: 
     seeds), shaded from the worst to the best seed; the basin's target NSE dashed."""
     basins = sorted(curve["basin_id"].unique().tolist())
     rows, cols = _grid(len(basins))
-    with _style():
-        fig = _new(4.2 * cols, 3.0 * rows + 0.4)
+    with style():
+        fig = new_figure(4.2 * cols, 3.0 * rows + 0.4)
         axes = fig.subplots(rows, cols, squeeze=False)
         for ax in axes.flat[len(basins):]:
             ax.set_visible(False)
@@ -104,7 +107,7 @@ def running_best_figure(curve: pd.DataFrame, targets: dict[str, float], colors: 
         seen = dict(zip(labels, handles))
         fig.legend([seen[k] for k in sorted(colors) if k in seen], [k for k in sorted(colors) if k in seen],
                    loc="outside upper center", ncols=min(len(colors), 6), frameon=False)
-        _save(fig, path)
+        save_figure(fig, path)
 
 
 def comparison_figure(comp: pd.DataFrame, metrics: tuple[tuple[str, str, bool], ...], base: str, other: str,
@@ -113,8 +116,8 @@ def comparison_figure(comp: pd.DataFrame, metrics: tuple[tuple[str, str, bool], 
     higher NSE and r, lower peak-ratio error and |lag|), one bar per basin and the panel mean;
     bars beyond +-``clip`` are cut and labelled with their value."""
     labels = comp["basin_id"].astype(str).tolist()
-    with _style():
-        fig = _new(max(6.0, 1.6 * len(metrics) + 0.25 * len(labels) * len(metrics)), 3.6)
+    with style():
+        fig = new_figure(max(6.0, 1.6 * len(metrics) + 0.25 * len(labels) * len(metrics)), 3.6)
         ax = fig.subplots()
         width = 0.8 / max(len(labels), 1)
         cmap = matplotlib.colormaps["tab20" if len(labels) > 10 else "tab10"]
@@ -137,7 +140,7 @@ def comparison_figure(comp: pd.DataFrame, metrics: tuple[tuple[str, str, bool], 
         ax.set_ylabel(f"improvement of {other} over {base} (%)")
         ax.set_title(f"{other} vs {base}: relative change of the best run's metrics (positive = {other} better)")
         ax.legend(loc="upper left", ncols=1 if len(labels) < 8 else 2, frameon=False)
-        _save(fig, path)
+        save_figure(fig, path)
 
 
 def recovery_figure(summary: pd.DataFrame, colors: dict[str, tuple[float, ...]], path: Path) -> None:
@@ -145,8 +148,8 @@ def recovery_figure(summary: pd.DataFrame, colors: dict[str, tuple[float, ...]],
     basin; the band is "within a factor of 2"."""
     basins = sorted(summary["basin_id"].unique().tolist())
     rows, cols = _grid(len(basins), 2)
-    with _style():
-        fig = _new(5.6 * cols, 2.9 * rows + 0.4)
+    with style():
+        fig = new_figure(5.6 * cols, 2.9 * rows + 0.4)
         axes = fig.subplots(rows, cols, squeeze=False)
         for ax in axes.flat[len(basins):]:
             ax.set_visible(False)
@@ -168,7 +171,7 @@ def recovery_figure(summary: pd.DataFrame, colors: dict[str, tuple[float, ...]],
             ax.set_ylim(-lim, lim)
         handles, labels = axes.flat[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 6), frameon=False)
-        _save(fig, path)
+        save_figure(fig, path)
 
 
 def hydrograph_figure(times: np.ndarray, observed: np.ndarray, simulated: np.ndarray, warmup: np.ndarray | None,
@@ -176,8 +179,8 @@ def hydrograph_figure(times: np.ndarray, observed: np.ndarray, simulated: np.nda
     """Observed (black) and simulated (red) discharge; precipitation (light blue) hanging from an
     inverted top axis; warm-up steps shaded."""
     obs = np.where(np.isfinite(observed) & (observed > -998.0), observed, np.nan)
-    with _style():
-        fig = _new(10.0, 4.4)
+    with style():
+        fig = new_figure(10.0, 4.4)
         ax = fig.subplots()
         if warmup is not None and warmup.any():
             ax.fill_between(times, 0, 1, where=warmup, step="post", color="0.88", lw=0,
@@ -201,4 +204,4 @@ def hydrograph_figure(times: np.ndarray, observed: np.ndarray, simulated: np.nda
             handles, labels = handles + h2, labels + l2
         ax.legend(handles, labels, loc="center right", frameon=True, framealpha=0.85)
         ax.set_title(f"{title}\n{subtitle}")
-        _save(fig, path)
+        save_figure(fig, path)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from hydroagent_hpc.report.figures import _new, _save, _style
+from hydroagent_hpc.report.figures import new_figure, save_figure, style
 
 __all__ = ["read_metrics", "training_figure", "GRPO_PARTS"]
 
@@ -37,8 +37,8 @@ def read_metrics(path: str | Path) -> pd.DataFrame | None:
 
 def training_figure(sft: pd.DataFrame | None, grpo: pd.DataFrame | None, path: Path) -> None:
     """Three panels: SFT loss; GRPO reward and its parts; GRPO best NSE and parse failures per episode."""
-    with _style():
-        fig = _new(11.0, 3.2)
+    with style():
+        fig = new_figure(11.0, 3.2)
         ax_sft, ax_rew, ax_nse = fig.subplots(1, 3)
         if sft is not None and "loss" in sft.columns:
             ax_sft.plot(sft["step"], sft["loss"], marker=".", color="tab:blue")
@@ -65,4 +65,4 @@ def training_figure(sft: pd.DataFrame | None, grpo: pd.DataFrame | None, path: P
                 ax.text(0.5, 0.5, "no GRPO metrics", ha="center", va="center", transform=ax.transAxes)
         ax_rew.set(title="GRPO: reward per step and its parts", xlabel="step", ylabel="reward per episode")
         ax_nse.set(title="GRPO rollouts: best NSE, parse failures", xlabel="step", ylabel="best NSE")
-        _save(fig, path)
+        save_figure(fig, path)
