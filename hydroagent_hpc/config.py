@@ -12,30 +12,23 @@ the line, the dotted key and the fix.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import types
-import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, ClassVar
 
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.registry import Registry
-from hydroagent_hpc.yamlio import brief, load_strict, path_of
+from hydroagent_hpc.settings import Settings, dump, from_mapping, invalid, setting
+from hydroagent_hpc.yamlio import brief, load_strict
 
-__all__ = ["RewardConfig", "EnvConfig", "PRESETS", "preset", "config_from_mapping", "load_config", "ConfigError",
-           "to_dict"]
+__all__ = ["RewardConfig", "EnvConfig", "PRESETS", "preset", "load_config", "ConfigError", "to_dict"]
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
-_C = TypeVar("_C", bound="DataclassInstance")
+_FARMABLE = "a policy can farm it; use a value <= 0, or rewards.shaping: literal for an ablation"
 
 
 @dataclass(frozen=True)
-class RewardConfig:
+class RewardConfig(Settings):
     """Reward constants. Per-turn terms are paid only when ``per_turn`` is on.
 
     Per turn: ``set_parameters_ok`` for a valid set_parameters, ``simulation_ok`` for a
@@ -66,47 +59,47 @@ class RewardConfig:
     (tests/test_rewards_farming.py; :mod:`hydroagent_hpc.env.rewards` has the argument).
     """
 
-    per_turn: bool = True
-    set_parameters_ok: float = 0.02
-    simulation_ok: float = 0.05
-    simulation_failed: float = 0.0
-    parse_failure: float = -0.5
-    delta_nse: str = "best"
-    delta_clip: tuple[float, float] = (-1.0, 1.0)
-    best_clip: tuple[float, float] = (-1.0, 1.0)
-    target_bonus: float = 0.5
-    eval_bonus: float = 0.02
-    improve_bonus: float = 0.10
-    empty_penalty: float = -1.0
-    shaping: str = "safe"
-    shaping_cap: float = 0.25
+    section: ClassVar[str] = "rewards"
 
-    def __post_init__(self) -> None:
-        if self.delta_nse not in ("best", "previous", "off"):
-            raise ConfigError(f"rewards.delta_nse={self.delta_nse!r}: use 'best', 'previous' or 'off'")
-        if self.shaping not in ("safe", "literal"):
-            raise ConfigError(f"rewards.shaping={self.shaping!r}: use 'safe' (the default) or 'literal' "
-                              "(the constants as written, farmable; for ablations)")
-        for f in fields(self):
-            value = getattr(self, f.name)
-            for v in value if isinstance(value, tuple) else (value,):
-                if isinstance(v, float) and not math.isfinite(v):
-                    raise ConfigError(f"rewards.{f.name}={value!r}: must be a finite number")
+    per_turn: bool = setting(True, source="paper", help="pay the per-turn terms (the released code pays the "
+                                                        "terminal score only)")
+    set_parameters_ok: float = setting(0.02, source="paper", help="reward of a valid set_parameters")
+    simulation_ok: float = setting(0.05, source="paper", help="reward of a successful simulation")
+    simulation_failed: float = setting(0.0, source="released", help="reward of a failed simulation (released: -0.5)")
+    parse_failure: float = setting(-0.5, source="paper", help="reward of a turn that could not be parsed or validated")
+    delta_nse: str = setting("best", source="paper, released", choices=("best", "previous", "off"),
+                             help="the NSE change paid on a credited evaluate: best (paper), previous (released) "
+                                  "or off")
+    delta_clip: tuple[float, float] = setting((-1.0, 1.0), help="clip of the NSE change (low, high)")
+    best_clip: tuple[float, float] = setting((-1.0, 1.0), source="paper, released",
+                                             help="clip of the best NSE in the terminal score (low, high)")
+    target_bonus: float = setting(0.5, source="paper, released", help="terminal bonus for a best NSE above the target")
+    eval_bonus: float = setting(0.02, source="paper, released", help="terminal bonus per credited evaluation")
+    improve_bonus: float = setting(0.10, source="paper, released",
+                                   help="terminal bonus per improvement after the first")
+    empty_penalty: float = setting(-1.0, source="paper", help="terminal score of an episode with no credited "
+                                                              "evaluation")
+    shaping: str = setting("safe", choices=("safe", "literal"),
+                           fix="use safe (the default) or literal (the constants as written, farmable; for "
+                               "ablations)",
+                           help="safe: activity bonuses paid once per new parameter set and capped; literal: as "
+                                "written (farmable)")
+    shaping_cap: float = setting(0.25, ge=0, help="most the activity bonuses may pay per episode with safe shaping "
+                                                  "(0 pays none)")
+
+    def check(self) -> None:
         for name in ("delta_clip", "best_clip"):
             lo, hi = getattr(self, name)
             if not lo < hi:
-                raise ConfigError(f"rewards.{name}={getattr(self, name)!r}: needs low < high")
-        if self.shaping_cap < 0:
-            raise ConfigError(f"rewards.shaping_cap={self.shaping_cap!r}: must be >= 0 (0 pays no activity bonus)")
+                raise invalid(name, f"{list(getattr(self, name))} needs low < high")
         if self.shaping == "safe":
             for name in ("parse_failure", "simulation_failed"):
                 if getattr(self, name) > 0:
-                    raise ConfigError(f"rewards.{name}={getattr(self, name)!r} pays for failing, which a policy can "
-                                      f"farm; use a value <= 0, or rewards.shaping: literal for an ablation")
+                    raise invalid(name, f"{getattr(self, name)!r} pays for failing, which {_FARMABLE}")
 
 
 @dataclass(frozen=True)
-class EnvConfig:
+class EnvConfig(Settings):
     """The calibration environment: protocol, budgets, stop rules, observations, rewards.
 
     ``protocol`` "turns": one parameter set per simulation, up to ``max_turns`` tool calls.
@@ -115,46 +108,31 @@ class EnvConfig:
     credited evaluations (rounds) in a row without improvement. A ``None`` limit is off.
     """
 
-    preset: str = "paper"
-    protocol: str = "turns"
-    max_turns: int | None = 50  # tool calls; None (off) suits the rounds protocol
-    max_simulations: int | None = None
-    max_rounds: int = 20
-    candidates_per_round: int = 10
-    target_nse: float | None = None  # None: the basin's own target
-    stop_at_target: bool = True
-    patience: int | None = 5
-    wall_clock_s: float | None = 7200.0
-    max_consecutive_parse_failures: int | None = 3  # the episode ends at the next one
-    end_on_no_tool_call: bool = False
-    observation: str = "paper"  # which observation keys: "paper" (full diagnostics) or "released"
-    hydrograph_points: int = 60
-    clip_out_of_bounds: bool = True  # False: out-of-bounds values make the call invalid
-    simulation_timeout_s: float = 300.0
-    max_message_chars: int = 200_000
-    max_calls_per_message: int = 10
-    rewards: RewardConfig = field(default_factory=RewardConfig)
-
-    def __post_init__(self) -> None:
-        if self.protocol not in ("turns", "rounds"):
-            raise ConfigError(f"protocol={self.protocol!r}: use 'turns' or 'rounds'")
-        if self.observation not in ("paper", "released"):
-            raise ConfigError(f"observation={self.observation!r}: use 'paper' or 'released'")
-        for name in ("max_turns", "max_rounds", "candidates_per_round", "hydrograph_points", "max_calls_per_message",
-                     "max_message_chars"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)!r}: must be at least 1")
-        for name in ("max_simulations", "patience", "max_consecutive_parse_failures"):
-            v = getattr(self, name)
-            if v is not None and v < 0:
-                raise ConfigError(f"{name}={v!r}: must be >= 0 or null (off)")
-        if self.wall_clock_s is not None and not 0 < self.wall_clock_s < math.inf:
-            raise ConfigError(f"wall_clock_s={self.wall_clock_s!r}: must be positive and finite, or null (off)")
-        if not 0 < self.simulation_timeout_s < math.inf:
-            raise ConfigError(f"simulation_timeout_s={self.simulation_timeout_s!r}: must be positive and finite")
-        if self.target_nse is not None and not -math.inf < self.target_nse <= 1.0:
-            raise ConfigError(f"target_nse={self.target_nse!r}: must be a finite NSE of at most 1, or null "
-                              "(the basin's own target)")
+    preset: str = setting("paper", help="the preset these settings start from (paper or released)")
+    protocol: str = setting("turns", source="paper", choices=("turns", "rounds"),
+                            help="turns: one parameter set per simulation; rounds: rounds of candidate simulations "
+                                 "(the frontier benchmark)")
+    max_turns: int | None = setting(50, ge=1, source="paper", help="tool calls per episode (null: off, for rounds)")
+    max_simulations: int | None = setting(None, ge=0, source="paper", help="simulations per episode (null: off)")
+    max_rounds: int = setting(20, ge=1, source="paper", help="rounds per episode (rounds protocol)")
+    candidates_per_round: int = setting(10, ge=1, source="paper", help="candidate simulations per round")
+    target_nse: float | None = setting(None, le=1.0, source="paper",
+                                       help="the NSE that ends an episode (null: the basin's own target)")
+    stop_at_target: bool = setting(True, source="paper", help="end the episode when the best NSE reaches the target")
+    patience: int | None = setting(5, ge=0, source="paper", help="credited evaluations in a row without improvement "
+                                                                 "that end the episode (null: off)")
+    wall_clock_s: float | None = setting(7200.0, gt=0, source="paper", help="seconds an episode may take (null: off)")
+    max_consecutive_parse_failures: int | None = setting(3, ge=0, help="parse failures in a row after which the "
+                                                                       "episode ends at the next one (null: off)")
+    end_on_no_tool_call: bool = setting(False, help="end the episode at a message without a tool call")
+    observation: str = setting("paper", choices=("paper", "released"),
+                               help="observation keys: paper (full diagnostics) or released (the released code's)")
+    hydrograph_points: int = setting(60, ge=1, help="points of the compact hydrograph in an observation")
+    clip_out_of_bounds: bool = setting(True, help="clip out-of-bounds multipliers (false: such a call is invalid)")
+    simulation_timeout_s: float = setting(300.0, gt=0, help="seconds one simulation may take")
+    max_message_chars: int = setting(200_000, ge=1, help="longest model message read")
+    max_calls_per_message: int = setting(10, ge=1, help="most tool calls read from one message")
+    rewards: RewardConfig = setting(factory=RewardConfig, help="the reward constants")
 
 
 #: The named environment configurations (``preset: NAME`` in config and campaign files, ``--preset``).
@@ -180,84 +158,8 @@ def preset(name: str, **overrides: Any) -> EnvConfig:
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A JSON-ready dict of a config dataclass (tuples become lists)."""
-    return {str(k): json_ready(v) for k, v in dataclasses.asdict(cfg).items()}
-
-
-def json_ready(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(v) for v in value]
-    return value
-
-
-def _check_type(value: Any, tp: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _check_type(value, a, where)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ConfigError(f"{where}: expected a list of {len(args)} numbers, got {brief(value)}")
-        return tuple(_check_type(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {brief(value)}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected a whole number, got {brief(value)}")
-        if not -2**63 <= value < 2**63:
-            raise ConfigError(f"{where}: {brief(value)} is out of range (a whole number must fit in 64 bits)")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {brief(value)}")
-        if not math.isfinite(value):
-            raise ConfigError(f"{where}: expected a finite number, got {brief(value)}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected text, got {brief(value)}")
-        return value
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return config_from_mapping(tp, value, where)
-    return value
-
-
-def config_from_mapping(cls: type[_C], data: Any, where: str = "", base: _C | None = None) -> _C:
-    """Build dataclass ``cls`` from a mapping, strictly: unknown keys and wrong types are errors."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where or cls.__name__}: expected a mapping of keys, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted((k for k in data if k not in known), key=str)
-    if unknown:
-        raise ConfigError(f"{where + '.' if where else ''}{unknown[0]}: unknown key; "
-                          f"valid keys: {', '.join(sorted(known))}")
-    values = {}
-    for k, v in data.items():
-        sub = f"{where}.{k}" if where else k
-        if dataclasses.is_dataclass(hints[k]):
-            values[k] = config_from_mapping(hints[k], v, sub, getattr(base, k) if base is not None else None)
-        else:
-            values[k] = _check_type(v, hints[k], sub)
-    try:
-        return replace(base, **values) if base is not None else cls(**values)
-    except ConfigError as exc:  # a check across fields (__post_init__): prefix the path, once
-        msg, tail = str(exc), where.rsplit(".", 1)[-1] + "."
-        raise ConfigError(f"{where}.{msg[len(tail):] if msg.startswith(tail) else msg}" if where else msg) from None
+    out: dict[str, Any] = dump(cfg)
+    return out
 
 
 def load_config(path: str | Path, key: str | None = None) -> EnvConfig:
@@ -275,10 +177,8 @@ def load_config(path: str | Path, key: str | None = None) -> EnvConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{doc.where(prefix)}: the top level must be a mapping of keys, got {type(data).__name__}")
     name = data.get("preset", "paper")
-    try:
-        if not isinstance(name, str) or name not in PRESETS:
-            raise ConfigError(f"preset: unknown preset {brief(name)}; choose one of: {', '.join(PRESETS)}")
-        return config_from_mapping(EnvConfig, dict(data), base=preset(name))
-    except ConfigError as exc:
-        raise ConfigError(f"{doc.where(prefix + path_of(exc.message))}: {exc.message}", exc.fix) from None
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ConfigError(f"{doc.where((*prefix, 'preset'))}: preset: unknown preset {brief(name)}; choose one of: "
+                          f"{', '.join(PRESETS)}")
+    return from_mapping(EnvConfig, dict(data), at=prefix, where=doc.where, base=preset(name))
 

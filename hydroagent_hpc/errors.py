@@ -38,7 +38,16 @@ def one_line(exc: BaseException) -> str:
 
 
 class ConfigError(HydroAgentError, ValueError):
-    """A configuration value that cannot be used; the message names where and how to fix it."""
+    """A configuration value that cannot be used; the message names where and how to fix it.
+
+    ``at`` is the key path the error is about (``("grpo", "lr")``), ``problem`` the message without the
+    key and place, and ``located`` whether the message already starts with ``FILE:LINE``
+    (:mod:`hydroagent_hpc.settings` fills them).
+    """
+
+    at: tuple[str | int, ...] = ()
+    problem: str | None = None
+    located: bool = False
 
 
 class UsageError(HydroAgentError, ValueError):

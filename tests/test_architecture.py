@@ -8,7 +8,7 @@ functions, so a lazy import is held to the same direction.
 
 The layers, bottom to top:
 
-- **core** (:data:`CORE_ORDER`): errors, types, params, registry, yamlio, config, provenance. Each
+- **core** (:data:`CORE_ORDER`): errors, types, params, registry, yamlio, settings, config, provenance. Each
   imports only the core modules before it in that order (and the package's ``__version__``).
 - **metrics/**: pure functions on series; core only.
 - **sim/** (engine, control files, grids, EF5 backend): core and metrics. **sim/synth/** (synthetic
@@ -40,7 +40,7 @@ PKG = ROOT / "hydroagent_hpc"
 TESTS = ROOT / "tests"
 
 #: The core modules in the order they may import each other: each only the ones before it.
-CORE_ORDER = ("errors", "types", "params", "registry", "yamlio", "config", "provenance")
+CORE_ORDER = ("errors", "types", "params", "registry", "yamlio", "settings", "config", "provenance")
 CORE = frozenset(CORE_ORDER)
 SIM = frozenset({"sim", "sim.synth"})
 ENV = frozenset({"env", "env.toolcalls"})

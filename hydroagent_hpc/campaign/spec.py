@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from hydroagent_hpc.agents.factory import AGENT_KINDS
-from hydroagent_hpc.config import PRESETS, EnvConfig, config_from_mapping, preset
+from hydroagent_hpc.config import PRESETS, EnvConfig, preset
 from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.settings import from_mapping
 from hydroagent_hpc.yamlio import brief, load_strict, path_of
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,7 @@ def campaign_from_mapping(data: Any, base_dir: Path | None = None, source: str =
     if not isinstance(preset_name, str) or preset_name not in PRESETS:
         raise _at(("env", "preset"), f"env.preset: unknown preset {brief(preset_name)}; choose one of: "
                                      f"{', '.join(PRESETS.names())}")
-    env = config_from_mapping(EnvConfig, env_data, "env", base=preset(preset_name))
+    env = from_mapping(EnvConfig, env_data, at=("env",), base=preset(preset_name))
     requires = data.get("requires") or []
     if not isinstance(requires, list):
         raise _at(("requires",), f"requires: a list such as [env:OPENAI_API_KEY], got {brief(requires)}")
