@@ -1,4 +1,4 @@
-"""GRPO on a cluster: slurm/grpo.sbatch and `hydroagent submit grpo`.
+"""GRPO on a cluster: slurm/grpo.sbatch and `hydroagent train submit grpo`.
 
 The signal and requeue plumbing is checked first with a stand-in trainer written by the test (a real
 process that saves a checkpoint folder on SIGUSR1, saves and exits 143 on SIGTERM, and finishes when it
@@ -7,7 +7,7 @@ what they see and wait), behind real bash, a stand-in srun that starts and signa
 does, submitit and real signals. Where a Slurm controller answers (../shared/scripts/start-local-slurm.sh),
 the real trainer runs a tiny CPU config through sbatch on MPI ranks (also through a requeue), with two CPU
 trainer ranks beside a simulation rank (HYDROAGENT_GRPO_TRAINERS=2; also through the time-limit signal), and
-through `hydroagent submit grpo`; those tests skip, saying why, without Slurm or without a working MPI.
+through `hydroagent train submit grpo`; those tests skip, saying why, without Slurm or without a working MPI.
 """
 
 from __future__ import annotations
@@ -482,7 +482,7 @@ def test_the_time_limit_warning_reaches_both_trainer_ranks_and_they_save(tmp_pat
     assert saved and saved[0] < 30 and (run / "checkpoints" / f"step-{saved[0]}").is_dir()
 
 
-# --------------------------------------------------------------------------- hydroagent submit grpo
+# --------------------------------------------------------------------------- hydroagent train submit grpo
 
 def test_the_grpo_job_command_line():
     from hydroagent_hpc.train.submit import GRPOJob, grpo_argv
@@ -557,7 +557,7 @@ def test_submit_grpo_on_the_local_executor_requeues_on_preemption_and_resumes(tm
     trainer save and stop, submitit requeues, and the second attempt resumes from the checkpoint."""
     cfg, run, out, record, result = _preempted_local_grpo(tmp_path, monkeypatch, lambda log: "ready" in log)
     assert out["cluster"] == "local" and out["final"] == str(run / "final")
-    assert record["command"] == "submit grpo" and record["pool"] == "threads" and record["max_requeues"] == 3
+    assert record["command"] == "train submit grpo" and record["pool"] == "threads" and record["max_requeues"] == 3
     assert result["attempts"] == 2 and result["returncode"] == 0 and result["run_dir"] == str(run)
     log = standin_log(run).splitlines()
     assert log[:4] == [f"start config={cfg} resume=True pool=threads found=", "ready", "usr1", "term"]
@@ -625,28 +625,28 @@ def test_submit_grpo_with_two_trainers_and_a_simulation_rank_signals_rank_0_and_
 
 def test_submit_grpo_arguments_and_errors_name_the_problem(tmp_path):
     env = {**job_env(), "PYTHONPATH": str(ROOT)}
-    cli = [sys.executable, "-m", "hydroagent_hpc.cli"]
-    p = subprocess.run([*cli, "submit", "grpo", "--help"], capture_output=True, text=True, env=env, timeout=120)
+    cli = [sys.executable, "-m", "hydroagent_hpc.cli", "train", "submit", "grpo"]
+    p = subprocess.run([*cli, "--help"], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0 and "--out RUN_DIR, --run-dir RUN_DIR" in p.stdout and "slurm/grpo.sbatch" in p.stdout
     for flag in ("--gpus", "--cluster", "--partition", "--account", "--time", "--cpus-per-task", "--max-requeues",
                  "--save-wait", "--wait"):
         assert flag in p.stdout, flag
-    p = subprocess.run([*cli, "submit", "grpo", "c.yaml"], capture_output=True, text=True, env=env, cwd=tmp_path,
+    p = subprocess.run([*cli, "c.yaml"], capture_output=True, text=True, env=env, cwd=tmp_path,
                        timeout=120)
     assert p.returncode == 2 and "--out" in p.stderr  # the run folder is required
-    p = subprocess.run([*cli, "submit", "grpo", "nope.yaml", "--out", "r"], capture_output=True, text=True,
+    p = subprocess.run([*cli, "nope.yaml", "--out", "r"], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 2 and "nope.yaml: no such GRPO config file" in p.stderr
     (tmp_path / "c.yaml").write_text("model: tiny\n")
-    p = subprocess.run([*cli, "submit", "grpo", "c.yaml", "--run-dir", "r", "--gpus", "2", "--trainers", "3"],
+    p = subprocess.run([*cli, "c.yaml", "--run-dir", "r", "--gpus", "2", "--trainers", "3"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 2 and "--trainers 3 with --gpus 2: one trainer process per GPU" in p.stderr
     (tmp_path / "g.yaml").write_text(f"basins: [{tmp_path}]\n")  # generator: local (the default)
-    p = subprocess.run([*cli, "submit", "grpo", "g.yaml", "--out", "r", "--trainers", "2", "--cluster", "local"],
+    p = subprocess.run([*cli, "g.yaml", "--out", "r", "--trainers", "2", "--cluster", "local"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 2 and "generator: local with 2 training processes" in p.stderr, p.stderr
     assert "set generator: engine" in p.stderr
-    p = subprocess.run([*cli, "submit", "grpo", "c.yaml", "--out", "r", "--cluster", "local"], capture_output=True,
+    p = subprocess.run([*cli, "c.yaml", "--out", "r", "--cluster", "local"], capture_output=True,
                        text=True, env=env, cwd=tmp_path, timeout=120)
     # the trainer's own strict loader refuses the config before anything is queued
     assert p.returncode == 2 and "c.yaml" in p.stderr and "basins: missing" in p.stderr
@@ -659,8 +659,8 @@ def test_submit_grpo_trains_a_tiny_run_on_slurm(tmp_path):
         pytest.skip("no Slurm controller answers (sinfo failed): start one with "
                     "../shared/scripts/start-local-slurm.sh (root, Debian)")
     cfg = _tiny_config(tmp_path, max_steps=2)
-    cmd = [sys.executable, "-m", "hydroagent_hpc.cli", "submit", "grpo", str(cfg), "--out", str(tmp_path / "run"),
-           "--cluster", "slurm", "--time", "30", "--mem-gb", "4", "--wait"]
+    cmd = [sys.executable, "-m", "hydroagent_hpc.cli", "train", "submit", "grpo", str(cfg),
+           "--out", str(tmp_path / "run"), "--cluster", "slurm", "--time", "30", "--mem-gb", "4", "--wait"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=_slurm_env(), cwd=tmp_path, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""SFT on a cluster (issue 14, items 5-6): slurm/sft.sbatch, `hydroagent submit sft`, the teacher and
+"""SFT on a cluster (issue 14, items 5-6): slurm/sft.sbatch, `hydroagent train submit sft`, the teacher and
 evaluation campaign files, the SFT configs and the throughput benchmark.
 
 The trainer (hydroagent_hpc.train.sft) is its own branch: nothing here imports it at module level.
@@ -232,7 +232,7 @@ def test_the_cpu_path_runs_the_real_trainer_through_a_requeue(tmp_path):
     assert (run / "checkpoints" / "latest").read_text().strip() == f"step-{steps[-1]}"
 
 
-# --------------------------------------------------------------------------- hydroagent submit sft
+# --------------------------------------------------------------------------- hydroagent train submit sft
 
 def test_launcher_command_lines():
     from hydroagent_hpc.train.submit import launcher_argv
@@ -302,15 +302,15 @@ def test_a_failing_command_is_reported_not_requeued(tmp_path):
 
 def test_submit_sft_errors_name_the_problem(tmp_path):
     env = {**job_env(), "PYTHONPATH": str(ROOT)}
-    cli = [sys.executable, "-m", "hydroagent_hpc.cli"]
-    p = subprocess.run([*cli, "submit", "sft", "nope.yaml", "--run-dir", "r"], capture_output=True, text=True,
+    cli = [sys.executable, "-m", "hydroagent_hpc.cli", "train", "submit", "sft"]
+    p = subprocess.run([*cli, "nope.yaml", "--run-dir", "r"], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 2 and "nope.yaml: no such SFT config file" in p.stderr
     (tmp_path / "c.yaml").write_text("model: tiny\n")
-    p = subprocess.run([*cli, "submit", "sft", "c.yaml", "--run-dir", "r", "--gpus", "0", "--nodes", "2"],
+    p = subprocess.run([*cli, "c.yaml", "--run-dir", "r", "--gpus", "0", "--nodes", "2"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 2 and "CPU path is one process" in p.stderr
-    p = subprocess.run([*cli, "submit", "sft", "c.yaml", "--run-dir", "r", "--cluster", "local"],
+    p = subprocess.run([*cli, "c.yaml", "--run-dir", "r", "--cluster", "local"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     if HAVE_TRAINER:  # the trainer's own strict loader refuses the config before anything is queued
         assert p.returncode == 2 and "c.yaml" in p.stderr and "data: missing" in p.stderr

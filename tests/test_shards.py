@@ -107,10 +107,10 @@ def test_cli_shard_and_merge(tmp_path, small_basin_dir):
 
 
 def test_submit_through_submitit_local_executor(tmp_path, small_basin_dir):
-    """`hydroagent submit campaign` without Slurm: submitit's local executor, then the merge here."""
+    """`hydroagent campaign submit` without Slurm: submitit's local executor, then the merge here."""
     camp = write_campaign(tmp_path, small_basin_dir, seeds=1, sims=12)
     run = tmp_path / "run"
-    p = subprocess.run([str(BIN / "hydroagent"), "-q", "submit", "campaign", str(camp), "--run-dir", str(run),
+    p = subprocess.run([str(BIN / "hydroagent"), "-q", "campaign", "submit", str(camp), "--run-dir", str(run),
                         "--array", "2", "--cluster", "local", "--no-report"], capture_output=True, text=True,
                        env=job_env(), timeout=300)
     assert p.returncode == 0, p.stderr

@@ -3,7 +3,7 @@
 slurm/grpo.sbatch runs here as the real bash program with a stand-in trainer module that records, on every
 rank, the environment the rank got (GPUs, thread count, CPU set) and a stand-in srun that starts the ranks
 as srun does (SLURM_PROCID per task); GPUs are the script's HYDROAGENT_GRPO_GPUS and the job's CPUs
-SLURM_CPUS_ON_NODE, as Slurm sets them. `hydroagent submit sft|grpo` runs through real submitit with a
+SLURM_CPUS_ON_NODE, as Slurm sets them. `hydroagent train submit sft|grpo` runs through real submitit with a
 stand-in `sbatch` that keeps the submission file, so the tests read the #SBATCH lines submitit writes.
 """
 

@@ -546,7 +546,7 @@ def _argv(template: str, option: str, value: str, basin: Path, tmp: Path) -> tup
         "calibrate": ["calibrate", "--basin", str(basin), "--agent", "heuristic", "--out", str(out),
                       "--max-simulations", "3"],
         "campaign": ["campaign", "run", str(cfile), "--out", str(out), "--no-progress"],
-        "submit": ["submit", "campaign", str(cfile), "--run-dir", str(run_dir), "--cluster", "debug", "--no-report"],
+        "submit": ["campaign", "submit", str(cfile), "--run-dir", str(run_dir), "--cluster", "debug", "--no-report"],
         "simulate": ["simulate", str(basin / "control.txt"), "--output", str(bdir)],
         "synth": ["basin", "synth", "--name", "x", "--area-km2", "50", "--window-days", "3", "--warmup-days", "1",
                   "--out", str(bdir)],

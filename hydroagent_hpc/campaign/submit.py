@@ -5,7 +5,7 @@ Two ways in, the same work:
 * ``sbatch slurm/campaign.sbatch CAMPAIGN.yaml [RUN_DIR]`` — the array tasks call
   ``hydroagent campaign run --run-dir RUN --shard I/N`` (:func:`run_shard`) and the first task to
   start submits the dependent merge job (``hydroagent campaign merge``).
-* ``hydroagent submit campaign CAMPAIGN.yaml --run-dir RUN --array N`` — :func:`submit_campaign`
+* ``hydroagent campaign submit CAMPAIGN.yaml --run-dir RUN --array N`` — :func:`submit_campaign`
   through submitit (Slurm when present, local processes otherwise): ``map_array`` over the shard
   indices with a :class:`ShardJob`, then a :class:`MergeJob` that depends on the whole array.
 
@@ -227,7 +227,7 @@ def submit_campaign(campaign: str | Path, run_dir: str | Path, array: int, site:
     logs = run_dir / "logs"
     ex = make_executor(logs, site, cluster, name=f"hydroagent-{spec.name}")
     shard_job = ShardJob(str(campaign), str(run_dir), array, pool, workers, max_in_flight, timeout_s)
-    write_run_record(run_dir, {"command": "submit campaign", "campaign": str(campaign), "array": array,
+    write_run_record(run_dir, {"command": "campaign submit", "campaign": str(campaign), "array": array,
                                "cluster": ex.cluster, "site": site.as_dict(), "pool": pool, "workers": workers,
                                "max_in_flight": max_in_flight, "timeout_s": timeout_s})
     jobs = ex.map_array(shard_job, range(array))

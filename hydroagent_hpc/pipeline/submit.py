@@ -124,7 +124,7 @@ def load_site(path: str | Path | None) -> Site:
                 raise SiteError(f"{at}: {key}: expected a whole number >= {least}, got {brief(value)}")
             if key == "gpus" and value > 1:
                 raise SiteError(f"{at}: gpus: {value}; the pipeline's SFT and GRPO jobs use one GPU each",
-                                "give 1 (or 0 to train on CPU); multi-GPU SFT: `hydroagent submit sft --gpus N`")
+                                "give 1 (or 0 to train on CPU); multi-GPU SFT: `hydroagent train submit sft --gpus N`")
         elif key == "mem_gb":
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
                 raise SiteError(f"{at}: mem_gb: expected a positive number or null, got {brief(value)}")

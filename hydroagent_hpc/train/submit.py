@@ -1,4 +1,4 @@
-"""``hydroagent submit sft|grpo``: a training run as a submitit job that survives requeues.
+"""``hydroagent train submit sft|grpo``: a training run as a submitit job that survives requeues.
 
 :class:`SFTJob` is a :class:`hydroagent_hpc.hpc.jobs.CheckpointedCommand` whose command is the
 trainer's entry point, ``python -m hydroagent_hpc.train.sft CONFIG --out RUN --resume``:
@@ -20,7 +20,7 @@ Before submitting, the config is read with the trainer's strict loader
 (:func:`hydroagent_hpc.train.config.load_sft_config`), so a typo fails here, not in the queue; the
 trainer itself (torch) is never imported by this module.
 
-:class:`GRPOJob` (``hydroagent submit grpo CONFIG --out RUN``) is the same protocol for the GRPO
+:class:`GRPOJob` (``hydroagent train submit grpo CONFIG --out RUN``) is the same protocol for the GRPO
 trainer, ``python -m hydroagent_hpc.train.grpo_launch CONFIG --out RUN --resume --pool threads``: one
 process that trains (on its GPU, or on CPU with ``gpus == 0``) and runs the simulations in its own
 threads, so the job has one task and SIGUSR1/SIGTERM go to that process. The trainer acts on them
@@ -367,7 +367,7 @@ def submit_sft_job(config: str | Path, run_dir: str | Path, site: SiteSettings, 
     threads = {"OMP_NUM_THREADS": str(max(1, site.cpus_per_task // gpus))} if gpus else None
     job = ex.submit(SFTJob(cfg, run, gpus=gpus, nodes=nodes, master_port=port, save_wait_s=save_wait_s,
                            module=module, env=threads))
-    record = {"command": "submit sft", "config": str(cfg), "run_dir": str(run), "job_id": str(job.job_id),
+    record = {"command": "train submit sft", "config": str(cfg), "run_dir": str(run), "job_id": str(job.job_id),
               "cluster": ex.cluster, "gpus_per_node": gpus, "nodes": nodes, "max_requeues": max_requeues,
               "site": site.as_dict(), "host_request": None if request is None else request.__dict__,
               "submitted_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -524,7 +524,7 @@ def submit_grpo_job(config: str | Path, run_dir: str | Path, site: SiteSettings,
     if ex.cluster == "slurm":
         ex.update_parameters(slurm_signal_delay_s=int(save_wait_s) + 60)
     job = ex.submit(job_cmd)
-    record = {"command": "submit grpo", "config": str(cfg), "run_dir": str(run), "job_id": str(job.job_id),
+    record = {"command": "train submit grpo", "config": str(cfg), "run_dir": str(run), "job_id": str(job.job_id),
               "cluster": ex.cluster, "gpus_per_node": gpus, "pool": "mpi" if sim_ranks else "threads",
               "sim_ranks": sim_ranks, "trainers": n_trainers, "max_requeues": max_requeues,
               "site": site.as_dict(), "host_request": None if request is None else request.__dict__,
