@@ -13,10 +13,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import NoReturn
 
 __all__ = ["ParamSpec", "PARAMS", "PARAM_NAMES", "CREST_NAMES", "KW_NAMES", "DEFAULTS", "TUNABLE",
            "SNOW_PARAMS", "SNOW_NAMES", "SNOW_DEFAULTS", "check_values", "spec_of", "ParameterSet", "CREST_SET",
-           "SNOW17_SET", "parameter_set", "parameter_set_of"]
+           "SNOW17_SET", "parameter_set", "parameter_set_of", "ParamValues"]
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,68 @@ SNOW_NAMES = tuple(p.name for p in _SNOW_TABLE)
 SNOW_DEFAULTS: Mapping[str, float] = MappingProxyType({p.name: p.default for p in _SNOW_TABLE})
 
 
-def check_values(values: Mapping[str, float], source: str = "parameters", snow: bool = False) -> dict[str, float]:
+class ParamValues(dict[str, float]):
+    """A parameter set that passed validation: lower-case known names, every value a finite Python float.
+
+    The one record a parameter set travels in once it has entered the environment (a tool call,
+    :func:`~hydroagent_hpc.env.toolcalls.validate_arguments`) or the simulator (:func:`check_values`, or
+    :meth:`ParameterSet.check`): only those validating functions make one, so the layers after them
+    (the environment's bookkeeping, the simulator's runs, its result) trust the type and check nothing
+    again (:func:`check_values` hands a record back as it is). A read-only ``dict`` (JSON and ``dict(...)``
+    take it as one; a copy is a plain, unvalidated dict). ``snow``: whether it holds any Snow-17 name (a
+    simulator without Snow-17 validates such a record again, and refuses it with the usual message).
+    """
+
+    __slots__ = ("_snow",)
+    _snow: bool
+
+    def __new__(cls, *args: object, **kwargs: object) -> ParamValues:
+        raise TypeError("ParamValues is made only by validation: use hydroagent_hpc.params.check_values(...), "
+                        "ParameterSet.check(...) or toolcalls.validate_arguments(...)")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:  # the values are set by _validated
+        pass
+
+    @classmethod
+    def _validated(cls, values: Mapping[str, float]) -> ParamValues:
+        """For the validating functions only: ``values`` must already be checked (names known, finite floats)."""
+        rec = dict.__new__(cls)
+        dict.update(rec, values)
+        rec._snow = any(k in SNOW_PARAMS for k in rec)
+        return rec
+
+    @property
+    def snow(self) -> bool:
+        return self._snow
+
+    def _read_only(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("ParamValues is read-only: validate a changed copy (check_values({**values, ...}))")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only
+
+    def __repr__(self) -> str:
+        return f"ParamValues({dict.__repr__(self)})"
+
+    def __reduce__(self) -> tuple[object, ...]:  # pickles (a pool worker's results) as a validated record again
+        return (_revalidate, (dict(self),))
+
+
+def _revalidate(values: dict[str, float]) -> ParamValues:
+    return check_values(values, snow=True)
+
+
+def check_values(values: Mapping[str, float], source: str = "parameters", snow: bool = False) -> ParamValues:
     """Validate names and finiteness (not bounds: the simulator accepts any value EF5 accepts).
 
-    ``snow=True`` (a task with Snow-17) also accepts the :data:`SNOW_NAMES`.
+    ``snow=True`` (a task with Snow-17) also accepts the :data:`SNOW_NAMES`. A :class:`ParamValues`
+    (already validated) comes back as it is, unless it holds Snow-17 names and ``snow`` is false.
     """
+    if isinstance(values, ParamValues) and (snow or not values.snow):
+        return values
+    return _check_values(values, source, snow)
+
+
+def _check_values(values: Mapping[str, float], source: str, snow: bool) -> ParamValues:
     out = {}
     for name, value in values.items():
         key = str(name).lower()
@@ -93,7 +151,7 @@ def check_values(values: Mapping[str, float], source: str = "parameters", snow: 
         if not math.isfinite(v):
             raise ValueError(f"{source}: {key} must be finite, got {v}")
         out[key] = v
-    return out
+    return ParamValues._validated(out)
 
 
 def spec_of(name: str) -> ParamSpec:
@@ -153,7 +211,7 @@ class ParameterSet:
                     f"SNOW=SNOW17 and [Snow17ParamSet]); use one of: {', '.join(self.tunable)}")
         return f"unknown parameter {key!r}; use one of: {', '.join(self.tunable)}"
 
-    def check(self, values: Mapping[str, float], source: str = "parameters") -> dict[str, float]:
+    def check(self, values: Mapping[str, float], source: str = "parameters") -> ParamValues:
         """Strict check of a (partial) set: known tunable names, finite numbers, inside the bounds.
 
         Raises ``ValueError`` naming the field and the fix; returns the values as floats.
@@ -174,7 +232,7 @@ class ParameterSet:
                 raise ValueError(f"{source}: {name}={v:g} is outside its bounds [{p.lower:g}, {p.upper:g}]; "
                                  "choose a value inside")
             out[name] = v
-        return out
+        return ParamValues._validated(out)
 
 
 #: The paper's parameters (every snow-free basin).

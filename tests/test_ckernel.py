@@ -21,12 +21,19 @@ from helpers.ckernel import needs_c
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.sim import kernels
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+from hydroagent_hpc.sim.record import NodeParams
 from hydroagent_hpc.sim.synth.cases import draw_case, write_case
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "ef5-reference"
 
 
+
+
+def _record(channel, **fields) -> np.ndarray:
+    """A parameter record [len(NODE_FIELDS), n] of named per-node arrays (UNDER, which only interflow_targets
+    reads, defaults to 1)."""
+    return NodeParams.of(channel, **{"under": np.ones(np.asarray(channel).size), **fields}).values
 
 
 def _both(sim: EmbeddedSimulator, params: dict[str, float] | None):
@@ -152,13 +159,15 @@ def test_c_kernel_refuses_a_network_out_of_routing_order():
     n, nt = 2, 3
     z = np.zeros(n)
     one = np.ones(n)
-    args = (np.ones((nt, n)), np.zeros((nt, n)), 1.0, one * 100, one * 0.3, z, one, one * 0.5, one * 50, one * 0.1,
-            one, one * 0.6, one, np.array([0, 1], np.uint8), z, z, z, np.array([1, -1]), one * 1000, one * 1e6,
+    channel = np.array([0, 1], np.uint8)
+    par = _record(channel, wm=one * 100, b=one * 0.3, im=z, ke=one, fc=one * 0.5, w0=one * 50, leaki=one * 0.1,
+                  alpha=one, beta=one * 0.6, alpha0=one, ir0=z)
+    args = (np.ones((nt, n)), np.zeros((nt, n)), 1.0, par, channel, z, z, np.array([1, -1]), one * 1000, one * 1e6,
             np.array([-1, -1]), np.array([-1, -1]), z, z, np.array([1]), np.array([[0.0, 1.0]]), -1)
     with pytest.raises(ValueError, match="routing order"):
         ckernel.run_kernel(*args)
     ok = list(args)
-    ok[17] = np.array([-1, 0])  # cell 1 drains into cell 0: fine
+    ok[7] = np.array([-1, 0])  # cell 1 drains into cell 0: fine
     q = ckernel.run_kernel(*ok)[0]
     assert q.shape == (nt, 1) and np.all(np.isfinite(q))
 
@@ -226,18 +235,16 @@ def test_c_batch_groups_members_whose_channel_cells_differ(tmp_path, monkeypatch
     tgs = [ckernel.interflow_targets(sim.net.down, sim.net.dx, sim.net.slope, p.under, ch, step_s)
            for p, ch in zip(nps, channels)]
     pq0, po0 = sim._flow_states()
-    names = ("wm", "b", "im", "ke", "fc", "w0", "leaki", "alpha", "beta", "alpha0")
-    stack = {k: np.stack([getattr(p, k) for p in nps]) for k in names}
     common = (sim.net.down, sim.net.dx, sim.net.area)
-    batch_args = (sim.precip, sim.pet, sim.dt_hours, *(stack[k] for k in names), np.stack(channels),
-                  np.stack([p.ir0 for p in nps]), pq0, po0, *common, *(np.stack([t[j] for t in tgs]) for j in range(4)),
-                  sim.net.gauge_nodes, sim.weights)
+    batch_args = (sim.precip, sim.pet, sim.dt_hours, np.stack([p.values for p in nps], axis=1), np.stack(channels),
+                  pq0, po0, *common, *(np.stack([t[j] for t in tgs]) for j in range(4)), sim.net.gauge_nodes,
+                  sim.weights)
     kernels.set_threads(1)
     with kernels.using("c") as kern:
         got = kern.run_batch_kernel(*batch_args)
     for k, p in enumerate(nps):
-        want = ckernel.run_kernel(sim.precip, sim.pet, sim.dt_hours, *(getattr(p, n) for n in names), channels[k],
-                                  p.ir0, pq0, po0, *common, *tgs[k], sim.net.gauge_nodes, sim.weights, -1)
+        want = ckernel.run_kernel(sim.precip, sim.pet, sim.dt_hours, p.values, channels[k], pq0, po0, *common,
+                                  *tgs[k], sim.net.gauge_nodes, sim.weights, -1)
         for j in range(4):
             assert np.array_equal(got[j][k], want[j]), (k, j)
     assert not np.array_equal(got[0][0], got[0][1])
@@ -252,12 +259,14 @@ def test_c_kernel_refuses_an_interflow_target_off_the_hillslope_path():
     n, nt = 3, 2
     z, one = np.zeros(n), np.ones(n)
     down = np.array([-1, 0, 0])  # cells 1 and 2 both drain into the outlet: the same overland level
-    args = [np.ones((nt, n)), np.zeros((nt, n)), 1.0, one * 100, one * 0.3, z, one, one * 0.5, one * 50, one * 0.1,
-            one, one * 0.6, one, np.array([1, 0, 0], np.uint8), z, z, z, down, one * 1000, one * 1e6,
+    channel = np.array([1, 0, 0], np.uint8)
+    par = _record(channel, wm=one * 100, b=one * 0.3, im=z, ke=one, fc=one * 0.5, w0=one * 50, leaki=one * 0.1,
+                  alpha=one, beta=one * 0.6, alpha0=one, ir0=z)
+    args = [np.ones((nt, n)), np.zeros((nt, n)), 1.0, par, channel, z, z, down, one * 1000, one * 1e6,
             np.array([-1, 0, 0]), np.array([-1, -1, -1]), np.array([0.0, 1.0, 1.0]), z, np.array([0]),
             np.array([[1.0, 0.0, 0.0]]), -1]
     assert np.all(np.isfinite(ckernel.run_kernel(*args)[0]))
-    args[20] = np.array([-1, 0, 1])  # cell 2 leaks onto cell 1, which is not downstream of it
+    args[10] = np.array([-1, 0, 1])  # cell 2 leaks onto cell 1, which is not downstream of it
     with pytest.raises(ValueError, match="interflow target"):
         ckernel.run_kernel(*args)
 
@@ -460,21 +469,17 @@ def test_c_kernel_equals_numba_on_random_small_networks(seed, monkeypatch):
     members = [member() for _ in range(3)]
     for p, (t0, t1, s0, s1) in members[:1]:
         for state_step in (-1, 0, nt // 2):
-            args = (precip, pet, 1.0, p["wm"], p["b"], p["im"], p["ke"], p["fc"], p["w0"], p["leaki"], p["alpha"],
-                    p["beta"], p["alpha0"], channel, p["ir0"], pq0, po0, down, dx, area, t0, t1, s0, s1, gauges,
+            args = (precip, pet, 1.0, _record(channel, **p), channel, pq0, po0, down, dx, area, t0, t1, s0, s1, gauges,
                     weights, state_step)
             got = ckernel.run_kernel(*args)
-            want = kernel.run_kernel(*args[:13], channel.astype(np.bool_), *args[14:])
+            want = kernel.run_kernel(*args[:4], channel.astype(np.bool_), *args[5:])
             for a, b in zip(got, want, strict=True):
                 assert np.array_equal(a, b, equal_nan=True)
-    stack = {k: np.stack([m[0][k] for m in members]) for k in members[0][0]}
+    par = np.stack([_record(channel, **m[0]) for m in members], axis=1)
     tg = [np.stack([m[1][j] for m in members]) for j in range(4)]
-    got = ckernel.run_batch_kernel(precip, pet, 1.0, stack["wm"], stack["b"], stack["im"], stack["ke"], stack["fc"],
-                                   stack["w0"], stack["leaki"], stack["alpha"], stack["beta"], stack["alpha0"],
-                                   channel, stack["ir0"], pq0, po0, down, dx, area, *tg, gauges, weights)
+    got = ckernel.run_batch_kernel(precip, pet, 1.0, par, channel, pq0, po0, down, dx, area, *tg, gauges, weights)
     for k, (p, (t0, t1, s0, s1)) in enumerate(members):
-        want = kernel.run_kernel(precip, pet, 1.0, p["wm"], p["b"], p["im"], p["ke"], p["fc"], p["w0"], p["leaki"],
-                                 p["alpha"], p["beta"], p["alpha0"], channel.astype(np.bool_), p["ir0"], pq0, po0,
-                                 down, dx, area, t0, t1, s0, s1, gauges, weights, -1)
+        want = kernel.run_kernel(precip, pet, 1.0, _record(channel, **p), channel.astype(np.bool_), pq0, po0, down,
+                                 dx, area, t0, t1, s0, s1, gauges, weights, -1)
         for j in range(4):
             assert np.array_equal(got[j][k], want[j], equal_nan=True), (k, j)

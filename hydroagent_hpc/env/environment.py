@@ -33,7 +33,7 @@ from hydroagent_hpc.config import EnvConfig, to_dict
 from hydroagent_hpc.env import prompts, toolcalls
 from hydroagent_hpc.env.observations import evaluate_run, evaluation_view, simulation_view
 from hydroagent_hpc.env.rewards import Payment, RewardLedger
-from hydroagent_hpc.params import ParameterSet, parameter_set_of
+from hydroagent_hpc.params import ParameterSet, ParamValues, check_values, parameter_set_of
 from hydroagent_hpc.provenance import provenance
 from hydroagent_hpc.sim import Simulator
 from hydroagent_hpc.sim.errors import HydroAgentError
@@ -106,16 +106,19 @@ class CalibrationEnv:
         self.target = config.target_nse if config.target_nse is not None else basin.target_nse
         #: The basin's calibratable parameters: the 13 multipliers, and Snow-17's when the task has snow.
         self.parameters: ParameterSet = parameter_set_of(simulator)
-        self._initial = {k: float(v) for k, v in simulator.base_params.items()}
+        initial = {k: float(v) for k, v in simulator.base_params.items()}
         if self.parameters.snow:  # the control file's Snow-17 values (the embedded engine keeps them apart)
             snow = {**self.parameters.defaults, **(getattr(simulator, "base_snow_params", None) or {})}
-            self._initial.update({k: float(snow[k]) for k in self.parameters.snow_names if k not in self._initial})
+            initial.update({k: float(snow[k]) for k in self.parameters.snow_names if k not in initial})
+        # the control file's values enter the environment here: validated once, then the record travels as it is
+        self._initial: ParamValues = check_values(initial, "the simulator's base parameters",
+                                                  snow=self.parameters.snow)
         self.reset()
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self) -> list[dict[str, str]]:
         """Start the episode over; returns the system and user messages."""
-        self.params: dict[str, float] = dict(self._initial)
+        self.params: ParamValues = self._initial  # validated and immutable: passed on, never copied or re-checked
         self.turns: list[Turn] = []
         self.sims: list[SimRecord] = []
         self.ledger = RewardLedger(self.config.rewards, self.target)
@@ -126,7 +129,7 @@ class CalibrationEnv:
         self.parse_streak = 0
         self.since_improvement = 0
         self.round = 0
-        self.pending: list[dict[str, float]] = []  # queued candidates of the current round
+        self.pending: list[ParamValues] = []  # queued candidates of the current round
         self.fresh_run: int | None = None  # a successful run not yet evaluated (turns protocol)
         self.counters = {"turns": 0, "parse_failures": 0, "simulations": 0, "failed_simulations": 0,
                          "evaluations": 0, "credited_evaluations": 0, "improvements": 0, "clipped_values": 0,
@@ -237,7 +240,7 @@ class CalibrationEnv:
 
     def _tool_set(self, v: toolcalls.Validated) -> ToolOutcome:
         self.parse_streak = 0
-        before, self.params = self.params, dict(v.params)
+        before, self.params = self.params, v.params
         self.counters["clipped_values"] += len(v.clipped)
         shown = {k: round(self.params[k], 6) for k in self.parameters.names}
         key = "params" if self.config.observation == "paper" else "validated_params"
@@ -260,12 +263,12 @@ class CalibrationEnv:
                 return ToolOutcome({"status": "error", "message": f"round {self.round + 1} already has "
                                     f"{c.candidates_per_round} candidates; call evaluate to run and score them"},
                                    self.ledger.nothing(), False, "round_full", None, {})
-            self.pending.append(dict(self.params))
+            self.pending.append(self.params)
             obs = {"status": "ok", "message": f"queued as candidate {len(self.pending)} of round {self.round + 1}; "
                                               "evaluate runs and scores the round's candidates",
                    "round": self.round + 1, "candidate": len(self.pending)}
             return ToolOutcome(obs, self.ledger.queued(), True, None, None, {})
-        rec = self._simulate([dict(self.params)])[0]
+        rec = self._simulate([self.params])[0]
         if rec.ok:
             self.fresh_run = rec.run_id
             obs = simulation_view(rec, self, c)
@@ -341,8 +344,9 @@ class CalibrationEnv:
                 "params": {k: round(v, 6) for k, v in rec.params.items()}}
 
     # ------------------------------------------------------------------ simulation
-    def _simulate(self, param_sets: list[dict[str, float]], round_: int | None = None) -> list[SimRecord]:
-        """Run parameter sets (batched when there are several) and score each at once."""
+    def _simulate(self, param_sets: list[ParamValues], round_: int | None = None) -> list[SimRecord]:
+        """Run parameter sets (batched when there are several) and score each at once. They are validated
+        records (:class:`~hydroagent_hpc.params.ParamValues`): the simulator takes them without checking again."""
         t0 = time.perf_counter()
         results: list[SimulationResult | Exception] = []
         if len(param_sets) > 1:

@@ -39,9 +39,11 @@ from typing import Any
 import numpy as np
 
 from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.sim.record import N_FIELDS, NODE_FIELDS
 
-__all__ = ["SOURCE", "FLAGS", "CKernelUnavailable", "load", "library_path", "interflow_targets", "run_kernel",
-           "run_batch_kernel", "fpow_array", "dpow_array", "fpow_lanes"]
+__all__ = ["SOURCE", "FLAGS", "CKernelUnavailable", "KernelRecordMismatch", "NodeParamsStruct", "load",
+           "library_path", "interflow_targets", "run_kernel", "run_batch_kernel", "fpow_array", "dpow_array",
+           "fpow_lanes", "check_record"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,40 @@ _L, _D = ctypes.c_long, ctypes.c_double
 
 class CKernelUnavailable(HydroAgentError, RuntimeError):
     """No C compiler could build the kernel (or the built library would not load)."""
+
+
+class KernelRecordMismatch(HydroAgentError, RuntimeError):
+    """The library's parameter record (``hak_node_params``) is not :data:`~hydroagent_hpc.sim.record.NODE_FIELDS`:
+    a programming error, never a reason to fall back to numba quietly."""
+
+
+def _struct(names: tuple[str, ...]) -> type[ctypes.Structure]:
+    """The ``ctypes.Structure`` of the C ``hak_node_params``: one pointer per field, in ``names``' order."""
+    return type("NodeParamsStruct", (ctypes.Structure,), {"_fields_": [(k, ctypes.c_void_p) for k in names]})
+
+
+#: ``hak_node_params`` as ctypes sees it, generated from :data:`~hydroagent_hpc.sim.record.NODE_FIELDS`.
+NodeParamsStruct = _struct(NODE_FIELDS)
+
+
+def check_record(lib: ctypes.CDLL, names: tuple[str, ...] = NODE_FIELDS) -> None:
+    """Refuse a library whose parameter record differs from ``names`` (field names in order, struct size)."""
+    if not hasattr(lib, "hak_node_params_fields"):
+        raise KernelRecordMismatch("C kernel: the library has no parameter record (hak_node_params_fields); it was "
+                                   "built from a source older than hydroagent_hpc.sim.record",
+                                   fix="build it from the current crest_kernel.c")
+    lib.hak_node_params_fields.restype = ctypes.c_char_p
+    lib.hak_node_params_fields.argtypes = []
+    lib.hak_node_params_size.restype = ctypes.c_long
+    lib.hak_node_params_size.argtypes = []
+    c_names = tuple(lib.hak_node_params_fields().decode().split())
+    c_size = int(lib.hak_node_params_size())
+    py_size = ctypes.sizeof(_struct(names))
+    if c_names != tuple(names) or c_size != py_size:
+        raise KernelRecordMismatch(f"C kernel: its parameter record hak_node_params is {c_names} ({c_size} bytes), "
+                                   f"Python's is {tuple(names)} ({py_size} bytes)",
+                                   fix="list the fields of HAK_NODE_FIELDS in crest_kernel.c in the order of "
+                                       "hydroagent_hpc.sim.record.NODE_FIELDS")
 
 
 def _compiler() -> str:
@@ -136,12 +172,14 @@ def _build(target: Path) -> None:
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    """Set the argument and result types of the library's functions."""
+    """Check the library's parameter record (:func:`check_record`) and set the argument and result types of its
+    functions."""
+    check_record(lib)
     lib.hak_interflow_targets.restype = None
     lib.hak_interflow_targets.argtypes = [_L, _I64, _F64, _F64, _F64, _U8, _D, _I64, _I64, _F64, _F64]
     lib.hak_run.restype = ctypes.c_int
-    args: list[Any] = ([_L, _L, _L, _F64, _F64, _D] + [_F64] * 10 + [_U8, _F64, _F64, _F64, _I64, _F64, _F64,
-                       _I64, _I64, _F64, _F64, _I64, _F64, _L] + [_F64] * 8)
+    args: list[Any] = ([_L, _L, _L, _F64, _F64, _D, ctypes.POINTER(NodeParamsStruct), _U8, _F64, _F64, _I64, _F64,
+                        _F64, _I64, _I64, _F64, _F64, _I64, _F64, _L] + [_F64] * 8)
     lib.hak_run.argtypes = args
     lib.hak_run_batch.restype = ctypes.c_int
     lib.hak_run_batch.argtypes = [_L, *args]
@@ -196,20 +234,32 @@ def interflow_targets(down, dx, slope, under, channel, step_seconds):
     return t0, t1, s0, s1
 
 
-def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, channel, ir0,
-               pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights, state_step):
+def _record(par: Any, n: int, k_sets: int | None = None) -> tuple[Any, np.ndarray]:
+    """The C struct of a parameter record [len(NODE_FIELDS), n] (or [len(NODE_FIELDS), K, n] for a batch) and the
+    array it points into (keep it alive for the call)."""
+    values = _f64(par)
+    want = (N_FIELDS, n) if k_sets is None else (N_FIELDS, k_sets, n)
+    if values.shape != want:
+        raise ValueError(f"C kernel: the parameter record has shape {values.shape}, expected {want} "
+                         f"(rows: {', '.join(NODE_FIELDS)})")
+    block = values.itemsize * n * (k_sets or 1)
+    return ctypes.byref(NodeParamsStruct(*(values.ctypes.data + f * block for f in range(N_FIELDS)))), values
+
+
+def run_kernel(precip, pet, dt_hours, par, channel, pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights,
+               state_step):
     """:func:`hydroagent_hpc.sim.kernel.run_kernel`, in C (same arguments, same results)."""
     lib = load()
     precip, pet = _f64(precip), _f64(pet)
     nt, n = precip.shape
     gauge_nodes = _i64(gauge_nodes)
     ng = gauge_nodes.size
+    rec, _keep = _record(par, n)
     outs = [np.empty((nt, ng)) for _ in range(4)]
     states = [np.empty(n) for _ in range(4)]
-    rc = lib.hak_run(nt, n, ng, precip, pet, float(dt_hours), _f64(wm), _f64(b), _f64(im), _f64(ke), _f64(fc),
-                     _f64(w0), _f64(leaki), _f64(alpha), _f64(beta), _f64(alpha0), _u8(channel), _f64(ir0), _f64(pq0),
-                     _f64(po0), _i64(down), _f64(dx), _f64(area), _i64(t0), _i64(t1), _f64(s0), _f64(s1), gauge_nodes,
-                     _f64(weights), int(state_step), *outs, *states)
+    rc = lib.hak_run(nt, n, ng, precip, pet, float(dt_hours), rec, _u8(channel), _f64(pq0), _f64(po0), _i64(down),
+                     _f64(dx), _f64(area), _i64(t0), _i64(t1), _f64(s0), _f64(s1), gauge_nodes, _f64(weights),
+                     int(state_step), *outs, *states)
     _check_rc(rc, n)
     return (*outs, *states)
 
@@ -225,25 +275,26 @@ def _check_rc(rc: int, n: int) -> None:
         raise MemoryError(f"C kernel: out of memory for {n} cells")
 
 
-def run_batch_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, channel, ir0,
-                     pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights):
+def run_batch_kernel(precip, pet, dt_hours, par, channel, pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes,
+                     weights):
     """K parameter sets on one network in one call (``hak_run_batch``): the members' solves of each routing
-    level run together, so small basins fill the vectorised power's lanes. Per-member arrays have a leading
-    axis K; ``channel`` is one [n] array shared by every member (members whose channel cells differ go in
-    separate calls). Returns discharge, soil moisture, fast and slow excess, each [K, T, G]; each member's
-    values are bit for bit those of :func:`run_kernel` on its own."""
+    level run together, so small basins fill the vectorised power's lanes. ``par`` is the batch record
+    [len(NODE_FIELDS), K, n]; the interflow targets have a leading axis K; ``channel`` is one [n] array shared by
+    every member (members whose channel cells differ go in separate calls). Returns discharge, soil moisture,
+    fast and slow excess, each [K, T, G]; each member's values are bit for bit those of :func:`run_kernel` on its
+    own."""
     lib = load()
     precip, pet = _f64(precip), _f64(pet)
     nt, n = precip.shape
-    k_sets = int(np.asarray(wm).shape[0])
+    k_sets = int(np.asarray(par).shape[1])
     gauge_nodes = _i64(gauge_nodes)
     ng = gauge_nodes.size
+    rec, _keep = _record(par, n, k_sets)
     outs = [np.empty((k_sets, nt, ng)) for _ in range(4)]
     states = [np.empty((k_sets, n)) for _ in range(4)]
-    rc = lib.hak_run_batch(k_sets, nt, n, ng, precip, pet, float(dt_hours), _f64(wm), _f64(b), _f64(im), _f64(ke),
-                           _f64(fc), _f64(w0), _f64(leaki), _f64(alpha), _f64(beta), _f64(alpha0), _u8(channel),
-                           _f64(ir0), _f64(pq0), _f64(po0), _i64(down), _f64(dx), _f64(area), _i64(t0), _i64(t1),
-                           _f64(s0), _f64(s1), gauge_nodes, _f64(weights), -1, *outs, *states)
+    rc = lib.hak_run_batch(k_sets, nt, n, ng, precip, pet, float(dt_hours), rec, _u8(channel), _f64(pq0), _f64(po0),
+                           _i64(down), _f64(dx), _f64(area), _i64(t0), _i64(t1), _f64(s0), _f64(s1), gauge_nodes,
+                           _f64(weights), -1, *outs, *states)
     _check_rc(rc, n)
     return tuple(outs)
 

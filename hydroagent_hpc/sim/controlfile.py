@@ -684,7 +684,7 @@ def _p(path) -> str:
     return text
 
 
-def render_control(cf: ControlFile, task: str | None = None, overrides: dict[str, float] | None = None,
+def render_control(cf: ControlFile, task: str | None = None, overrides: Mapping[str, float] | None = None,
                    output: Path | None = None) -> str:
     """Write a control file for one task with absolute paths and multiplier overrides.
 

@@ -1334,19 +1334,37 @@ done:
     return status;
 }
 
+/* The parameter record (hydroagent_hpc/sim/record.py, NODE_FIELDS: the one definition of the order; ckernel.py
+ * builds its ctypes.Structure from that and refuses a library whose hak_node_params_fields() or
+ * hak_node_params_size() disagree). Each field points to the field's [K][n] block of the record (UNDER is used
+ * only by hak_interflow_targets, which the caller runs first). */
+#define HAK_NODE_FIELDS(X) X(wm) X(b) X(im) X(ke) X(fc) X(w0) X(under) X(leaki) X(ir0) X(alpha) X(beta) X(alpha0)
+typedef struct {
+#define HAK_FIELD(name) const double *name;
+    HAK_NODE_FIELDS(HAK_FIELD)
+#undef HAK_FIELD
+} hak_node_params;
+
+/* The record's field names in the struct's order, each followed by a space. */
+const char *hak_node_params_fields(void) {
+#define HAK_NAME(name) #name " "
+    return HAK_NODE_FIELDS(HAK_NAME);
+#undef HAK_NAME
+}
+
+long hak_node_params_size(void) { return (long)sizeof(hak_node_params); }
+
 /* All steps for K parameter sets on one network (run_batch); a single run (K = 1) gets its own copy of the code,
  * compiled for one member. */
 int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const double *pet, double dt_hours,
-                  const double *wm, const double *b, const double *im, const double *ke, const double *fc,
-                  const double *w0, const double *leaki, const double *alpha, const double *beta,
-                  const double *alpha0, const uint8_t *channel, const double *ir0, const double *pq0,
-                  const double *po0, const int64_t *down, const double *dx, const double *area, const int64_t *t0,
-                  const int64_t *t1, const double *s0, const double *s1, const int64_t *gauge_nodes,
-                  const double *weights, long state_step, double *q_out, double *sm_out, double *ff_out,
-                  double *sf_out, double *st_w, double *st_ir, double *st_pq, double *st_po) {
-#define RUN_BATCH_ARGS nt, n, ng, precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, \
-    channel, ir0, pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights, state_step, q_out, sm_out, \
-    ff_out, sf_out, st_w, st_ir, st_pq, st_po
+                  const hak_node_params *par, const uint8_t *channel, const double *pq0, const double *po0,
+                  const int64_t *down, const double *dx, const double *area, const int64_t *t0, const int64_t *t1,
+                  const double *s0, const double *s1, const int64_t *gauge_nodes, const double *weights,
+                  long state_step, double *q_out, double *sm_out, double *ff_out, double *sf_out, double *st_w,
+                  double *st_ir, double *st_pq, double *st_po) {
+#define RUN_BATCH_ARGS nt, n, ng, precip, pet, dt_hours, par->wm, par->b, par->im, par->ke, par->fc, par->w0, \
+    par->leaki, par->alpha, par->beta, par->alpha0, channel, par->ir0, pq0, po0, down, dx, area, t0, t1, s0, s1, \
+    gauge_nodes, weights, state_step, q_out, sm_out, ff_out, sf_out, st_w, st_ir, st_pq, st_po
     if (nk == 1) return run_batch(1, RUN_BATCH_ARGS);
     return run_batch(nk, RUN_BATCH_ARGS);
 #undef RUN_BATCH_ARGS
@@ -1354,14 +1372,12 @@ int hak_run_batch(long nk, long nt, long n, long ng, const double *precip, const
 
 /* All steps for one parameter set: hak_run_batch with one member (per-member arrays are [n], outputs [nt][ng]). */
 int hak_run(long nt, long n, long ng, const double *precip, const double *pet, double dt_hours,
-            const double *wm, const double *b, const double *im, const double *ke, const double *fc,
-            const double *w0, const double *leaki, const double *alpha, const double *beta, const double *alpha0,
-            const uint8_t *channel, const double *ir0, const double *pq0, const double *po0, const int64_t *down,
-            const double *dx, const double *area, const int64_t *t0, const int64_t *t1, const double *s0,
-            const double *s1, const int64_t *gauge_nodes, const double *weights, long state_step,
+            const hak_node_params *par, const uint8_t *channel, const double *pq0, const double *po0,
+            const int64_t *down, const double *dx, const double *area, const int64_t *t0, const int64_t *t1,
+            const double *s0, const double *s1, const int64_t *gauge_nodes, const double *weights, long state_step,
             double *q_out, double *sm_out, double *ff_out, double *sf_out,
             double *st_w, double *st_ir, double *st_pq, double *st_po) {
-    return hak_run_batch(1, nt, n, ng, precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0,
-                         channel, ir0, pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights, state_step,
-                         q_out, sm_out, ff_out, sf_out, st_w, st_ir, st_pq, st_po);
+    return hak_run_batch(1, nt, n, ng, precip, pet, dt_hours, par, channel, pq0, po0, down, dx, area, t0, t1, s0,
+                         s1, gauge_nodes, weights, state_step, q_out, sm_out, ff_out, sf_out, st_w, st_ir, st_pq,
+                         st_po);
 }

@@ -160,7 +160,7 @@ class EF5Simulator:
                                   fix="read the EF5 messages above (inputs, paths, parameter grids)")
         return _tail(logf)
 
-    def _parse(self, out: Path, over: dict[str, float], wall: float, log_text: str) -> SimulationResult:
+    def _parse(self, out: Path, over: Mapping[str, float], wall: float, log_text: str) -> SimulationResult:
         series = {}
         times = None
         for g in self.gauges:

@@ -24,13 +24,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 
-from hydroagent_hpc.params import PARAM_NAMES, SNOW_NAMES, check_values
+from hydroagent_hpc.params import PARAM_NAMES, SNOW_NAMES, ParamValues, check_values
 from hydroagent_hpc.sim import cache as fcache
 from hydroagent_hpc.sim import snow as snow17
 from hydroagent_hpc.sim.controlfile import (
@@ -56,6 +55,7 @@ from hydroagent_hpc.sim.kernels import kernel
 from hydroagent_hpc.sim.limits import Limits, current_limits
 from hydroagent_hpc.sim.network import Network, build_network
 from hydroagent_hpc.sim.outputs import STATE_GRIDS
+from hydroagent_hpc.sim.record import NodeParams, stack_batch
 from hydroagent_hpc.types import GaugeSeries, SimulationResult
 
 log = logging.getLogger(__name__)
@@ -64,25 +64,6 @@ __all__ = ["EmbeddedSimulator", "NodeParams"]
 
 #: Part of the parameter-grid cache key: raise it when the sampling of a grid at the cells changes.
 _GRID_CACHE_VERSION = 2  # 2: a tag-less GeoTIFF has no nodata (EF5); its -9999 cells refused
-
-
-@dataclass
-class NodeParams:
-    """Effective per-node parameters after grids, percent rules and EF5's clamps."""
-
-    wm: np.ndarray
-    b: np.ndarray
-    im: np.ndarray
-    ke: np.ndarray
-    fc: np.ndarray
-    w0: np.ndarray
-    under: np.ndarray
-    leaki: np.ndarray
-    alpha: np.ndarray
-    beta: np.ndarray
-    alpha0: np.ndarray
-    channel: np.ndarray
-    ir0: np.ndarray
 
 
 class EmbeddedSimulator:
@@ -443,11 +424,15 @@ class EmbeddedSimulator:
             w0 = np.where(np.isnan(self._states["w"]), w0, self._states["w"])
         if "ir" in self._states:
             ir0 = np.where(np.isnan(self._states["ir"]), ir0, self._states["ir"])
-        return NodeParams(
-            wm=wm, b=b, im=np.clip(eff["im"], 0.0, 1.0), ke=eff["ke"], fc=fc, w0=w0, under=eff["under"],
-            leaki=np.clip(eff["leaki"], 0.0, 1.0), alpha=np.where(eff["alpha"] < 0.0, 1.0, eff["alpha"]),
-            beta=np.where(eff["beta"] < 0.0, 0.6, eff["beta"]),
-            alpha0=np.where(eff["alpha0"] < 0.0, 1.0, eff["alpha0"]), channel=self.net.fac > eff["th"], ir0=ir0)
+        return NodeParams.of(
+            self.net.fac > eff["th"], wm=wm, b=b, im=np.clip(eff["im"], 0.0, 1.0), ke=eff["ke"], fc=fc, w0=w0,
+            under=eff["under"], leaki=np.clip(eff["leaki"], 0.0, 1.0), ir0=ir0,
+            alpha=np.where(eff["alpha"] < 0.0, 1.0, eff["alpha"]), beta=np.where(eff["beta"] < 0.0, 0.6, eff["beta"]),
+            alpha0=np.where(eff["alpha0"] < 0.0, 1.0, eff["alpha0"]))
+
+    def _validated(self, params: Mapping[str, float] | None) -> ParamValues:
+        """The one check of a parameter set from outside (names, finite numbers); a record passes as it is."""
+        return check_values(params or {}, "run parameters", snow=self.has_snow)
 
     def _flow_states(self):
         n = self.net.n
@@ -463,8 +448,10 @@ class EmbeddedSimulator:
         return -1
 
     def run(self, params: Mapping[str, float] | None = None, keep_states: bool = False) -> SimulationResult:
-        """Simulate once. ``params``: multiplier overrides by name (see class docstring)."""
+        """Simulate once. ``params``: multiplier overrides by name (see class docstring), validated here unless
+        they are a :class:`~hydroagent_hpc.params.ParamValues` (validated already)."""
         t0 = time.perf_counter()
+        params = self._validated(params)
         npar = self.node_params(params)
         step_s = self.dt_hours * 3600.0
         kern = kernel()
@@ -476,8 +463,7 @@ class EmbeddedSimulator:
             precip, swe, snow_states = self.run_snow(params, state_step)
             snow = (self._snow_mean(precip), swe)
         q, sm, ff, sf, *states = kern.run_kernel(
-            precip, self.pet, self.dt_hours, npar.wm, npar.b, npar.im, npar.ke, npar.fc, npar.w0, npar.leaki,
-            npar.alpha, npar.beta, npar.alpha0, npar.channel, npar.ir0, pq0, po0, self.net.down, self.net.dx,
+            precip, self.pet, self.dt_hours, npar.values, npar.channel, pq0, po0, self.net.down, self.net.dx,
             self.net.area, *tg, self.net.gauge_nodes, self.weights, state_step)
         info: dict[str, object] = {}
         if keep_states:
@@ -491,37 +477,36 @@ class EmbeddedSimulator:
         """Simulate many parameter sets in one compiled call (threads over the sets)."""
         if not param_sets:
             return []
+        sets = [self._validated(p) for p in param_sets]
         precip, snow = self.precip, None
         if self.has_snow:
-            snow_sets = {self.snow_params(p).tobytes() for p in param_sets}
+            snow_sets = {self.snow_params(p).tobytes() for p in sets}
             if len(snow_sets) > 1:  # each member has its own melt: one run each
-                return [self.run(p) for p in param_sets]
-            precip, swe, _ = self.run_snow(param_sets[0])
+                return [self.run(p) for p in sets]
+            precip, swe, _ = self.run_snow(sets[0])
             snow = (self._snow_mean(precip), swe)
         t0 = time.perf_counter()
-        nps = [self.node_params(p) for p in param_sets]
+        nps = [self.node_params(p) for p in sets]
         step_s = self.dt_hours * 3600.0
         kern = kernel()
         tgs = [kern.interflow_targets(self.net.down, self.net.dx, self.net.slope, p.under, p.channel, step_s)
                for p in nps]
-        stack = lambda name: np.ascontiguousarray(np.stack([getattr(p, name) for p in nps]))  # noqa: E731
+        par, channel = stack_batch(nps)
         pq0, po0 = self._flow_states()
         q, sm, ff, sf = kern.run_batch_kernel(
-            precip, self.pet, self.dt_hours, stack("wm"), stack("b"), stack("im"), stack("ke"), stack("fc"),
-            stack("w0"), stack("leaki"), stack("alpha"), stack("beta"), stack("alpha0"), stack("channel"),
-            stack("ir0"), pq0, po0, self.net.down, self.net.dx, self.net.area,
-            np.stack([t[0] for t in tgs]), np.stack([t[1] for t in tgs]), np.stack([t[2] for t in tgs]),
-            np.stack([t[3] for t in tgs]), self.net.gauge_nodes, self.weights)
-        wall = (time.perf_counter() - t0) / len(param_sets)
-        return [self._result(q[k], sm[k], ff[k], sf[k], p, wall, {"batch_size": len(param_sets)}, snow)
-                for k, p in enumerate(param_sets)]
+            precip, self.pet, self.dt_hours, par, channel, pq0, po0, self.net.down, self.net.dx, self.net.area,
+            *(np.stack([t[j] for t in tgs]) for j in range(4)), self.net.gauge_nodes, self.weights)
+        wall = (time.perf_counter() - t0) / len(sets)
+        return [self._result(q[k], sm[k], ff[k], sf[k], p, wall, {"batch_size": len(sets)}, snow)
+                for k, p in enumerate(sets)]
 
-    def _result(self, q, sm, ff, sf, params, wall, info, snow=None) -> SimulationResult:
-        """``snow``: (gauge-mean Snow-17 outflow [T, G], which EF5 prints as Precip, and SWE [T, G]) or None."""
+    def _result(self, q, sm, ff, sf, params: ParamValues, wall, info, snow=None) -> SimulationResult:
+        """``params``: the run's validated overrides. ``snow``: (gauge-mean Snow-17 outflow [T, G], which EF5
+        prints as Precip, and SWE [T, G]) or None."""
         if not np.all(np.isfinite(q)):
             bad = int(np.argmax(~np.isfinite(q).all(axis=1)))
             gauge = self.net.gauge_names[int(np.argmax(~np.isfinite(q[bad])))]
-            used = {**self.base_params, **self.base_snow_params, **check_values(params or {}, snow=self.has_snow)}
+            used = {**self.base_params, **self.base_snow_params, **params}
             raise SimulationError(f"{self.control.path}: non-finite discharge at gauge {gauge!r}, step "
                                   f"{self.steps[bad]:%Y-%m-%d %H:%M}, with parameters {used} (overrides: "
                                   f"{dict(params or {})})",
@@ -532,7 +517,7 @@ class EmbeddedSimulator:
             extra = {} if snow is None else {"temperature": self.temp_mean[:, gi], "swe": snow[1][:, gi]}
             gauges[gname] = GaugeSeries(q[:, gi], self.observed[gname], precip_mean[:, gi], self.pet_mean[:, gi],
                                         sm[:, gi], ff[:, gi], sf[:, gi], **extra)
-        used = {**self.base_params, **self.base_snow_params, **check_values(params or {}, snow=self.has_snow)}
+        used = {**self.base_params, **self.base_snow_params, **params}
         return SimulationResult(self.times, self.primary, gauges, self.warmup, used, wall,
                                 self.missing_precip, self.missing_pet, self.backend, info)
 

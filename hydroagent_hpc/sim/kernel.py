@@ -34,7 +34,19 @@ from typing import Any
 import numba as nb
 import numpy as np
 
+from hydroagent_hpc.sim.record import NODE_FIELDS
+
 __all__ = ["interflow_targets", "water_balance", "run_kernel", "run_batch_kernel"]
+
+#: The rows of the parameter record (:data:`hydroagent_hpc.sim.record.NODE_FIELDS`), written out here so that
+#: numba's cache (keyed on this file) is rebuilt when the order changes; checked at import.
+_NODE_FIELDS = ("wm", "b", "im", "ke", "fc", "w0", "under", "leaki", "ir0", "alpha", "beta", "alpha0")
+if _NODE_FIELDS != NODE_FIELDS:
+    raise ImportError(f"hydroagent_hpc.sim.kernel: its parameter record order {_NODE_FIELDS} is not "
+                      f"hydroagent_hpc.sim.record.NODE_FIELDS {NODE_FIELDS}; write the same order in both")
+_WM, _B, _IM, _KE, _FC, _W0, _UNDER, _LEAKI, _IR0, _ALPHA, _BETA, _ALPHA0 = (
+    _NODE_FIELDS.index(k) for k in ("wm", "b", "im", "ke", "fc", "w0", "under", "leaki", "ir0", "alpha", "beta",
+                                    "alpha0"))
 
 _JIT: dict[str, Any] = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
@@ -248,8 +260,8 @@ def water_balance(precip, pet, t, dt_hours, wm, b, im, ke, fc, w, fast, slow, sm
 
 
 @nb.njit(**_JIT)
-def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, channel, ir0,
-               pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights, state_step):
+def run_kernel(precip, pet, dt_hours, par, channel, pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights,
+               state_step):
     """Simulate all steps for one parameter set.
 
     Each step: :func:`water_balance` over all cells, the area-weighted gauge averages, then the
@@ -257,7 +269,10 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
     ``precip``/``pet`` are [T, N] rates in mm/h. Returns discharge [T, G] at the gauge nodes,
     area-weighted soil moisture (% of WM), fast and slow excess (mm/s) [T, G], and the states
     (W, IR, pCQ, pOQ) after step ``state_step`` (or after the last step if it is -1).
+    ``par`` is the parameter record [len(NODE_FIELDS), N] (:mod:`hydroagent_hpc.sim.record`).
     """
+    wm, b, im, ke, fc, w0 = par[_WM], par[_B], par[_IM], par[_KE], par[_FC], par[_W0]
+    leaki, ir0, alpha, beta, alpha0 = par[_LEAKI], par[_IR0], par[_ALPHA], par[_BETA], par[_ALPHA0]
     nt, n = precip.shape
     ng = gauge_nodes.size
     step_s = dt_hours * 3600.0
@@ -377,14 +392,15 @@ def run_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta,
 
 
 @nb.njit(parallel=True, **_JIT)
-def run_batch_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, channel, ir0,
-                     pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights):
-    """``run_kernel`` for K parameter sets at once (leading axis K of every per-node array).
+def run_batch_kernel(precip, pet, dt_hours, par, channel, pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes,
+                     weights):
+    """``run_kernel`` for K parameter sets at once: ``par`` is the batch record [len(NODE_FIELDS), K, N],
+    ``channel`` and the interflow targets have a leading axis K.
 
     The K members run in parallel threads; forcing and geometry are shared. Returns discharge
     [K, T, G] and soil moisture, fast and slow excess, each [K, T, G].
     """
-    k_sets = wm.shape[0]
+    k_sets = par.shape[1]
     nt = precip.shape[0]
     ng = gauge_nodes.size
     q = np.zeros((k_sets, nt, ng))
@@ -392,9 +408,8 @@ def run_batch_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha,
     ff = np.zeros((k_sets, nt, ng))
     sf = np.zeros((k_sets, nt, ng))
     for k in nb.prange(k_sets):
-        res = run_kernel(precip, pet, dt_hours, wm[k], b[k], im[k], ke[k], fc[k], w0[k], leaki[k], alpha[k],
-                         beta[k], alpha0[k], channel[k], ir0[k], pq0, po0, down, dx, area, t0[k], t1[k], s0[k],
-                         s1[k], gauge_nodes, weights, -1)
+        res = run_kernel(precip, pet, dt_hours, np.ascontiguousarray(par[:, k, :]), channel[k], pq0, po0, down, dx,
+                         area, t0[k], t1[k], s0[k], s1[k], gauge_nodes, weights, -1)
         q[k] = res[0]
         sm[k] = res[1]
         ff[k] = res[2]

@@ -70,16 +70,17 @@ def _c() -> Kernel:
 
     c.load()  # build now: an unavailable compiler is found here, not in the middle of a run
 
-    def run_batch_kernel(precip, pet, dt_hours, wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0, channel, ir0,
-                         pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes, weights):
+    def run_batch_kernel(precip, pet, dt_hours, par, channel, pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes,
+                         weights):
         """Members with the same channel cells share one ``hak_run_batch`` call (its levels' solves run
-        together); with several threads each thread takes a share of the members."""
-        per_member = (wm, b, im, ke, fc, w0, leaki, alpha, beta, alpha0)
+        together); with several threads each thread takes a share of the members. ``par``: the batch record
+        [len(NODE_FIELDS), K, n] (:mod:`hydroagent_hpc.sim.record`)."""
+        k_sets, n = par.shape[1], par.shape[2]
         groups: dict[bytes, list[int]] = {}
-        for k in range(wm.shape[0]):
+        for k in range(k_sets):
             groups.setdefault(np.asarray(channel[k], dtype=np.bool_).tobytes(), []).append(k)
-        n_threads = max(1, min(threads(), wm.shape[0]))
-        per_call = max(1, BATCH_CELLS // max(1, wm.shape[1]))
+        n_threads = max(1, min(threads(), k_sets))
+        per_call = max(1, BATCH_CELLS // max(1, n))
         chunks = []
         for members in groups.values():
             calls = -(-len(members) // per_call)  # at least, for the cache
@@ -87,9 +88,8 @@ def _c() -> Kernel:
             chunks += [list(part) for part in np.array_split(np.asarray(members), parts)]
 
         def one(ks: list[int]):
-            args = [precip, pet, dt_hours, *(a[ks] for a in per_member), channel[ks[0]], ir0[ks], pq0, po0, down,
-                    dx, area, t0[ks], t1[ks], s0[ks], s1[ks], gauge_nodes, weights]
-            return c.run_batch_kernel(*args)
+            return c.run_batch_kernel(precip, pet, dt_hours, par[:, ks, :], channel[ks[0]], pq0, po0, down, dx, area,
+                                      t0[ks], t1[ks], s0[ks], s1[ks], gauge_nodes, weights)
 
         if n_threads > 1 and len(chunks) > 1:
             with ThreadPoolExecutor(min(n_threads, len(chunks))) as ex:

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from hydroagent_hpc.env.toolcalls.schema import TOOL_NAMES, fmt, valid_names_text
 from hydroagent_hpc.env.toolcalls.strictjson import json_type, show
-from hydroagent_hpc.params import CREST_SET, SNOW_PARAMS, ParameterSet, spec_of
+from hydroagent_hpc.params import CREST_SET, SNOW_PARAMS, ParameterSet, ParamValues, check_values, spec_of
 from hydroagent_hpc.types import ToolCall
 
 __all__ = ["VALIDATION_REASONS", "MAX_ABS_VALUE", "Validated", "validate_arguments"]
@@ -34,7 +34,9 @@ class Validated:
     """The outcome of checking one call against its tool.
 
     ``params`` is the full parameter set after the call (``current`` merged with the update; the
-    current set unchanged for run_simulation, evaluate and any error), every value a Python float.
+    current set unchanged for run_simulation, evaluate and any error), every value a Python float: a
+    :class:`~hydroagent_hpc.params.ParamValues`, the validated record the environment hands to the
+    simulator as it is.
     ``applied`` holds the values this call set (after clipping); ``clipped[name] = (asked, used)``.
     On error ``reason`` is one of :data:`VALIDATION_REASONS` and ``detail`` names the field and
     the fix; on success ``detail`` describes any clipping.
@@ -42,16 +44,20 @@ class Validated:
 
     tool: str
     ok: bool
-    params: dict[str, float]
+    params: ParamValues
     applied: dict[str, float] = field(default_factory=dict)
     clipped: dict[str, tuple[float, float]] = field(default_factory=dict)
     reason: str = ""
     detail: str = ""
 
 
-def _full(current: Mapping[str, float], parameters: ParameterSet) -> dict[str, float]:
-    """Every parameter of the basin in EF5 order: ``current`` where given, else the default."""
-    return {n: float(current[n]) if n in current else float(spec_of(n).default) for n in parameters.names}
+def _full(current: Mapping[str, float], parameters: ParameterSet) -> ParamValues:
+    """Every parameter of the basin in EF5 order: ``current`` where given, else the default (a record that
+    already is exactly that comes back as it is)."""
+    if isinstance(current, ParamValues) and tuple(current) == parameters.names:
+        return current
+    return check_values({n: float(current[n]) if n in current else float(spec_of(n).default)
+                         for n in parameters.names}, "current parameters", snow=True)
 
 
 def _is_number(v: Any) -> bool:
@@ -111,8 +117,7 @@ def validate_arguments(call: ToolCall, current: Mapping[str, float], *, clip: bo
         if any(c == "unknown_parameter" for c, _ in problems):
             detail += ". Valid parameters: " + names_text
         return Validated(name, False, base, reason=problems[0][0], detail=detail + ". Nothing was changed.")
-    new = dict(base)
-    new.update(applied)
+    new = ParamValues._validated({**base, **applied})  # applied: each value checked above
     detail = "; ".join(f"{k} clipped from {fmt(a)} to {fmt(u)} (bounds [{fmt(spec_of(k).lower)}, "
                        f"{fmt(spec_of(k).upper)}])" for k, (a, u) in clipped.items())
     return Validated(name, True, new, applied, clipped, detail=detail)
