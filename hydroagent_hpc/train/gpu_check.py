@@ -56,6 +56,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
+from hydroagent_hpc.provenance import git_commit
+from hydroagent_hpc.sim import open_simulator
+from hydroagent_hpc.sim.basin import load_basin
+from hydroagent_hpc.train.config import config_from_mapping, load_sft_config
+from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping, load_grpo_config
+from hydroagent_hpc.train.memory_plan import QWEN3_4B_INSTRUCT_2507, gpu_named, plan_grpo, plan_sft
+
 __all__ = ["CheckResult", "run_checks", "main", "PAPER_CONFIGS"]
 
 log = logging.getLogger(__name__)
@@ -129,7 +137,6 @@ def check_environment(device: torch.device) -> dict[str, Any]:
 def _gpu_for(device: torch.device, nominal: str) -> tuple[Any, int | None]:
     """The plan's GPU: the table's entry for this device's name, else its total memory; ``nominal``
     on the CPU."""
-    from hydroagent_hpc.train.memory_plan import gpu_named
 
     if device.type != "cuda":
         return nominal, None
@@ -144,9 +151,6 @@ def check_memory_plan(device: torch.device, nominal: str) -> dict[str, Any]:
     """Each paper config planned on this GPU. It fails when a config does not fit here although this
     GPU has at least the memory of the one the config names (the plan or the config is wrong); a
     config for a larger GPU that does not fit here is reported, not failed."""
-    from hydroagent_hpc.train.config import load_sft_config
-    from hydroagent_hpc.train.grpo_config import load_grpo_config
-    from hydroagent_hpc.train.memory_plan import QWEN3_4B_INSTRUCT_2507, gpu_named, plan_grpo, plan_sft
 
     gpu, free = _gpu_for(device, nominal)
     shape = QWEN3_4B_INSTRUCT_2507
@@ -184,9 +188,6 @@ def _fitting_size(kind: str, device: torch.device, nominal: str, seq_len: int | 
     On the CPU: the dry run's size, planned for the nominal GPU."""
     import dataclasses
 
-    from hydroagent_hpc.train.config import config_from_mapping
-    from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
-    from hydroagent_hpc.train.memory_plan import QWEN3_4B_INSTRUCT_2507, plan_grpo, plan_sft
 
     gpu, free = _gpu_for(device, nominal)
 
@@ -278,10 +279,14 @@ def check_tiny_grpo(device: torch.device, workdir: Path) -> dict[str, Any]:
     """F1 and F2 on this device with the trainer's own code (as ``tests/test_gpu_first_contact.py``)."""
     from safetensors.torch import load_file
 
-    from hydroagent_hpc.sim import open_simulator
-    from hydroagent_hpc.sim.basin import load_basin
-    from hydroagent_hpc.train.grpo import _optimise, _play, _Ranks, _training_batch, enable_checkpointing, train_grpo
-    from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+    from hydroagent_hpc.train.grpo import (
+        Ranks,
+        enable_checkpointing,
+        optimise,
+        play_episodes,
+        train_grpo,
+        training_batch,
+    )
     from hydroagent_hpc.train.rollout import RolloutSpec
     from hydroagent_hpc.train.tiny import build_tiny
 
@@ -303,14 +308,14 @@ def check_tiny_grpo(device: torch.device, workdir: Path) -> dict[str, Any]:
     enable_checkpointing(model)
     model.train()
     specs = [RolloutSpec(0, k, d, k, f"check{k}") for k in range(2)]
-    rollouts, _ = _play(config, model, tok, specs, {d: open_simulator(f"{d}/control.txt")}, {d: load_basin(d)})
+    rollouts, _ = play_episodes(config, model, tok, specs, {d: open_simulator(f"{d}/control.txt")}, {d: load_basin(d)})
     calls = [0]
     hooks = [layer.mlp.register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
              for layer in model.model.layers]
-    batch = _training_batch(rollouts, {i: np.array([1.0 if i == 0 else -1.0] * len(r.spans))
+    batch = training_batch(rollouts, {i: np.array([1.0 if i == 0 else -1.0] * len(r.spans))
                                        for i, r in enumerate(rollouts)})
-    _optimise(config, model, torch.optim.AdamW(model.parameters(), lr=1e-6), batch, 0,
-              _Ranks.one_process(model, device=device))
+    optimise(config, model, torch.optim.AdamW(model.parameters(), lr=1e-6), batch, 0,
+              Ranks.one_process(model, device=device))
     for h in hooks:
         h.remove()
     want = 2 * len(model.model.layers) * len(batch)
@@ -328,7 +333,6 @@ def check_engine(device: torch.device, workdir: Path) -> dict[str, Any]:
                    "to check the request round trip)")
     if device.type != "cuda":
         raise Skip(f"{api} needs a GPU")
-    from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
     from hydroagent_hpc.train.engine import EngineSampler, EngineSettings
     from hydroagent_hpc.train.engine_process import EngineWeights
     from hydroagent_hpc.train.sampler import BatchedSampler, Sampling
@@ -369,7 +373,6 @@ def check_engine(device: torch.device, workdir: Path) -> dict[str, Any]:
 def run_checks(*, cpu: bool, seconds: float = 45.0, seq_len: int | None = None,
                nominal_gpu: str = "H100-80GB", only: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Every check in order; the verdict (module doc)."""
-    from hydroagent_hpc.provenance import git_commit
 
     device = torch.device("cpu") if cpu else torch.device("cuda", torch.cuda.current_device())
     seq = seq_len or (128 if cpu else None)  # on a GPU: the largest the memory plan fits

@@ -67,6 +67,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
+from hydroagent_hpc.config import preset
+from hydroagent_hpc.errors import one_line
+from hydroagent_hpc.sim import open_simulator
+from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.train.advantages import group_advantages, token_advantages
 from hydroagent_hpc.train.checkpoint import (
     TrainerState,
@@ -87,7 +92,7 @@ from hydroagent_hpc.train.distributed import (
 )
 from hydroagent_hpc.train.engine import EngineSampler, EngineSettings, serve_rollouts
 from hydroagent_hpc.train.engine_process import EngineWeights
-from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError, check_world_size
+from hydroagent_hpc.train.grpo_config import GRPOConfig, check_world_size
 from hydroagent_hpc.train.grpo_loss import LogprobModel, grpo_loss
 from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rollout import (
@@ -104,7 +109,8 @@ from hydroagent_hpc.train.sampler import BatchedSampler, RolloutSampler, Samplin
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train_grpo", "rollout_seed", "plan_prompts", "rank_passes", "learning_signal", "METRICS_COLUMNS", "main"]
+__all__ = ["train_grpo", "rollout_seed", "plan_prompts", "rank_passes", "learning_signal", "METRICS_COLUMNS",
+           "load_policy", "play_episodes", "training_batch", "optimise", "Ranks", "EpisodeStore"]
 
 METRICS_COLUMNS = ("step", "reward_mean", "reward_std", "turn_reward_mean", "terminal_mean", "best_nse_mean",
                    "simulations_mean", "turns_mean", "parse_failures_mean", "rollouts", "trainable",
@@ -145,7 +151,7 @@ def plan_prompts(n_basins: int, per_step: int, seed: int, epoch: int, index: int
 # Setup
 
 
-def _load_policy(config: GRPOConfig, device: torch.device) -> tuple[Any, Any]:
+def load_policy(config: GRPOConfig, device: torch.device) -> tuple[Any, Any]:
     """The policy in fp32 on ``device`` and its tokenizer.
 
     The policy always holds fp32 (master) weights, whatever the compute dtype: an AdamW step at the
@@ -170,7 +176,6 @@ def _load_policy(config: GRPOConfig, device: torch.device) -> tuple[Any, Any]:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
         except (OSError, ValueError) as exc:
-            from hydroagent_hpc.errors import one_line
 
             raise GRPOConfigError(f"model: {path}: cannot load ({one_line(exc)})",
                                   "point model at a complete save_pretrained folder") from None
@@ -232,7 +237,7 @@ class _Metrics(MetricsCSV):
 # Rollouts
 
 
-class _Episodes:
+class EpisodeStore:
     """The run's episode store; a replayed step's episodes that are already stored are not written again."""
 
     def __init__(self, path: Path) -> None:
@@ -252,11 +257,11 @@ class _Episodes:
         self.writer.close()
 
 
-def _play(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpec], sims: dict[str, Any],
-          basins: dict[str, Any], *, greedy: bool = False, agent: str = "grpo",
-          runner: Any = None, engine: EngineWeights | None = None) -> tuple[list[Rollout], dict[str, Any]]:
-    from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
-    from hydroagent_hpc.config import preset
+def play_episodes(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpec], sims: dict[str, Any],
+                  basins: dict[str, Any], *, greedy: bool = False, agent: str = "grpo",
+                  runner: Any = None, engine: EngineWeights | None = None) -> tuple[list[Rollout], dict[str, Any]]:
+    """Play ``specs`` with ``model`` (all episodes' model turns batched; the simulations on ``runner``,
+    a pool, or in threads): the rollouts and the step's sampling figures. ``greedy`` for evaluation."""
     from hydroagent_hpc.env.environment import CalibrationEnv
 
     env_config = preset(config.preset, **config.env)
@@ -324,7 +329,7 @@ def _compute_dtype(config: GRPOConfig, device: torch.device) -> torch.dtype:
 
 
 @dataclass
-class _Ranks:
+class Ranks:
     """The training processes: ``world`` ranks, this one ``rank``; ``scorer`` and ``reference`` compute
     the policy's and the frozen reference's token log-probs (:class:`LogprobModel`, sharded with FSDP2,
     wrapped in DDP, or plain)."""
@@ -339,7 +344,7 @@ class _Ranks:
 
     @classmethod
     def one_process(cls, model: torch.nn.Module, reference: torch.nn.Module | None = None,
-                    device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> _Ranks:
+                    device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Ranks:
         """A single process training ``model`` (and scoring ``reference``) unwrapped."""
         return cls(1, 0, device or torch.device("cpu"), dtype, False, LogprobModel(model),
                    LogprobModel(reference).eval() if reference is not None else None)
@@ -362,7 +367,7 @@ class _Ranks:
 def enable_checkpointing(model: Any) -> None:
     """Activation checkpointing of every decoder layer, non-reentrant (the form that composes with
     FSDP2 and DDP). It recomputes only while the model is in training mode (transformers checks
-    ``self.training`` in the layer), which :func:`_optimise` ensures."""
+    ``self.training`` in the layer), which :func:`optimise` ensures."""
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x names it so
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
@@ -382,12 +387,10 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
 
     Under ``torchrun``/``accelerate launch`` (``WORLD_SIZE`` > 1) every process calls this; rank 0
     alone plays the rollouts (through the engine), stores them and writes the run folder, and every
-    rank trains on its share of each step (:func:`_optimise`). See docs/grpo.md, "Several GPUs".
+    rank trains on its share of each step (:func:`optimise`). See docs/grpo.md, "Several GPUs".
     With several processes only rank 0 may get a ``pool`` (the MPI layout of ``grpo_launch --pool mpi
     --trainers T``: the simulation ranks serve rank 0's rollouts).
     """
-    from hydroagent_hpc.sim import open_simulator
-    from hydroagent_hpc.sim.basin import load_basin
 
     started = time.perf_counter()
     run_dir = Path(run_dir)
@@ -414,7 +417,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     dtype = _compute_dtype(config, device)
     require_fits(config, "grpo", world, device)  # on a GPU: the memory plan, before any weight is loaded
     torch.manual_seed(config.seed)
-    model, tokenizer = _load_policy(config, device)
+    model, tokenizer = load_policy(config, device)
     resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, GRPOConfigError, field_defaults(GRPOConfig))
     if world > 1:
         dist.barrier()  # every rank has read the run folder before rank 0 writes to it
@@ -429,7 +432,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     if config.activation_checkpointing:
         enable_checkpointing(model)
     model.config.use_cache = True
-    model.train()  # _optimise sets it again before every update: a rollout phase may leave it in eval mode
+    model.train()  # optimise sets it again before every update: a rollout phase may leave it in eval mode
     use_fsdp = world > 1 and config.fsdp is not False
     scorer: torch.nn.Module = LogprobModel(model)
     ref_scorer = LogprobModel(reference).eval() if reference is not None else None
@@ -439,7 +442,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
             shard(ref_scorer, dtype, layers=_decoder_layers(reference))
     elif world > 1:
         scorer = accelerator.prepare(scorer)  # DDP; the reference is a full replica on every rank
-    ranks = _Ranks(world, rank, device, dtype, use_fsdp, scorer, ref_scorer)
+    ranks = Ranks(world, rank, device, dtype, use_fsdp, scorer, ref_scorer)
     # after sharding: the optimizer holds (and the checkpoints name) the parameters of the model itself
     # fused on a GPU: no full-size temporary at the step (the memory plan counts none)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
@@ -452,14 +455,14 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
         # the reference was copied above: it stays the initial policy, not the resumed one
         state = load_checkpoint(resume_from, model, optimizer, scheduler)
     metrics: _Metrics | None = None
-    store: _Episodes | None = None
+    store: EpisodeStore | None = None
     engine = None
     if lead:
         write_run_config(run_dir, config.to_dict(), {"device": str(device), "compute_dtype": str(dtype),
                                                      "world_size": world, "fsdp": use_fsdp,
                                                      "resumed_from_step": state.step or None})
         metrics = _Metrics(run_dir / "metrics.csv", state.step if resume_from is not None else None)
-        store = _Episodes(run_dir / "rollouts.h5")
+        store = EpisodeStore(run_dir / "rollouts.h5")
         store.basins = basins
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     log.info("GRPO: %d training basins x K=%d, %d prompts/step, %d steps, %s advantages, kl %.3g, entropy %.3g, "
@@ -481,7 +484,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
             engine.close()
 
 
-def _push(engine: EngineWeights | None, model: Any, tokenizer: Any, step: int, ranks: _Ranks) -> float:
+def _push(engine: EngineWeights | None, model: Any, tokenizer: Any, step: int, ranks: Ranks) -> float:
     """Make the engine serve ``model``'s weights; the seconds it took (NaN without an engine).
 
     With several processes the whole model is first gathered onto rank 0 (a collective: every rank
@@ -497,7 +500,7 @@ def _push(engine: EngineWeights | None, model: Any, tokenizer: Any, step: int, r
     return time.perf_counter() - t0
 
 
-def _share(batch: list[_Sequence] | None, ranks: _Ranks) -> list[_Sequence]:
+def _share(batch: list[_Sequence] | None, ranks: Ranks) -> list[_Sequence]:
     """Rank 0's training batch on every rank (``broadcast_object_list``: pickled, sent from rank 0)."""
     if not ranks.distributed:
         assert batch is not None
@@ -509,8 +512,8 @@ def _share(batch: list[_Sequence] | None, ranks: _Ranks) -> list[_Sequence]:
 
 def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any,
          optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState, resume_from: Path | None,
-         metrics: _Metrics | None, store: _Episodes | None, sims: dict[str, Any], basins: dict[str, Any],
-         runner: Any, pad_id: int, ranks: _Ranks, engine: EngineWeights | None, started: float) -> dict[str, Any]:
+         metrics: _Metrics | None, store: EpisodeStore | None, sims: dict[str, Any], basins: dict[str, Any],
+         runner: Any, pad_id: int, ranks: Ranks, engine: EngineWeights | None, started: float) -> dict[str, Any]:
     """The step loop of :func:`train_grpo` (its setup done; the caller closes the store and the engine).
 
     On rank 0 only: rollouts, advantages, episodes, metrics, validation, the engine. On every rank:
@@ -539,18 +542,18 @@ def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any,
                 specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k),
                                      f"grpo-s{step:05d}-g{g}-k{k}")
                          for g, b in enumerate(idx) for k in range(config.group_size)]
-                rollouts, gen_stats = _play(config, model, tokenizer, specs, sims, basins, runner=runner,
-                                            engine=engine)
+                rollouts, gen_stats = play_episodes(config, model, tokenizer, specs, sims, basins, runner=runner,
+                                                    engine=engine)
                 store.write(rollouts)
                 fault("kill_after_rollouts", step)
                 t_rollout = time.perf_counter() - t_step
                 # 3. advantages per group, from the ledger
                 per_turn, degenerate = _advantages(config, rollouts, len(idx))
-                batch = _training_batch(rollouts, per_turn)
+                batch = training_batch(rollouts, per_turn)
             batch = _share(batch, ranks)
             # 4. loss and one optimizer step
             t_train = time.perf_counter()
-            parts = _optimise(config, model, optimizer, batch, pad_id, ranks)
+            parts = optimise(config, model, optimizer, batch, pad_id, ranks)
             lr = float(scheduler.get_last_lr()[0])
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
@@ -675,7 +678,8 @@ class _Sequence:
     advantages: np.ndarray
 
 
-def _training_batch(rollouts: Sequence[Rollout], per_turn: dict[int, np.ndarray]) -> list[_Sequence]:
+def training_batch(rollouts: Sequence[Rollout], per_turn: dict[int, np.ndarray]) -> list[_Sequence]:
+    """The trainable rollouts among ``rollouts`` as sequences, each with its per-turn advantages ``per_turn[i]``."""
     return [_Sequence(list(r.ids), list(r.mask), list(r.spans), list(r.sample_logprobs), per_turn[i])
             for i in per_turn if (r := rollouts[i]).trainable]
 
@@ -713,7 +717,7 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
     The scorer must be in training mode (activation checkpointing runs only then: a policy left in
     eval mode by a rollout phase would keep every layer's activations, gpu-audit F2); a scorer in
     eval mode is refused. ``autocast_dtype``: compute the forward passes under ``torch.autocast`` to
-    it (bf16 over fp32 master weights, one process or DDP; :attr:`_Ranks.autocast_dtype`). The loss
+    it (bf16 over fp32 master weights, one process or DDP; :attr:`Ranks.autocast_dtype`). The loss
     itself is float32 (log-probs, advantages, masks).
 
     Every pass's loss is aggregated with the step's global ``total_tokens`` and ``n_seq``
@@ -777,8 +781,8 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
 _SUMMED = ("loss", "pg", "kl", "entropy", "clip_fraction", "mismatch_abs_sum", "tis_weight_sum")
 
 
-def _optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, batch: Sequence[_Sequence],
-              pad_id: int, ranks: _Ranks) -> dict[str, float]:
+def optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, batch: Sequence[_Sequence],
+             pad_id: int, ranks: Ranks) -> dict[str, float]:
     """One optimizer step over the trainable rollouts (one sequence per backward pass), this rank's
     share (:func:`rank_passes`) of them; the step's token and sequence counts are summed over the
     ranks before any backward pass, so the gradient is the single-process one (:func:`_accumulate`)."""
@@ -811,11 +815,12 @@ def _optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, 
 
 
 def _validate(config: GRPOConfig, model: Any, tokenizer: Any, sims: dict[str, Any], basins: dict[str, Any],
-              store: _Episodes, step: int, runner: Any = None, engine: EngineWeights | None = None) -> dict[str, Any]:
+              store: EpisodeStore, step: int, runner: Any = None,
+              engine: EngineWeights | None = None) -> dict[str, Any]:
     specs = [RolloutSpec(g, 0, d, config.seed, f"grpo-val-s{step:05d}-g{g}")
              for g, d in enumerate(config.validation_basins)]
-    rollouts, _ = _play(config, model, tokenizer, specs, sims, basins, greedy=True, agent="grpo-val", runner=runner,
-                        engine=engine)
+    rollouts, _ = play_episodes(config, model, tokenizer, specs, sims, basins, greedy=True, agent="grpo-val",
+                                runner=runner, engine=engine)
     store.write(rollouts)
     summary = _episode_summary(rollouts)
     log.info("validation at step %d: reward %.3f, best NSE %.3f on %d held-out basins", step,
@@ -838,12 +843,10 @@ def _save_final(final: Path, model: Any, tokenizer: Any) -> None:
 # Command line
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hydroagent_hpc.train.grpo``: :func:`hydroagent_hpc.train.grpo_launch.main`."""
-    from hydroagent_hpc.train.grpo_launch import main as launch
-
-    return launch(argv)
-
-
+# ``python -m hydroagent_hpc.train.grpo`` is the launcher's command line
+# (:mod:`hydroagent_hpc.train.grpo_launch`, which imports this module when a rank trains): run as a
+# script, this module hands over to it; imported, it never imports the launcher (no import circle).
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import runpy
+
+    runpy.run_module("hydroagent_hpc.train.grpo_launch", run_name="__main__", alter_sys=True)

@@ -22,6 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hydroagent_hpc.errors import HydroAgentError, one_line
+from hydroagent_hpc.hpc.mpi import mpi_pool, split_trainers
+from hydroagent_hpc.train.grpo_config import GRPOConfigError, load_grpo_config
+from hydroagent_hpc.train.signals import early_usr1_ignored
+
 log = logging.getLogger("hydroagent_hpc.train.grpo")
 
 __all__ = ["build_parser", "run", "main"]
@@ -57,7 +62,6 @@ def _positive(text: str) -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run from parsed arguments: rank 0 (or the only process) trains and gets the summary; MPI
     simulation ranks serve until training is done and get ``{"worker": True, "stopped": None}``."""
-    from hydroagent_hpc.train.grpo_config import GRPOConfigError, load_grpo_config
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun / accelerate launch set it
     pool_kind = getattr(args, "pool", "threads")
@@ -79,7 +83,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from hydroagent_hpc.train.grpo import train_grpo
 
         return train_grpo(config, args.out, resume=args.resume)
-    from hydroagent_hpc.hpc.mpi import mpi_pool, split_trainers
 
     comm = None
     if trainers > 1:
@@ -113,12 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The result and errors go to the log (stderr). Exit status 0 when the run reached
     ``max_steps``, 143 when SIGTERM stopped it after its checkpoint (Slurm requeues it and
     ``--resume`` continues), the error's own status on an error."""
-    from hydroagent_hpc.errors import HydroAgentError, one_line
 
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from hydroagent_hpc.train.signals import early_usr1_ignored
 
     try:
         with early_usr1_ignored():

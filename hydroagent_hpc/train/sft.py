@@ -91,12 +91,13 @@ from hydroagent_hpc.train.distributed import (
 from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sft_data import SFTDataError, SFTDataset
+from hydroagent_hpc.train.signals import early_usr1_ignored
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SFTConfig", "SFTConfigError", "load_sft_config", "train_sft", "main", "plan_epoch", "collate",
            "weighted_token_loss", "loss_denominator", "lr_factor", "result_line", "exit_status", "run_cli",
-           "METRICS_COLUMNS", "EXIT_SIGTERM"]
+           "METRICS_COLUMNS", "EXIT_SIGTERM", "sft_optimizer"]
 
 METRICS_COLUMNS = ("step", "loss", "tokens", "tokens_per_s", "lr", "grad_norm", "peak_mem_mb")
 #: Exit status of a run stopped by SIGTERM after saving (128 + 15, what a shell reports).
@@ -246,7 +247,8 @@ def _compute_dtype(config: SFTConfig, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def _optimizer(model: torch.nn.Module, config: SFTConfig) -> torch.optim.Optimizer:
+def sft_optimizer(model: torch.nn.Module, config: SFTConfig) -> torch.optim.Optimizer:
+    """SFT's AdamW: weight decay on the matrices only, betas (0.9, 0.95); fused on a GPU."""
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -305,7 +307,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
 
         def autocast() -> Any:
             return torch.autocast(device.type, dtype=dtype, enabled=use_autocast)
-    optimizer = _optimizer(model, config)
+    optimizer = sft_optimizer(model, config)
 
     # 3. the plan of steps
     micro_per_step = world * config.grad_accum
@@ -486,7 +488,6 @@ def exit_status(summary: dict[str, Any]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hydroagent_hpc.train.sft``: the result line and errors go to the log (stderr)."""
-    from hydroagent_hpc.train.signals import early_usr1_ignored
 
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
