@@ -263,3 +263,286 @@ def test_the_checks_see_what_they_claim():
     assert any(v.startswith("sim.synth") for v in tree["datasets/camels_basin.py"].values())
     assert _row("sim.synth.terrain") == "sim.synth" and _row("sim.grids") == "sim" and _row("") == ""
     assert _heavy_imports(PKG / "agents" / "llm" / "hf_local.py")  # lazy imports inside functions count
+
+
+# --------------------------------------------------------------------------- no hidden doors (issue 31)
+#
+# A module imports our modules at its top. A function-level ("lazy") import of one of our modules is
+# allowed only when (a) that module loads, through its own top-level imports (transitively), one of
+# DEFERRED_LIBS, so that deferring it keeps the library out of every import of this one, or (b) it is
+# listed in LAZY_OWN_IMPORTS with its reason (an import circle that could not be removed, or an
+# optional backend deferred on purpose). Function-level imports of third-party libraries are not
+# restricted here. `python -m hydroagent_hpc.bench.house` counts what is left.
+
+#: THE list of libraries whose import is slow (>~100 ms on its own, measured with `python -X importtime`)
+#: or optional (an extra of setup.cfg): torch & the Hugging Face stack (seconds; extra [train]), openai
+#: (~1 s; [llm]), submitit ([hpc]) and mpi4py ([mpi], starts MPI), numba (~0.4 s, compiles), pandas
+#: (~0.5 s), matplotlib (~0.3 s), scipy (~0.2 s), h5py (~0.1 s), pyflwdir (~1.3 s, numba), dataretrieval
+#: (~0.6 s, pandas + requests), tifffile (~0.15 s). numpy and yaml are not: nearly everything needs them.
+DEFERRED_LIBS = frozenset({
+    "torch", "transformers", "tokenizers", "accelerate", "safetensors", "trl", "peft",
+    "openai", "submitit", "mpi4py",
+    "numba", "pandas", "matplotlib", "scipy", "h5py", "pyflwdir", "dataretrieval", "tifffile",
+})
+
+#: Where the rules below are not held yet. TODO(issue 31): the command line (cli/) and the simulator
+#: (sim/) are being reworked by another change, which moves their imports to the top; these prefixes
+#: go then. Their remaining count is printed by `python -m hydroagent_hpc.bench.house`.
+NOT_YET = ("cli/", "sim/")
+
+#: (importing file, imported module) -> why the import stays inside a function. Each entry must still
+#: occur (the test fails when it is gone, so the entry gets deleted).
+LAZY_OWN_IMPORTS: dict[tuple[str, str], str] = {
+    # optional backends, built only when a campaign names them: `hydroagent` imports the factory for every
+    # command (the agent kinds), and these would add the HTTP client and the tool-call package to each
+    ("agents/factory.py", "agents.llm.openai_api"): "the openai agent (extra [llm]); its client loads openai lazily",
+    ("agents/factory.py", "agents.llm.hf_local"): "the local-model agent (extra [train]); it loads torch lazily",
+    # TODO(issue 31): files another change owns right now (configuration and Slurm submission); it
+    # moves these imports to the top, then the entries go
+    ("campaign/spec.py", "agents.factory"): "owned by the configuration change now",
+    ("campaign/spec.py", "sim"): "owned by the configuration change now",
+    ("campaign/spec.py", "sim.manifest"): "owned by the configuration change now",
+    ("pipeline/spec.py", "datasets.gauges"): "owned by the configuration change now",
+    ("pipeline/spec.py", "campaign.spec"): "owned by the configuration change now",
+    ("pipeline/spec.py", "train.config"): "owned by the configuration change now",
+    ("pipeline/spec.py", "train.grpo_config"): "owned by the configuration change now",
+    ("pipeline/submit.py", "campaign"): "owned by the Slurm submission change now",
+    ("pipeline/submit.py", "train.submit"): "owned by the Slurm submission change now",
+}
+
+#: (importing file, "module.private_name") -> why a private name of another module is used there.
+PRIVATE_USES: dict[tuple[str, str], str] = {
+    # TODO(issue 31): sim/ is another change's now; it gives the C kernel's compiler and library public names
+    ("bench/kernel_ab.py", "sim.ckernel._compiler"): "sim/ owned by another change now",
+    ("bench/kernel_ab.py", "sim.ckernel._declare"): "sim/ owned by another change now",
+    ("bench/kernel_ab.py", "sim.ckernel._LIB"): "sim/ owned by another change now",
+    ("pipeline/submit.py", "pipeline.stages._trainer_summary"): "pipeline/submit.py owned by the Slurm change now",
+}
+
+
+_NODES: dict[Path, list[tuple[ast.stmt, bool, list[str], list[str]]]] = {}
+
+
+def _import_nodes(path: Path) -> list[tuple[ast.stmt, bool, list[str], list[str]]]:
+    """(node, inside a function, our modules, third-party top names) for each import of ``path`` that
+    runs (``if TYPE_CHECKING:`` blocks skipped). ``from a import b`` names ``a.b`` when that is a module."""
+    if path not in _NODES:
+        _NODES[path] = _read_import_nodes(path)
+    return _NODES[path]
+
+
+def _read_import_nodes(path: Path) -> list[tuple[ast.stmt, bool, list[str], list[str]]]:
+    tree = ast.parse(path.read_text(), str(path))
+    here = _module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    skip: set[int] = set()
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for n in ast.walk(node)}
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inside |= {id(n) for n in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip or not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        ours: list[str] = []
+        libs: list[str] = []
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "hydroagent_hpc" or a.name.startswith("hydroagent_hpc."):
+                    ours.append(a.name.removeprefix("hydroagent_hpc").lstrip("."))
+                else:
+                    libs.append(a.name.split(".")[0])
+        else:
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            elif node.module == "hydroagent_hpc" or (node.module or "").startswith("hydroagent_hpc."):
+                module = (node.module or "").removeprefix("hydroagent_hpc").lstrip(".")
+            else:
+                libs.append((node.module or "").split(".")[0])
+                found.append((node, id(node) in inside, ours, libs))
+                continue
+            for a in node.names:
+                sub = f"{module}.{a.name}" if module else a.name
+                ours.append(sub if _exists(sub) else module)
+        found.append((node, id(node) in inside, ours, libs))
+    return found
+
+
+def _path_of(name: str) -> Path:
+    base = PKG.joinpath(*name.split(".")) if name else PKG
+    return base / "__init__.py" if (base / "__init__.py").is_file() else base.with_suffix(".py")
+
+
+_LOADS: dict[str, frozenset[str]] = {}
+
+
+def _loads(name: str) -> frozenset[str]:
+    """The third-party libraries that ``import hydroagent_hpc.<name>`` loads: its top-level imports and
+    its packages', transitively through ours."""
+    if name not in _LOADS:
+        seen: set[str] = set()
+        libs: set[str] = set()
+        parts = name.split(".") if name else []
+        todo = [".".join(parts[:k]) for k in range(len(parts) + 1)]
+        while todo:
+            mod = todo.pop()
+            if mod in seen or not _path_of(mod).is_file():
+                continue
+            seen.add(mod)
+            for _, lazy, ours, third in _import_nodes(_path_of(mod)):
+                if lazy:
+                    continue
+                libs.update(third)
+                for t in ours:
+                    p = t.split(".")
+                    todo += [".".join(p[:k]) for k in range(len(p) + 1)]
+        _LOADS[name] = frozenset(libs)
+    return _LOADS[name]
+
+
+def _lazy_own_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for each function-level import of a module of ours that loads none of
+    :data:`DEFERRED_LIBS`: an import that belongs at the top."""
+    return sorted({(node.lineno, t) for node, lazy, ours, _ in _import_nodes(path) if lazy
+                   for t in ours if not _loads(t) & DEFERRED_LIBS})
+
+
+def test_our_modules_are_imported_at_the_top():
+    bad, used = [], set()
+    for path in _sources():
+        rel = path.relative_to(PKG).as_posix()
+        if rel.startswith(NOT_YET):
+            continue
+        for line, target in _lazy_own_imports(path):
+            if (rel, target) in LAZY_OWN_IMPORTS:
+                used.add((rel, target))
+                continue
+            bad.append(f"{rel}:{line} imports hydroagent_hpc.{target} inside a function")
+    assert not bad, ("move these imports to the top of the module (a lazy import is allowed for a module that "
+                     "loads one of DEFERRED_LIBS, or with its reason in LAZY_OWN_IMPORTS):\n" + "\n".join(bad))
+    stale = set(LAZY_OWN_IMPORTS) - used
+    assert not stale, f"no longer lazy, delete from LAZY_OWN_IMPORTS: {sorted(stale)}"
+
+
+def _private_uses(path: Path) -> list[tuple[int, str]]:
+    """(line, "module._name") for each private name of another module of ours that ``path`` imports
+    (``from a.b import _x``) or reads from an imported module (``b._x``)."""
+    here = _module_name(path)
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    bound: dict[str, str] = {}
+    for node, _, ours, _ in _import_nodes(path):
+        if isinstance(node, ast.ImportFrom) and ours:
+            for a, target in zip(node.names, ours):
+                if target.endswith(f".{a.name}") or target == a.name:  # a module
+                    bound[a.asname or a.name] = target
+                elif a.name.startswith("_") and not a.name.startswith("__") and target != here:
+                    found.append((node.lineno, f"{target}.{a.name}"))
+        elif isinstance(node, ast.Import):
+            for a, target in zip(node.names, ours):
+                if a.asname:
+                    bound[a.asname] = target
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                and node.attr.startswith("_") and not node.attr.startswith("__") and bound[node.value.id] != here):
+            found.append((node.lineno, f"{bound[node.value.id]}.{node.attr}"))
+    return sorted(set(found))
+
+
+def test_no_private_names_across_modules():
+    bad, used = [], set()
+    for path in _sources():
+        rel = path.relative_to(PKG).as_posix()
+        if rel.startswith(NOT_YET):
+            continue
+        for line, name in _private_uses(path):
+            if (rel, name) in PRIVATE_USES:
+                used.add((rel, name))
+                continue
+            bad.append(f"{rel}:{line} uses {name}")
+    assert not bad, ("a helper shared between modules gets a public name (and a docstring) in the module that "
+                     "owns it:\n" + "\n".join(bad))
+    stale = set(PRIVATE_USES) - used
+    assert not stale, f"fixed, delete from PRIVATE_USES: {sorted(stale)}"
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_import_circles():
+    """No group of our modules imports each other, counting imports inside functions (a circle that
+    only a lazy import keeps from failing at import time is a hidden door)."""
+    graph: dict[str, set[str]] = {}
+    for path in _sources():
+        here = _module_name(path)
+        graph[here] = set()
+        for _, _, ours, _ in _import_nodes(path):
+            for t in ours:
+                while t and not _exists(t):
+                    t = t.rpartition(".")[0]
+                if t != here:
+                    graph[here].add(t)
+    inside_sim = [c for c in _circles(graph) if all(m == "sim" or m.startswith("sim.") for m in c)]
+    circles = [c for c in _circles(graph) if c not in inside_sim]
+    # TODO(issue 31): sim/ is another change's now (NOT_YET); its own circle, sim <-> sim.embedded <->
+    # sim.kernels, goes there: then assert on every circle
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_door_checks_see_a_lazy_import_and_a_private_name(tmp_path, monkeypatch):
+    """A light module imported inside a function, and a private name of another module, are found."""
+    fake = PKG / "metrics" / "_door_check_probe.py"  # read only through the helpers, never written
+    source = ("from hydroagent_hpc.metrics.scores import _log_inputs\n\n"
+              "def f():\n    from hydroagent_hpc.errors import one_line\n    return one_line\n\n"
+              "def g():\n    from hydroagent_hpc.report.figures import new_figure\n    return new_figure\n")
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: source if self == fake else _read(self, *a, **k))
+    monkeypatch.setattr(sys.modules[__name__], "_NODES", {})
+    assert _lazy_own_imports(fake) == [(4, "errors")]  # report.figures loads matplotlib: allowed
+    assert _private_uses(fake) == [(1, "metrics.scores._log_inputs")]
+    assert _loads("store.writer") >= {"h5py"} and not _loads("errors") & DEFERRED_LIBS
+
+
+_read = Path.read_text

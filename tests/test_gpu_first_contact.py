@@ -21,14 +21,14 @@ import torch
 
 from hydroagent_hpc.train.checkpoint import cuda_state_for, rank_rng_state
 from hydroagent_hpc.train.grpo import (
+    Ranks,
     _accumulate,
-    _optimise,
-    _play,
-    _Ranks,
     _Sequence,
-    _training_batch,
     enable_checkpointing,
+    optimise,
+    play_episodes,
     train_grpo,
+    training_batch,
 )
 from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
 from hydroagent_hpc.train.grpo_loss import LogprobModel
@@ -87,7 +87,7 @@ def test_bf16_compute_keeps_fp32_parameters_and_gradients():
     DDP all-reduces are fp32 (gpu-audit F13), and the forward really ran in bf16."""
     model, _ = build_tiny(seed=0)
     model.train()
-    ranks = _Ranks.one_process(model, dtype=torch.bfloat16)
+    ranks = Ranks.one_process(model, dtype=torch.bfloat16)
     assert ranks.autocast_dtype is torch.bfloat16
     seen: set[torch.dtype] = set()
     hook = model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.add(o.dtype))
@@ -108,8 +108,8 @@ def test_bf16_compute_keeps_fp32_parameters_and_gradients():
 
 def test_the_update_after_a_rollout_phase_recomputes_every_checkpointed_layer(basins):
     """A hook counts decoder-layer forward calls during the update that follows real rollouts
-    (``_play``): with checkpointing each layer runs twice per pass (forward, then recomputed in
-    backward). The audit found the policy left in eval mode by ``_play``, so no layer recomputed and
+    (``play_episodes``): with checkpointing each layer runs twice per pass (forward, then recomputed in
+    backward). The audit found the policy left in eval mode by ``play_episodes``, so no layer recomputed and
     a long episode kept every layer's activations."""
     from hydroagent_hpc.sim import open_simulator
     from hydroagent_hpc.sim.basin import load_basin
@@ -122,7 +122,7 @@ def test_the_update_after_a_rollout_phase_recomputes_every_checkpointed_layer(ba
     enable_checkpointing(model)
     model.train()
     specs = [RolloutSpec(0, k, d, k, f"ac{k}") for k in range(2)]
-    rollouts, _ = _play(config, model, tok, specs, {d: open_simulator(f"{d}/control.txt")}, {d: load_basin(d)})
+    rollouts, _ = play_episodes(config, model, tok, specs, {d: open_simulator(f"{d}/control.txt")}, {d: load_basin(d)})
     assert model.training, "the rollout phase must give the policy back in the mode it found it in"
     model.eval()  # even a policy someone left in eval mode trains with checkpointing
     calls = [0]
@@ -131,10 +131,10 @@ def test_the_update_after_a_rollout_phase_recomputes_every_checkpointed_layer(ba
     # so a hook on the layer itself would not see the recomputation; its submodules are called as usual
     hooks = [layer.mlp.register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
              for layer in layers]
-    batch = _training_batch(rollouts, {i: np.array([1.0 if i == 0 else -1.0] * len(r.spans))
+    batch = training_batch(rollouts, {i: np.array([1.0 if i == 0 else -1.0] * len(r.spans))
                                        for i, r in enumerate(rollouts)})
-    parts = _optimise(config, model, torch.optim.AdamW(model.parameters(), lr=1e-6), batch, 0,
-                      _Ranks.one_process(model))
+    parts = optimise(config, model, torch.optim.AdamW(model.parameters(), lr=1e-6), batch, 0,
+                      Ranks.one_process(model))
     for h in hooks:
         h.remove()
     assert parts["tokens"] > 0
@@ -158,7 +158,7 @@ def test_no_float64_tensor_is_saved_for_the_backward_pass():
     (on a GPU that is slow element-wise work over every token of every episode)."""
     model, _ = build_tiny(seed=0)
     model.train()
-    ranks = _Ranks.one_process(model, reference=build_tiny(seed=0)[0])
+    ranks = Ranks.one_process(model, reference=build_tiny(seed=0)[0])
     config = grpo_config_from_mapping({"basins": ["x"], "kl_coef": 0.2})
     batch = _batch()
     assert batch[0].advantages.dtype == np.float64
@@ -221,7 +221,7 @@ def test_local_generation_computes_in_the_trainers_dtype_over_fp32_weights(basin
     model, tok = build_tiny(seed=0)
     seen: set[torch.dtype] = set()
     hook = model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.add(o.dtype))
-    _play(config, model, tok, [RolloutSpec(0, 0, d, 0, "gen0")], {d: open_simulator(f"{d}/control.txt")},
+    play_episodes(config, model, tok, [RolloutSpec(0, 0, d, 0, "gen0")], {d: open_simulator(f"{d}/control.txt")},
           {d: load_basin(d)})
     hook.remove()
     assert seen == {torch.bfloat16} and all(p.dtype == torch.float32 for p in model.parameters())

@@ -14,7 +14,7 @@ by hand, running the test (it failed) and restoring the source:
 - lr 0, zeroed advantages, a flipped sign: :func:`test_grpo_learns_an_easy_task`.
 
 Everything is the real code: the tiny offline Qwen3, :class:`~hydroagent_hpc.train.sampler.BatchedSampler`,
-the trainer's own ``_advantages``, ``_training_batch`` and ``_optimise`` with ``_Ranks.one_process``,
+the trainer's own ``_advantages``, ``training_batch`` and ``optimise`` with ``Ranks.one_process``,
 real environments and the real simulator.
 """
 
@@ -35,7 +35,7 @@ from hydroagent_hpc.env.toolcalls import render_hermes
 from hydroagent_hpc.params import PARAMS
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
-from hydroagent_hpc.train.grpo import _advantages, _optimise, _Ranks, _Sequence, _training_batch, rollout_seed
+from hydroagent_hpc.train.grpo import Ranks, _advantages, _Sequence, optimise, rollout_seed, training_batch
 from hydroagent_hpc.train.grpo_config import GRPOConfig, grpo_config_from_mapping
 from hydroagent_hpc.train.rollout import Rollout, RolloutPolicy, RolloutSpec, SimulationSlots, run_rollouts
 from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sample, Sampling
@@ -77,7 +77,7 @@ def test_advantages_are_normalised_within_each_group_not_over_the_batch():
     for i, expected in want.items():
         np.testing.assert_allclose(per_turn[i], expected, rtol=1e-12, atol=1e-15)
     # and the training batch carries them to the loss unchanged, rollout by rollout
-    batch = _training_batch(rollouts, per_turn)
+    batch = training_batch(rollouts, per_turn)
     assert [list(s.advantages) for s in batch] == [list(per_turn[i]) for i in per_turn]
 
 
@@ -122,16 +122,16 @@ def _written_loss(model, reference, batch: Sequence[_Sequence], kl_coef: float, 
 
 def _sgd_update(model, reference, batch: Sequence[_Sequence], config: GRPOConfig) -> tuple[dict[str, torch.Tensor],
                                                                                           dict[str, float]]:
-    """The change of every parameter in one ``_optimise`` step with SGD at lr 1 (so it is ``-g``)."""
+    """The change of every parameter in one ``optimise`` step with SGD at lr 1 (so it is ``-g``)."""
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     model.train()
-    parts = _optimise(config, model, torch.optim.SGD(model.parameters(), lr=1.0), batch, 0,
-                      _Ranks.one_process(model, reference))
+    parts = optimise(config, model, torch.optim.SGD(model.parameters(), lr=1.0), batch, 0,
+                      Ranks.one_process(model, reference))
     return {k: p.detach() - before[k] for k, p in model.named_parameters()}, parts
 
 
 def test_one_update_is_the_written_grpo_gradient():
-    """``_optimise`` moves the weights by exactly the gradient of the GRPO objective written out by
+    """``optimise`` moves the weights by exactly the gradient of the GRPO objective written out by
     hand: per-turn advantages on their own turn's tokens with their sign, the k3 KL to the frozen
     reference (another model here, so the KL and its gradient are far from zero) and the entropy
     bonus. Breaks caught: advantages zeroed or their sign flipped in the trainer; a turn's
@@ -252,7 +252,7 @@ def test_rewards_and_trained_tokens_follow_the_messages_that_earned_them(grpo_ba
     per_turn, degenerate = _advantages(_config(advantage="turn", gamma=1.0), rollouts, 1)
     assert degenerate == 0 and np.array_equal(per_turn[0], per_turn[1])
     assert np.argsort(per_turn[0]).tolist() == [1, 0, 2]
-    batch = _training_batch(rollouts, per_turn)
+    batch = training_batch(rollouts, per_turn)
     assert [(s.mask, s.spans) for s in batch] == [(r.mask, r.spans) for r in rollouts]
 
 
@@ -281,7 +281,7 @@ BANDIT_THRESHOLD = float(np.mean(BANDIT_GAINS) - 3 * np.std(BANDIT_GAINS, ddof=1
 def _bandit(seed: int, lr: float) -> tuple[float, float, list[float]]:
     """``(mean reward before, after, adv std per step)`` of ``BANDIT_STEPS`` GRPO steps: K samples
     per prompt from the real sampler, rewards, the trainer's group advantages, training batch and
-    ``_optimise``, AdamW as the trainer builds it."""
+    ``optimise``, AdamW as the trainer builds it."""
     model, tok = build_tiny(seed=seed)
     digit = torch.tensor([any(c.isdigit() for c in t) for t in tok.convert_ids_to_tokens(list(range(len(tok))))])
     probe = HFLocalPolicy(model, tok)
@@ -292,7 +292,7 @@ def _bandit(seed: int, lr: float) -> tuple[float, float, list[float]]:
                      prompts_per_step=len(prompts), seed=seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=config.weight_decay)
-    ranks = _Ranks.one_process(model)
+    ranks = Ranks.one_process(model)
 
     def reward(ids: list[int]) -> float:
         return float(digit[ids].float().mean()) if ids else 0.0
@@ -316,7 +316,7 @@ def _bandit(seed: int, lr: float) -> tuple[float, float, list[float]]:
                             list(o.logprobs)) for s, o in zip(specs, out)]
         per_turn, _ = _advantages(config, rollouts, len(prompts))
         adv_std.append(float(np.concatenate(list(per_turn.values())).std()))
-        _optimise(config, model, optimizer, _training_batch(rollouts, per_turn), probe.pad_id, ranks)
+        optimise(config, model, optimizer, training_batch(rollouts, per_turn), probe.pad_id, ranks)
     return before, evaluate(), adv_std
 
 

@@ -201,7 +201,7 @@ def test_one_update_moves_log_probs_toward_positive_advantages(basins):
     from hydroagent_hpc.env.environment import CalibrationEnv
     from hydroagent_hpc.sim import open_simulator
     from hydroagent_hpc.sim.basin import load_basin
-    from hydroagent_hpc.train.grpo import _optimise, _Ranks, _training_batch
+    from hydroagent_hpc.train.grpo import Ranks, optimise, training_batch
     from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
     from hydroagent_hpc.train.grpo_loss import token_logprobs
     from hydroagent_hpc.train.rollout import RolloutPolicy, RolloutSpec, SimulationSlots, run_rollouts
@@ -232,8 +232,8 @@ def test_one_update_moves_log_probs_toward_positive_advantages(basins):
     per_turn = {0: np.ones(len(rollouts[0].spans)), 1: -np.ones(len(rollouts[1].spans))}
     config = grpo_config_from_mapping({"basins": [d], "kl_coef": 0.0, "entropy_coef": 0.0})
     model.train()
-    parts = _optimise(config, model, torch.optim.SGD(model.parameters(), lr=0.05),
-                      _training_batch(rollouts, per_turn), probe.pad_id, _Ranks.one_process(model))
+    parts = optimise(config, model, torch.optim.SGD(model.parameters(), lr=0.05),
+                      training_batch(rollouts, per_turn), probe.pad_id, Ranks.one_process(model))
     model.eval()
     after = [mean_logp(r) for r in rollouts]
     assert parts["tokens"] == sum(sum(r.mask) for r in rollouts) and parts["grad_norm"] > 0

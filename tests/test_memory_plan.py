@@ -529,7 +529,7 @@ def test_the_sft_benchmark_runs_the_trainers_precision_and_records_it():
     """On the CPU with the trainer's settings (fp32 weights, bf16 autocast, the SFT trainer's AdamW): the record
     says which compute dtype, optimizer and checkpointing ran."""
     from hydroagent_hpc.train.config import SFTConfig as Cfg
-    from hydroagent_hpc.train.sft import _optimizer
+    from hydroagent_hpc.train.sft import sft_optimizer
     from hydroagent_hpc.train.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
 
     cfg = qwen3_config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -537,7 +537,7 @@ def test_the_sft_benchmark_runs_the_trainers_precision_and_records_it():
     model = build_random_qwen3(cfg, "cpu", torch.float32)
     trainer = Cfg(data="-", max_steps=1)
     r = measure_sft_steps(model, seq_len=32, batch=1, steps=1, warmup_steps=1, activation_checkpointing=True,
-                          compute_dtype=torch.bfloat16, optimizer=lambda m: _optimizer(m, trainer))
+                          compute_dtype=torch.bfloat16, optimizer=lambda m: sft_optimizer(m, trainer))
     assert r.dtype == "float32" and r.compute_dtype == "bfloat16" and r.activation_checkpointing
     assert r.optimizer == "AdamW (for-loop)"  # torch's default on the CPU; foreach on CUDA
     assert model.model.layers[0].gradient_checkpointing

@@ -21,11 +21,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hydroagent_hpc.train.sampler import (
     BatchedSampler,
     Sampling,
-    _draw,
     _filter,
     _inverse_cdf,
     _nucleus,
-    _probs,
+    draw_tokens,
+    sampling_probs,
 )
 from hydroagent_hpc.train.tiny import build_tiny
 
@@ -159,7 +159,7 @@ def test_top_p_from_candidates_is_the_full_sorts_distribution_exactly():
                     got = _filter(logits, s, width=width)
                     assert torch.equal(got > 0, ref > 0), (scale, top_p, top_k, width)  # the same kept ids
                     assert torch.equal(got, ref), (scale, top_p, top_k, width)  # the same probabilities
-                    covered = _nucleus(_probs(logits, s), top_p, width)[2]
+                    covered = _nucleus(sampling_probs(logits, s), top_p, width)[2]
                     covered_rows += int(covered.sum())
                     wide_rows += int((~covered).sum())
     assert covered_rows > 1000 and wide_rows > 1000  # both the candidate path and the full-sort path ran
@@ -168,14 +168,14 @@ def test_top_p_from_candidates_is_the_full_sorts_distribution_exactly():
 def test_no_sort_of_the_vocabulary_when_the_candidates_cover_the_nucleus(monkeypatch):
     logits = torch.randn(4, 5000, generator=torch.Generator().manual_seed(1)) * 10
     s = Sampling(temperature=1.0, top_p=0.9)
-    probs = _probs(logits, s)
+    probs = sampling_probs(logits, s)
     assert bool(_nucleus(probs, s.top_p, 64)[2].all())  # peaked rows: 64 candidates hold the nucleus
     calls = []
     real_sort = torch.sort
     monkeypatch.setattr(torch, "sort", lambda *a, **k: calls.append(a[0].shape) or real_sort(*a, **k))
-    _draw(probs, torch.rand(4, dtype=torch.float64), s.top_p, 64)
+    draw_tokens(probs, torch.rand(4, dtype=torch.float64), s.top_p, 64)
     assert calls == []
-    _draw(probs, torch.rand(4, dtype=torch.float64), s.top_p, 5000)  # width >= vocabulary: the full sort
+    draw_tokens(probs, torch.rand(4, dtype=torch.float64), s.top_p, 5000)  # width >= vocabulary: the full sort
     assert calls == [torch.Size([4, 5000])]
 
 
@@ -187,16 +187,16 @@ def test_a_uniform_draw_follows_the_filtered_distribution():
     want = _filter(logits, s).double()
     grid = 20000
     u = (torch.arange(grid, dtype=torch.float64) + 0.5) / grid
-    probs = _probs(logits, s)
+    probs = sampling_probs(logits, s)
     for width in (4, 300):  # the candidate path (wide rows redrawn from the sort) and the full sort
         counts = torch.zeros_like(want)
         for r in range(3):
             rows = probs[r:r + 1].expand(grid, -1)
-            tok, covered = _draw(rows, u, s.top_p, width)
+            tok, covered = draw_tokens(rows, u, s.top_p, width)
             if not bool(covered.all()):
-                from hydroagent_hpc.train.sampler import _draw_sorted
+                from hydroagent_hpc.train.sampler import draw_tokens_sorted
 
-                tok = _draw_sorted(rows, u, s.top_p)
+                tok = draw_tokens_sorted(rows, u, s.top_p)
             counts[r] = torch.bincount(tok, minlength=300).double() / grid
         assert torch.all(counts[want == 0] == 0)
         assert torch.allclose(counts, want, atol=1.5 / grid)

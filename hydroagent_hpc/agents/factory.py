@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hydroagent_hpc.agents.base import Agent
+from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
+from hydroagent_hpc.agents.llm.models_file import Limits, ModelSpec, Prices, Sampling
+from hydroagent_hpc.agents.scripted import ScriptedPolicy, load_script
 from hydroagent_hpc.config import EnvConfig
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.registry import Registry
@@ -137,8 +140,6 @@ def optimizer_budget(env: EnvConfig) -> int:
 
 
 def _heuristic(options: dict[str, Any], *, name: str, seed: int, env: EnvConfig) -> Agent:
-    from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
-
     return HeuristicHydrologist(seed=seed, name=name, **options)
 
 
@@ -181,11 +182,10 @@ def _openai_options() -> frozenset[str]:
     """``model``, the agent's own options and every model setting a campaign may override."""
     import dataclasses
 
-    from hydroagent_hpc.agents.llm.models_file import Limits, ModelSpec, Prices, Sampling
-    from hydroagent_hpc.agents.llm.openai_api import _AGENT_OPTIONS
+    from hydroagent_hpc.agents.llm.openai_api import AGENT_OPTIONS
 
     fields = {f.name for cls in (ModelSpec, Sampling, Prices, Limits) for f in dataclasses.fields(cls)}
-    return frozenset({"model", *_AGENT_OPTIONS} | fields)
+    return frozenset({"model", *AGENT_OPTIONS} | fields)
 
 
 def _hf_local(options: dict[str, Any], *, name: str, seed: int, env: EnvConfig) -> Agent:
@@ -196,8 +196,6 @@ def _hf_local(options: dict[str, Any], *, name: str, seed: int, env: EnvConfig) 
 
 
 def _scripted(options: dict[str, Any], *, name: str, seed: int, env: EnvConfig) -> Agent:
-    from hydroagent_hpc.agents.scripted import ScriptedPolicy, load_script
-
     return ScriptedPolicy(load_script(options["script"]), name=name)
 
 

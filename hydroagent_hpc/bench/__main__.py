@@ -11,6 +11,11 @@ import os
 import sys
 from pathlib import Path
 
+from hydroagent_hpc.bench import grpo as gbench
+from hydroagent_hpc.bench import hpc as hbench
+from hydroagent_hpc.bench import queued_runs, scaling
+from hydroagent_hpc.bench import train as tbench
+from hydroagent_hpc.bench.fidelity import fidelity_rows
 from hydroagent_hpc.bench.simulator import PUBLISHED_EF5_S, bench_case, peak_rss_mb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
             cases.append((f"demo {control.parent.name}", control))
 
     if ref.exists():
-        from hydroagent_hpc.bench.fidelity import fidelity_rows
 
         out("## Fidelity against EF5 1.2.3 (unrounded ours vs EF5's printed 2-decimal values)\n\n")
         out("| case | gauge | rows | max dQ m3/s | at Q | max dSM % | max dFast | max dSlow |\n"
@@ -73,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{_fmt(proc_ratio, '.2f')} | {t.forcing_mb:.1f} |\n")
         sys.stdout.flush()
     if not args.skip_demo:
-        from hydroagent_hpc.bench import scaling
 
         out("\n")
         sys.stdout.flush()
@@ -97,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     out("\n## Report (a campaign of 1,000 episodes: `hydroagent report`)\n\n")
     out(rbench.markdown(rbench.run()))
 
-    from hydroagent_hpc.bench import hpc as hbench
 
     hpc_control = next((str(c) for _, c in cases if c.parent.name == "syn_01403060"), None)
     out("\n## HPC pools and Slurm (`python -m hydroagent_hpc.bench.hpc`)\n\n")
@@ -107,14 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         "hydroagent_hpc.bench.queued_runs`)\n\n")
     queued = next((c for _, c in cases if c.parent.name == "syn_02338660"), None)
     if queued is not None:
-        from hydroagent_hpc.bench import queued_runs
 
         out(queued_runs.markdown(queued_runs.measure(queued)))
     else:
         out("(skipped with --skip-demo: it runs the smallest demo basin)\n")
     sys.stdout.flush()
 
-    from hydroagent_hpc.bench import train as tbench
 
     out("\n## SFT steps on the CPU, tiny Qwen3 (`python -m hydroagent_hpc.bench.train`; `--gpu` for the 4B shape)\n\n")
     out(tbench.markdown(tbench.cpu_rows()))
@@ -124,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         "`--gpu --grpo` for the 4B shape and the paper-sized step)\n\n")
     out(tbench.grpo_markdown(tbench.grpo_result(False, EpisodeShape(), sim_s=1.0, sim_slots=32)))
 
-    from hydroagent_hpc.bench import grpo as gbench
 
     out("\n## GRPO on the CPU, tiny Qwen3 (`python -m hydroagent_hpc.bench.grpo --quick`; without `--quick`: "
         "K=8, 12 calls)\n\n")

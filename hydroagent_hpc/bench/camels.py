@@ -53,6 +53,11 @@ from typing import Any
 
 import numpy as np
 
+from hydroagent_hpc.campaign import AgentSpec, Task, run_task
+from hydroagent_hpc.config import preset
+from hydroagent_hpc.datasets.units import m3s_to_mm_per_day
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_OUTPUT_GAUGES = ("01031500", "13331500")
 KE_RANGE = (0.8, 1.2)  # the KE multiplier's bounds (hydroagent_hpc.params), on a-priori KE = 1
@@ -216,7 +221,6 @@ def coverage(case: dict, split: Split, warmup: int) -> str | None:
 
 def basin_facts(case: dict, split: Split) -> dict[str, Any]:
     """Attributes (CAMELS tables, else computed) and the water balance over the benchmark period."""
-    from hydroagent_hpc.datasets.units import m3s_to_mm_per_day
 
     f, pet_values, flow, attrs, mo, last = _records(case)
     a = min(split.cal[0], split.val[0])
@@ -265,7 +269,6 @@ def method_name(simulations: int, snow: bool) -> str:
 def _scores(basin_dir: Path, params) -> dict[str, Any]:
     """NSE, KGE, PBIAS (%, positive = too much water) and scored days of one run of ``basin_dir``."""
     from hydroagent_hpc.metrics import evaluate
-    from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
     s = EmbeddedSimulator(basin_dir / "control.txt")
     r = s.run(params)
@@ -315,8 +318,6 @@ def run_one(case: dict, split: Split, out: Path, simulations: int, snow: bool, s
             compute: bool = True) -> dict | None:
     """One DDS calibration and its validation; read back from ``out/runs`` when already done
     (when not, None without ``compute``)."""
-    from hydroagent_hpc.campaign import AgentSpec, Task, run_task
-    from hydroagent_hpc.config import preset
 
     method = method_name(simulations, snow)
     path = run_path(out, case["label"], method, seed)

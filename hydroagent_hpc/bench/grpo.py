@@ -35,6 +35,15 @@ from typing import Any
 
 import numpy as np
 
+from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
+from hydroagent_hpc.config import preset
+from hydroagent_hpc.env.toolcalls import render_hermes
+from hydroagent_hpc.params import PARAMS
+from hydroagent_hpc.sim import open_simulator
+from hydroagent_hpc.sim.basin import load_basin
+from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+from hydroagent_hpc.types import ToolCall
+
 __all__ = ["schedule_comparison", "step_breakdown", "markdown", "main"]
 
 log = logging.getLogger(__name__)
@@ -42,9 +51,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _plan(seed: int, turns: int) -> list[Any]:
-    from hydroagent_hpc.params import PARAMS
-    from hydroagent_hpc.types import ToolCall
-
     rng = np.random.default_rng(seed)
     calls: list[ToolCall] = []
     while len(calls) < turns:
@@ -56,7 +62,6 @@ def _plan(seed: int, turns: int) -> list[Any]:
 
 
 def _scripted_policy_class() -> Any:
-    from hydroagent_hpc.env.toolcalls import render_hermes
     from hydroagent_hpc.train.rollout import RolloutPolicy
 
     class ScriptedTurns(RolloutPolicy):
@@ -80,11 +85,7 @@ def _scripted_policy_class() -> Any:
 def schedule_comparison(basin_dirs: list[Path], k: int = 8, turns: int = 12, max_new_tokens: int = 128,
                         cap: int = 32) -> list[dict[str, Any]]:
     """Play one rollout batch asynchronously and in lock-step (same seeds); one row each."""
-    from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
-    from hydroagent_hpc.config import preset
     from hydroagent_hpc.env.environment import CalibrationEnv
-    from hydroagent_hpc.sim import open_simulator
-    from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.train.rollout import RolloutSpec, SharedRuns, SimulationSlots, run_rollouts
     from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sampling
     from hydroagent_hpc.train.tiny import build_tiny
@@ -137,7 +138,6 @@ def step_breakdown(workdir: Path, steps: int = 2) -> list[dict[str, Any]]:
     """A real ``train_grpo`` run of the tiny model; the per-step time split from its metrics."""
     from hydroagent_hpc.sim.synth.basins import synthesize_basin
     from hydroagent_hpc.train.grpo import train_grpo
-    from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
 
     names = []
     for i, name in enumerate(("syn_g1", "syn_g2")):

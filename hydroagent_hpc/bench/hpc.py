@@ -29,6 +29,11 @@ from typing import Any
 import numpy as np
 
 from hydroagent_hpc.bench.timing import median_seconds
+from hydroagent_hpc.hpc.mpi import mpi_pool
+from hydroagent_hpc.hpc.pool import ProcessPool, SerialPool
+from hydroagent_hpc.hpc.slurm import SiteSettings, make_executor, slurm_available
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+from hydroagent_hpc.sim.kernels import set_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 _SIM: dict[str, Any] = {}
@@ -48,7 +53,6 @@ def simulate(item: tuple[str, int]) -> float:
     control, seed = item
     sim = _SIM.get(control)
     if sim is None:
-        from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
         sim = _SIM[control] = EmbeddedSimulator(control)
     rng = np.random.default_rng(seed)
@@ -58,8 +62,6 @@ def simulate(item: tuple[str, int]) -> float:
 
 
 def _one_thread() -> None:
-    from hydroagent_hpc.sim.kernels import set_threads
-
     set_threads(1)
 
 
@@ -75,7 +77,6 @@ def _time_map(pool: Any, fn: Any, items: list) -> float:
 
 def _mpi_probe(kind: str, n: int, control: str, isolate: bool) -> None:
     """Run under mpiexec: print one JSON line (root) with the timed map's seconds."""
-    from hydroagent_hpc.hpc.mpi import mpi_pool
 
     with mpi_pool(max_in_flight=32, initializer=_one_thread, isolate=isolate) as pool:
         if pool is None:
@@ -106,7 +107,6 @@ def _mpi(kind: str, n: int, control: str = "", isolate: bool = True, ranks: int 
 
 def pool_overhead(n: int = 2000) -> list[dict[str, Any]]:
     """Milliseconds per trivial task on each backend."""
-    from hydroagent_hpc.hpc.pool import ProcessPool, SerialPool
 
     rows: list[dict[str, Any]] = []
     serial = _time_map(SerialPool(), trivial, list(range(n)))
@@ -128,7 +128,6 @@ def pool_overhead(n: int = 2000) -> list[dict[str, Any]]:
 
 def efficiency(control: str, n: int = 48, workers: int = 2) -> list[dict[str, Any]]:
     """Parallel efficiency of simulations: T_serial / (workers * T_pool)."""
-    from hydroagent_hpc.hpc.pool import ProcessPool, SerialPool
 
     _one_thread()
     serial_pool = SerialPool()
@@ -149,7 +148,6 @@ def efficiency(control: str, n: int = 48, workers: int = 2) -> list[dict[str, An
 
 def slurm_latency(repeats: int = 3) -> list[dict[str, Any]] | None:
     """Seconds from submit to result of a trivial job: submitit on Slurm vs submitit local, and sbatch --wait."""
-    from hydroagent_hpc.hpc.slurm import SiteSettings, make_executor, slurm_available
 
     if not slurm_available():
         return None

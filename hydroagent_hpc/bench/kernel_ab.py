@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from hydroagent_hpc.bench.simulator import typical_params
+from hydroagent_hpc.sim import ckernel, kernels
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
 __all__ = ["ABRow", "build", "compare", "main"]
 
@@ -52,7 +54,6 @@ class ABRow:
 
 def _source(spec: str, workdir: Path) -> Path:
     """``spec`` as a source file: a path to a file, else a git revision of the kernel's file."""
-    from hydroagent_hpc.sim import ckernel
 
     path = Path(spec)
     if path.is_file():
@@ -70,7 +71,6 @@ def _source(spec: str, workdir: Path) -> Path:
 
 def build(source: Path, out: Path) -> ctypes.CDLL:
     """Compile ``source`` as the library is compiled (same compiler and flags) and load it."""
-    from hydroagent_hpc.sim import ckernel
 
     cmd = [ckernel._compiler(), *ckernel.FLAGS, ckernel.NATIVE, "-o", str(out), str(source), "-lm"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -83,8 +83,6 @@ def build(source: Path, out: Path) -> ctypes.CDLL:
 
 @contextlib.contextmanager
 def _using_library(lib: ctypes.CDLL) -> Iterator[None]:
-    from hydroagent_hpc.sim import ckernel
-
     saved = ckernel._LIB
     ckernel._LIB = lib
     try:
@@ -95,8 +93,6 @@ def _using_library(lib: ctypes.CDLL) -> Iterator[None]:
 
 def _capture(control: Path, batch: int) -> tuple[Any, list[tuple[Any, ...]]]:
     """The simulator of ``control`` and the kernel arguments of one run (or one batch of ``batch`` sets)."""
-    from hydroagent_hpc.sim import ckernel, kernels
-    from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
     sim = EmbeddedSimulator(control, cache_dir=False)
     params = typical_params(control)
@@ -125,7 +121,6 @@ def _capture(control: Path, batch: int) -> tuple[Any, list[tuple[Any, ...]]]:
 
 def compare(old: ctypes.CDLL, new: ctypes.CDLL, control: Path, repeats: int = 7, batch: int = 0) -> ABRow:
     """Time both builds on the captured arguments of ``control``, alternating; check the outputs' bits."""
-    from hydroagent_hpc.sim import ckernel, kernels
 
     sim, calls = _capture(control, batch)
     fn = ckernel.run_batch_kernel if batch else ckernel.run_kernel
@@ -144,8 +139,6 @@ def compare(old: ctypes.CDLL, new: ctypes.CDLL, control: Path, repeats: int = 7,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hydroagent_hpc.sim import ckernel
-
     ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.bench.kernel_ab", description=__doc__.split("\n\n")[0])
     ap.add_argument("controls", nargs="+", type=Path, help="EF5 control files to run")
     ap.add_argument("--old", required=True, help="the old kernel: a C file or a git revision (e.g. HEAD)")

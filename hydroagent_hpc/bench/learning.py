@@ -58,6 +58,10 @@ from typing import Any
 
 import numpy as np
 
+from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
+from hydroagent_hpc.train.config import config_from_mapping
+from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+
 __all__ = ["BenchPlan", "QUICK", "units", "run", "summarise", "main"]
 
 log = logging.getLogger(__name__)
@@ -200,7 +204,6 @@ def _references(out: Path, plan: BenchPlan, folder: Path, every_simulation: bool
     """The references under the policies' environment; ``every_simulation``: the optimisers (DDS,
     random) with tool calls enough for every simulation of the budget (an optimiser spends three
     calls per simulation: set, run, evaluate), the fair "at equal simulations" comparison."""
-    from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
 
     env = _campaign_env(plan)
     refs: tuple[str, ...] = REFERENCES
@@ -226,7 +229,6 @@ def _base(out: Path, plan: BenchPlan, folder: Path, model_seed: int) -> dict[str
 
 
 def _data(out: Path, plan: BenchPlan, folder: Path, data_seed: int) -> dict[str, Any]:
-    from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
     from hydroagent_hpc.train.sft_data import build_sft_data
 
     basins = _basin_set(folder / "basins", teach_names(plan, data_seed))
@@ -241,7 +243,6 @@ def _data(out: Path, plan: BenchPlan, folder: Path, data_seed: int) -> dict[str,
 
 
 def _sft(out: Path, plan: BenchPlan, folder: Path, data_seed: int, model_seed: int) -> dict[str, Any]:
-    from hydroagent_hpc.train.config import config_from_mapping
     from hydroagent_hpc.train.sft import train_sft
 
     config = config_from_mapping({
@@ -257,7 +258,6 @@ def _sft(out: Path, plan: BenchPlan, folder: Path, data_seed: int, model_seed: i
 
 def _grpo(out: Path, plan: BenchPlan, folder: Path, data_seed: int, model_seed: int, credit: str) -> dict[str, Any]:
     from hydroagent_hpc.train.grpo import train_grpo
-    from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
 
     config = grpo_config_from_mapping({
         "preset": "paper", "model": _read(out, f"d{data_seed}m{model_seed}/sft")["model"],

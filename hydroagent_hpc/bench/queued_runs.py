@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from hydroagent_hpc.bench.simulator import typical_params
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+from hydroagent_hpc.train.coalesce import RunCoalescer
 
 __all__ = ["measure", "markdown", "main"]
 
@@ -43,7 +45,6 @@ def _param_sets(control: Path, members: int, runs: int) -> list[list[dict[str, f
 
 def _once(sim: Any, sets: list[list[dict[str, float]]], slots_limit: int, sim_batch: int) -> tuple[float, float]:
     """Every thread runs its sets through one RolloutSimulator; (wall seconds, runs per slot hold)."""
-    from hydroagent_hpc.train.coalesce import RunCoalescer
     from hydroagent_hpc.train.rollout import RolloutSimulator, SimulationSlots
 
     slots = SimulationSlots(slots_limit)
@@ -70,7 +71,6 @@ def _once(sim: Any, sets: list[list[dict[str, float]]], slots_limit: int, sim_ba
 def measure(control: Path, members: int = 8, runs: int = 6, slot_limits: tuple[int, ...] = (1, 2),
             repeats: int = 5, sim_batch: int = 8) -> list[dict[str, Any]]:
     """One row per slot limit: runs/s gathered and alone (best of ``repeats``, alternating)."""
-    from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
     sim = EmbeddedSimulator(control)
     sets = _param_sets(control, members, runs)

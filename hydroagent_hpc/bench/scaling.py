@@ -34,7 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from hydroagent_hpc.bench.hpc import efficiency
+from hydroagent_hpc.bench.simulator import ef5_process_time, set_flags, typical_params
 from hydroagent_hpc.bench.timing import median_seconds
+from hydroagent_hpc.sim import kernels
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = (300, 1000, 3000, 10000, 30000, 50000)
@@ -69,16 +73,12 @@ def _process(cmd: list[str], repeats: int, cwd: str | None = None, env: dict[str
 def _ef5_process(control: Path, params: dict[str, float], repeats: int) -> float | None:
     if not os.environ.get("HYDROAGENT_EF5"):
         return None
-    from hydroagent_hpc.bench.simulator import ef5_process_time
 
     return ef5_process_time(control, params, repeats)
 
 
 def measure(control: Path, repeats: int = 3, process: bool = True) -> dict[str, Any]:
     """One basin: runs with each kernel, a batch of 8, memory, and whole processes."""
-    from hydroagent_hpc.bench.simulator import set_flags, typical_params
-    from hydroagent_hpc.sim import kernels
-    from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
     sim = EmbeddedSimulator(control, cache_dir=False)
     params = typical_params(control)
@@ -166,7 +166,6 @@ def figure(rows: list[dict[str, Any]], path: Path) -> Path | None:
 
 def pool_rate(control: Path, workers: int = 2, n: int = 24) -> dict[str, Any]:
     """Runs per second per core in a pool of persistent worker processes (bench.hpc's efficiency)."""
-    from hydroagent_hpc.bench.hpc import efficiency
 
     rows = efficiency(str(control), n=n, workers=workers)
     pool = next(r for r in rows if r["backend"] == "processes")

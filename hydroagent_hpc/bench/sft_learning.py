@@ -30,6 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
+from hydroagent_hpc.train.config import load_sft_config
+
 __all__ = ["run", "main"]
 
 
@@ -37,8 +40,6 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
         lr: float = 3e-3, width: int | None = None, layers: int | None = None, heldout: int = 1,
         overshoot: float = 0.0, digits: int | None = None, recovery: float = 0.0,
         partial: bool = False) -> dict[str, Any]:
-    from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
-    from hydroagent_hpc.train.config import load_sft_config
     from hydroagent_hpc.train.sft import train_sft
     from hydroagent_hpc.train.sft_data import build_sft_data
     from hydroagent_hpc.train.tiny import save_tiny
@@ -115,7 +116,6 @@ def _env(sims: int) -> dict[str, Any]:
 
 def _evaluate(out: Path, basins: list[str], env: dict[str, Any], turns: int, store: Path) -> dict[str, dict[str, Any]]:
     """The base (``out/base``) and the SFT'd model (``out/run/final``) as greedy ``hf_local`` agents."""
-    from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
 
     agent = {"kind": "hf_local", "greedy": True, "max_new_tokens": 256}
     evaluation = campaign_from_mapping({

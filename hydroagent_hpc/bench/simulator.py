@@ -24,6 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from hydroagent_hpc.bench.timing import median_seconds
+from hydroagent_hpc.params import check_values
+from hydroagent_hpc.sim import kernels
+from hydroagent_hpc.sim.controlfile import render_control
+from hydroagent_hpc.sim.ef5 import EF5Simulator
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
 __all__ = ["CaseTiming", "bench_case"]
@@ -78,7 +82,6 @@ def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
     cold = time.perf_counter() - t0
     warm = median_seconds(lambda: EmbeddedSimulator(control, cache_dir=cache), 3, warm_up=False)
     params = typical_params(Path(control))
-    from hydroagent_hpc.sim import kernels
 
     chosen = kernels.kernel().name
     sim.run(params)  # build, compile or load the compiled kernel
@@ -102,7 +105,6 @@ def bench_case(control: Path, label: str, repeats: int = 5) -> CaseTiming:
                         (sim.precip.nbytes + sim.pet.nbytes) / 2**20, run_numba, chosen)
     ef5 = os.environ.get("HYDROAGENT_EF5")
     if ef5:
-        from hydroagent_hpc.sim.ef5 import EF5Simulator
 
         esim = EF5Simulator(control)
         esim.run(params)
@@ -119,9 +121,6 @@ def set_flags(params: dict[str, float]) -> list[str]:
 def ef5_process_time(control: Path, params: dict[str, float], repeats: int) -> float:
     """Median wall time of the EF5 binary as a whole process on ``control`` with ``params`` applied
     (``OMP_NUM_THREADS=1``; one untimed run first)."""
-    from hydroagent_hpc.params import check_values
-    from hydroagent_hpc.sim.controlfile import render_control
-    from hydroagent_hpc.sim.ef5 import EF5Simulator
 
     esim = EF5Simulator(control)
     run_dir = Path(tempfile.mkdtemp(prefix="hydroagent-bench-ef5-"))

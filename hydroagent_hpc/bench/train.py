@@ -38,6 +38,10 @@ import logging
 import sys
 from typing import Any
 
+from hydroagent_hpc.errors import HydroAgentError, one_line
+from hydroagent_hpc.train.config import SFTConfig
+from hydroagent_hpc.train.memory_plan import MemoryPlanError, ModelShape, check_plan, free_device_memory, plan_sft
+
 __all__ = ["cpu_rows", "gpu_result", "markdown", "grpo_result", "grpo_markdown", "main", "build_parser",
            "bench_sft_config", "bench_shape", "bench_sft_plan"]
 
@@ -75,7 +79,6 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def bench_sft_config(seq_len: int, batch: int, activation_checkpointing: bool) -> Any:
     """The ``--gpu`` SFT benchmark as an SFT config (for its memory plan): one process, bf16 compute
     over fp32 weights, one micro-batch of ``batch x seq_len`` tokens per optimizer step."""
-    from hydroagent_hpc.train.config import SFTConfig
 
     return SFTConfig(data="-", max_steps=1, max_seq_len=seq_len, micro_batch_size=batch, grad_accum=1,
                      dtype="bf16", fsdp=False, activation_checkpointing=activation_checkpointing)
@@ -83,7 +86,6 @@ def bench_sft_config(seq_len: int, batch: int, activation_checkpointing: bool) -
 
 def bench_shape(layers: int | None = None) -> Any:
     """The benchmark's model shape (Qwen3-4B, or fewer layers)."""
-    from hydroagent_hpc.train.memory_plan import ModelShape
     from hydroagent_hpc.train.throughput import qwen3_config
 
     return ModelShape.from_config(qwen3_config(**({"num_hidden_layers": layers} if layers else {})),
@@ -93,7 +95,6 @@ def bench_shape(layers: int | None = None) -> Any:
 def bench_sft_plan(seq_len: int, batch: int, activation_checkpointing: bool, layers: int | None = None, *,
                    gpu: str | None = None, free_bytes: int | None = None) -> Any:
     """The memory plan of the ``--gpu`` SFT benchmark (:func:`hydroagent_hpc.train.memory_plan.plan_sft`)."""
-    from hydroagent_hpc.train.memory_plan import plan_sft
 
     return plan_sft(bench_sft_config(seq_len, batch, activation_checkpointing), world=1, gpu=gpu,
                     free_bytes=free_bytes, shape=bench_shape(layers), suggest=False)
@@ -113,9 +114,7 @@ def gpu_result(seconds: float, seq_len: int, batch: int, activation_checkpointin
     trainer holds it in one process (fp32 master weights, bf16 autocast, the trainer's AdamW). The memory
     plan is checked against the device's free memory first (a :class:`MemoryPlanError` names the
     ``--layers`` that would fit)."""
-    from hydroagent_hpc.train.config import SFTConfig
-    from hydroagent_hpc.train.memory_plan import MemoryPlanError, check_plan, free_device_memory
-    from hydroagent_hpc.train.sft import _optimizer
+    from hydroagent_hpc.train.sft import sft_optimizer
     from hydroagent_hpc.train.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
 
     free = free_device_memory("cuda:0")
@@ -134,7 +133,7 @@ def gpu_result(seconds: float, seq_len: int, batch: int, activation_checkpointin
     trainer = SFTConfig(data="-", max_steps=1)
     r = measure_sft_steps(model, seq_len=seq_len, batch=batch, seconds=seconds, warmup_steps=2,
                           activation_checkpointing=activation_checkpointing, peak_tflops=peak_tflops,
-                          compute_dtype="bfloat16", optimizer=lambda m: _optimizer(m, trainer))
+                          compute_dtype="bfloat16", optimizer=lambda m: sft_optimizer(m, trainer))
     return {**r.as_dict(), "plan_peak_mb": plan.peak / 2**20, "plan_capacity_mb": plan.capacity / 2**20}
 
 
@@ -251,7 +250,6 @@ def main(argv: list[str] | None = None) -> int:
               "(run it on a GPU node, e.g. `srun --gpus=1 python -m hydroagent_hpc.bench.train --gpu`, or "
               "drop --gpu for the CPU benchmark)", file=sys.stderr)
         return 2
-    from hydroagent_hpc.errors import HydroAgentError, one_line
 
     try:
         r = gpu_result(args.seconds, args.seq_len, args.batch, args.activation_checkpointing, args.peak_tflops,

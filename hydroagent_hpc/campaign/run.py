@@ -15,7 +15,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hydroagent_hpc.agents.factory import make_agent
 from hydroagent_hpc.campaign.spec import CampaignError, CampaignSpec, Task, check_requirements, expand, shard_of
+from hydroagent_hpc.hpc.pool import open_pool
+from hydroagent_hpc.sim import open_simulator
+from hydroagent_hpc.sim.basin import load_basin
+from hydroagent_hpc.sim.kernels import set_threads
 from hydroagent_hpc.types import Episode
 
 if TYPE_CHECKING:  # the pool and simulator modules load when a campaign runs, not when this one is imported
@@ -34,7 +39,6 @@ def _simulator(basin_dir: str, backend: str = "embedded") -> Simulator:
     """One simulator per basin per process (loading is the expensive part)."""
     key = f"{backend}:{Path(basin_dir).resolve()}"
     if key not in _SIMS:
-        from hydroagent_hpc.sim import open_simulator
 
         _SIMS[key] = open_simulator(Path(basin_dir) / "control.txt", backend)
     return _SIMS[key]
@@ -42,10 +46,8 @@ def _simulator(basin_dir: str, backend: str = "embedded") -> Simulator:
 
 def run_task(task: Task) -> Episode:
     """Run one episode (in this process)."""
-    from hydroagent_hpc.agents.factory import make_agent
     from hydroagent_hpc.env.environment import CalibrationEnv
     from hydroagent_hpc.env.episode import run_episode
-    from hydroagent_hpc.sim.basin import load_basin
 
     basin = load_basin(task.basin_dir)
     sim = _simulator(task.basin_dir, str(task.agent.options.get("backend", "embedded")))
@@ -56,7 +58,6 @@ def run_task(task: Task) -> Episode:
 
 def worker_init() -> None:
     """Prepare a pool worker process: one kernel thread (the pool is the parallelism), quiet logs."""
-    from hydroagent_hpc.sim.kernels import set_threads
 
     set_threads(1)
     logging.getLogger().setLevel(logging.WARNING)
@@ -72,8 +73,6 @@ def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress
     one episode (process and MPI pools); an episode that fails or times out is listed in
     ``failed`` and stays missing, so a rerun tries it again.
     """
-    from hydroagent_hpc.hpc.pool import open_pool
-    from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.store import EpisodeWriter, stored_ids
 
     problems = check_requirements(spec)

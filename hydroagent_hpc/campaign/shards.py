@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hydroagent_hpc.campaign import CampaignSpec, expand, shard_of
+from hydroagent_hpc.provenance import provenance
 from hydroagent_hpc.store import MergeError
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,6 @@ def merge_run(spec: CampaignSpec, run_dir: str | Path, allow_missing: bool = Fal
 
 def write_run_record(run_dir: str | Path, record: dict[str, Any]) -> Path:
     """Write ``RUN/run.json`` (the submission with provenance), atomically; earlier ones are kept as run-N.json."""
-    from hydroagent_hpc.provenance import provenance
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

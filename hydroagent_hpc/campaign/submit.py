@@ -40,6 +40,7 @@ from hydroagent_hpc.campaign.shards import (
     skip_stores,
     write_run_record,
 )
+from hydroagent_hpc.hpc.mpi import in_mpi_world, mpi_pool
 from hydroagent_hpc.hpc.pool import BACKENDS as POOL_BACKENDS
 from hydroagent_hpc.hpc.slurm import SiteSettings, allocation_cpus, array_id, make_executor
 
@@ -58,7 +59,6 @@ def choose_pool(pool: str, workers: int | None, default_workers: int | None = No
     when none is given or the pool is "processes". "auto" takes MPI under an MPI launcher, else
     processes when there is more than one worker, else serial.
     """
-    from hydroagent_hpc.hpc.mpi import in_mpi_world
 
     if pool not in POOLS:
         raise ValueError(f"pool={pool!r}: choose one of {', '.join(POOLS)}")
@@ -81,7 +81,6 @@ def run_on_pool(spec: CampaignSpec, out: str | Path, pool: str = "auto", workers
     """
     backend, n = choose_pool(pool, workers, default_workers)
     if backend == "mpi":
-        from hydroagent_hpc.hpc.mpi import mpi_pool
 
         with mpi_pool(max_in_flight=max_in_flight, timeout_s=timeout_s, initializer=worker_init) as p:
             if p is None:

@@ -336,6 +336,16 @@ class CalibrationEnv:
             self.since_improvement += 1
         return pay, improved
 
+    @property
+    def observed_series(self) -> ObservedSeries | None:
+        """The observed discharge on the simulation's times (read-only), set by the first successful run;
+        ``None`` before it. What the observation views (:mod:`hydroagent_hpc.env.observations`) read."""
+        return self._series
+
+    def best_view(self) -> dict[str, Any] | None:
+        """The best run so far as the observations show it (run number, NSE, ...); ``None`` before one."""
+        return self._best_view()
+
     def _best_view(self) -> dict[str, Any] | None:
         if self.best_run is None:
             return None

@@ -102,7 +102,7 @@ def simulation_view(rec: SimRecord, env: CalibrationEnv, config: EnvConfig) -> d
     if config.observation == "released":
         return {"status": "ok", "message": f"Simulation completed successfully (run #{rec.run_id})",
                 "output_file": f"ts.{env.basin.basin_id.lower()}.crest.csv", "run_number": rec.run_id}
-    series = env._series  # an ObservedSeries: set by the first successful run, which this one is or follows
+    series = env.observed_series  # an ObservedSeries: set by the first successful run, which this one is or follows
     if series is None or rec.discharge is None:
         raise ValueError(f"simulation_view: run {rec.run_id} is not a successful run with a hydrograph "
                          f"(call it only for runs whose record has ok=True)")
@@ -136,7 +136,7 @@ def evaluation_view(rec: SimRecord, env: CalibrationEnv, config: EnvConfig, impr
         view["peak_lag_h"] = _round(m.get("peak_lag_h"))
         view["params"] = {k: round(v, 6) for k, v in rec.params.items()}
         return view
-    best = env._best_view()
+    best = env.best_view()
     view.update({"improved": improved, "best": best, "target_nse": env.target,
                  "target_met": bool(best is not None and best["nse"] >= env.target),
                  "evaluations_without_improvement": env.since_improvement,

@@ -23,8 +23,9 @@ from typing import Any
 
 from hydroagent_hpc.hpc.jobs import slurm_active_jobs
 from hydroagent_hpc.pipeline import stages as st
-from hydroagent_hpc.pipeline.spec import STAGES, PipelineError, PipelineSpec, load_pipeline
+from hydroagent_hpc.pipeline.spec import STAGES, PipelineError, PipelineSpec, load_pipeline, pipeline_from_mapping
 from hydroagent_hpc.pipeline.state import read_record
+from hydroagent_hpc.yamlio import load_strict
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,6 @@ def adopt_spec(path: str | Path, run_dir: Path) -> PipelineSpec:
 
 def load_run_spec(run_dir: Path) -> PipelineSpec:
     """The spec a run folder was started with (``RUN/pipeline.yaml``, paths as in the original file)."""
-    from hydroagent_hpc.pipeline.spec import pipeline_from_mapping
-    from hydroagent_hpc.yamlio import load_strict
 
     copy = run_dir / RUN_SPEC
     if not copy.is_file():

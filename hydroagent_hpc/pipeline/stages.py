@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from hydroagent_hpc.campaign import load_campaign
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.pipeline.spec import STAGES, PipelineSpec
 from hydroagent_hpc.pipeline.state import (
@@ -47,6 +48,9 @@ from hydroagent_hpc.pipeline.state import (
     write_json_atomic,
     write_record,
 )
+from hydroagent_hpc.provenance import provenance
+from hydroagent_hpc.sim.manifest import verify_manifest
+from hydroagent_hpc.train.submit import grpo_argv, launcher_argv
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +255,6 @@ def begin(spec: PipelineSpec, run_dir: Path, stage: str, *, job: str | None = No
 
 
 def _basins(spec: PipelineSpec, run_dir: Path) -> dict[str, Any]:
-    from hydroagent_hpc.sim.manifest import verify_manifest
     from hydroagent_hpc.sim.synth.basins import SynthSettings, synthesize_basin
 
     built, kept = [], []
@@ -312,7 +315,6 @@ def _base(spec: PipelineSpec, run_dir: Path) -> dict[str, Any]:
 
 def run_campaign_stage(run_dir: Path, stage: str, workers: int, pool: str = "auto") -> dict[str, Any]:
     """Run the campaign of ``stage`` in this process (its episodes as one shard) and merge it."""
-    from hydroagent_hpc.campaign import load_campaign
     from hydroagent_hpc.campaign.shards import merge_run
     from hydroagent_hpc.campaign.submit import run_shard
 
@@ -331,7 +333,6 @@ def run_campaign_stage(run_dir: Path, stage: str, workers: int, pool: str = "aut
 
 def trainer_argv(run_dir: Path, stage: str, python: str | None = None) -> list[str]:
     """The trainer's command line for a CPU process (``--resume``: it continues from its newest checkpoint)."""
-    from hydroagent_hpc.train.submit import grpo_argv, launcher_argv
 
     config, out = str(trainer_config(run_dir, stage)), str(stage_dir(run_dir, stage) / "run")
     if stage == "sft":
@@ -449,7 +450,6 @@ def elapsed(t0: float) -> float:
 
 def write_pipeline_record(spec: PipelineSpec, run_dir: Path, extra: Mapping[str, Any]) -> None:
     """``RUN/pipeline.json``: the resolved spec's sections, the source file and provenance (git commit)."""
-    from hydroagent_hpc.provenance import provenance
 
     write_json_atomic(run_dir / "pipeline.json", {"name": spec.name, "source": str(Path(spec.source).resolve()),
                                                   "sections": {s: spec.section(s) for s in STAGES},

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import HydroAgentError
 from hydroagent_hpc.store import read_series
 
@@ -49,7 +50,6 @@ def basin_precip(control: Path, times: np.ndarray) -> tuple[np.ndarray | None, s
     if not control.is_file():
         return None, f"control file {control} not found"
     try:
-        from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
         sim = EmbeddedSimulator(control)
     except (HydroAgentError, OSError, ValueError, KeyError) as exc:

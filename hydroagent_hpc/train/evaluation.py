@@ -1,7 +1,7 @@
 """Batched greedy evaluation of a policy checkpoint: the GRPO validation path as a function.
 
 :func:`evaluate_policy` plays one greedy episode per basin and seed with the trainer's own rollout
-machinery (:func:`hydroagent_hpc.train.grpo._play`: all episodes' model turns batched, the prompt
+machinery (:func:`hydroagent_hpc.train.grpo.play_episodes`: all episodes' model turns batched, the prompt
 prefix cached across turns, identical parameter sets on a basin simulated once) and stores them as
 ordinary episodes (agent ``agent``, episode id ``{agent}/{basin}/{seed}``) in an episode store that
 ``hydroagent report`` and the campaign tools read. Episodes already in the store are not played
@@ -24,6 +24,10 @@ from typing import Any
 
 import torch
 
+from hydroagent_hpc.sim import open_simulator
+from hydroagent_hpc.sim.basin import load_basin
+from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+
 log = logging.getLogger(__name__)
 
 __all__ = ["evaluate_policy"]
@@ -34,10 +38,7 @@ def evaluate_policy(model: str | Path, basins: Sequence[str | Path], store: str 
                     max_new_tokens: int = 512, max_context_tokens: int = 8192, generation_batch: int = 64,
                     simulator: str = "embedded") -> dict[str, Any]:
     """Play ``model`` greedily on every basin x seed not yet in ``store``; returns counts and the wall time."""
-    from hydroagent_hpc.sim import open_simulator
-    from hydroagent_hpc.sim.basin import load_basin
-    from hydroagent_hpc.train.grpo import _Episodes, _load_policy, _play
-    from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+    from hydroagent_hpc.train.grpo import EpisodeStore, load_policy, play_episodes
     from hydroagent_hpc.train.rollout import RolloutSpec
 
     t0 = time.perf_counter()
@@ -47,7 +48,7 @@ def evaluate_policy(model: str | Path, basins: Sequence[str | Path], store: str 
                                        "generation_batch": generation_batch, "simulator": simulator,
                                        "dtype": "fp32" if not torch.cuda.is_available() else "auto"})
     loaded = {d: load_basin(d) for d in dirs}
-    episodes = _Episodes(Path(store))
+    episodes = EpisodeStore(Path(store))
     episodes.basins = loaded
     try:
         specs = [RolloutSpec(g, 0, d, int(seed), f"{agent}/{loaded[d].basin_id}/{int(seed)}")
@@ -55,10 +56,10 @@ def evaluate_policy(model: str | Path, basins: Sequence[str | Path], store: str 
         todo = [s for s in specs if not episodes.writer.has(s.episode_id)]
         if todo:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-            policy, tokenizer = _load_policy(config, device)
+            policy, tokenizer = load_policy(config, device)
             policy.config.use_cache = True
             sims = {d: open_simulator(Path(d) / "control.txt", simulator) for d in {s.basin_dir for s in todo}}
-            rollouts, _ = _play(config, policy, tokenizer, todo, sims, loaded, greedy=True, agent=agent)
+            rollouts, _ = play_episodes(config, policy, tokenizer, todo, sims, loaded, greedy=True, agent=agent)
             episodes.write(rollouts)
     finally:
         episodes.close()

@@ -92,7 +92,7 @@ from hydroagent_hpc.train.distributed import (
 )
 from hydroagent_hpc.train.engine import EngineSampler, EngineSettings, serve_rollouts
 from hydroagent_hpc.train.engine_process import EngineWeights
-from hydroagent_hpc.train.grpo_config import GRPOConfig, check_world_size
+from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError, check_world_size
 from hydroagent_hpc.train.grpo_loss import LogprobModel, grpo_loss
 from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rollout import (
@@ -176,7 +176,6 @@ def load_policy(config: GRPOConfig, device: torch.device) -> tuple[Any, Any]:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
         except (OSError, ValueError) as exc:
-
             raise GRPOConfigError(f"model: {path}: cannot load ({one_line(exc)})",
                                   "point model at a complete save_pretrained folder") from None
     return model.to(device=device, dtype=torch.float32), tokenizer

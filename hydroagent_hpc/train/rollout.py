@@ -45,7 +45,10 @@ from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.episode import run_episode
 from hydroagent_hpc.sim import Simulator
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
+from hydroagent_hpc.sim.errors import SimulationError
 from hydroagent_hpc.sim.kernels import thread_cap
+from hydroagent_hpc.sim.task import simulate_task
 from hydroagent_hpc.train.coalesce import Params, RunCoalescer
 from hydroagent_hpc.train.sampler import GenerationServer, Sampling
 from hydroagent_hpc.types import Episode, SimulationResult
@@ -200,9 +203,6 @@ class RemoteRunner:
         return list(values)
 
     def _submit(self, basin_dir: str, params: Any) -> Any:
-        from hydroagent_hpc.sim.errors import SimulationError
-        from hydroagent_hpc.sim.task import simulate_task
-
         result = self.pool.submit(simulate_task, (basin_dir, self.backend, params)).result()
         if not result.ok:  # the worker's reason: its last line that is not the error's "fix:" line
             lines = [ln for ln in (result.error or "").strip().splitlines() if not ln.strip().startswith("fix:")]
@@ -244,7 +244,6 @@ class RolloutSimulator:
         """Whether a batch of this basin's runs is one call on one thread (so it may hold one slot)."""
         if self.runner is not None:
             return isinstance(self.runner, RemoteRunner) and self.runner.backend == "embedded"
-        from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 
         return isinstance(self.inner, EmbeddedSimulator)
 

@@ -70,7 +70,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Sampling", "Sample", "RolloutSampler", "BatchedSampler", "GenerationServer"]
+__all__ = ["Sampling", "Sample", "RolloutSampler", "BatchedSampler", "GenerationServer", "sampling_probs",
+           "draw_tokens", "draw_tokens_sorted"]
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class RolloutSampler(Protocol):
 TOP_P_CANDIDATES = 512
 
 
-def _probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     """Per-row ``softmax(logits / T)`` after top-k (ids below the k-th largest logit get 0; ties kept)."""
     scaled = logits / s.temperature
     if s.top_k and s.top_k < scaled.shape[-1]:
@@ -177,7 +178,7 @@ def _nucleus_sorted(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, to
 def _filter(logits: torch.Tensor, s: Sampling, width: int = TOP_P_CANDIDATES) -> torch.Tensor:
     """Per-row next-token probabilities after temperature, top-k and top-p, renormalised (a dense
     ``(rows, vocab)`` tensor; the decode loop itself samples from :func:`_nucleus`'s candidates)."""
-    probs = _probs(logits, s)
+    probs = sampling_probs(logits, s)
     if s.top_p < 1.0:
         ids, kept, covered = _nucleus(probs, s.top_p, width)
         dense = torch.zeros_like(probs).scatter(-1, ids, kept)
@@ -202,9 +203,9 @@ def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(idx, last)[:, 0]
 
 
-def _draw(probs: torch.Tensor, u: torch.Tensor, top_p: float, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def draw_tokens(probs: torch.Tensor, u: torch.Tensor, top_p: float, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's token from its probabilities (after temperature and top-k) and its uniform ``u``:
-    ``(tokens, covered)``; rows not ``covered`` must be redrawn with :func:`_draw_sorted` (see
+    ``(tokens, covered)``; rows not ``covered`` must be redrawn with :func:`draw_tokens_sorted` (see
     :func:`_nucleus`). Everything stays on the device: no host sync."""
     if top_p >= 1.0:
         return _inverse_cdf(probs, u), torch.ones_like(u, dtype=torch.bool)
@@ -212,8 +213,8 @@ def _draw(probs: torch.Tensor, u: torch.Tensor, top_p: float, width: int) -> tup
     return ids.gather(-1, _inverse_cdf(kept, u)[:, None])[:, 0], covered
 
 
-def _draw_sorted(probs: torch.Tensor, u: torch.Tensor, top_p: float) -> torch.Tensor:
-    """:func:`_draw` from a full sort (the rows whose nucleus is wider than the candidates)."""
+def draw_tokens_sorted(probs: torch.Tensor, u: torch.Tensor, top_p: float) -> torch.Tensor:
+    """:func:`draw_tokens` from a full sort (the rows whose nucleus is wider than the candidates)."""
     ids, kept = _nucleus_sorted(probs, top_p)
     return ids.gather(-1, _inverse_cdf(kept, u)[:, None])[:, 0]
 
@@ -355,8 +356,8 @@ class BatchedSampler:
             if uniforms is None:
                 tok, covered = logits.argmax(dim=-1), None
             else:
-                probs = _probs(logits, self.sampling)
-                tok, covered = _draw(probs, uniforms[:, step], self.sampling.top_p, self.top_p_candidates)
+                probs = sampling_probs(logits, self.sampling)
+                tok, covered = draw_tokens(probs, uniforms[:, step], self.sampling.top_p, self.top_p_candidates)
             if forced_t is not None:
                 tok = torch.where(forced_t[0], forced_t[1][:, step], tok)
             lp_t = model_logp.gather(-1, tok[:, None])[:, 0]
@@ -418,7 +419,7 @@ class BatchedSampler:
         the same uniforms, so their token is the one a full-sort sampler draws; one more transfer."""
         self.stats["top_p_wide_rows"] += len(wide)
         rows = torch.tensor(wide, dtype=torch.long, device=tok.device)
-        new = _draw_sorted(probs[rows], u[rows], self.sampling.top_p)
+        new = draw_tokens_sorted(probs[rows], u[rows], self.sampling.top_p)
         lp = model_logp[rows].gather(-1, new[:, None])[:, 0]
         host = torch.stack([new.double(), lp.double()]).tolist()
         toks, lps = list(toks), list(lps)

@@ -2,7 +2,7 @@
 
 Baseline, measured in the same run: the sampler's step before F13 was fixed (top-p by sorting the whole
 vocabulary; then, per row, ``torch.multinomial(...).item()`` and ``float(model_logp[row, token])``: two
-host reads per row). Now: :func:`hydroagent_hpc.train.sampler._draw` (top-p from ``torch.topk``
+host reads per row). Now: :func:`hydroagent_hpc.train.sampler.draw_tokens` (top-p from ``torch.topk``
 candidates, every row drawn on the device by inverse CDF) and one transfer of all tokens and log-probs.
 The logits are random with a scale that gives nuclei of a few to some hundred ids at top-p 0.95, as an
 instruct model's are. Prints a Markdown table; the speed is a ratio against the baseline.
@@ -18,13 +18,13 @@ from collections.abc import Callable
 
 import torch
 
-from hydroagent_hpc.train.sampler import TOP_P_CANDIDATES, Sampling, _draw, _draw_sorted, _probs
+from hydroagent_hpc.train.sampler import TOP_P_CANDIDATES, Sampling, draw_tokens, draw_tokens_sorted, sampling_probs
 
 
 def step_full_sort(logits: torch.Tensor, s: Sampling, gens: list[torch.Generator]) -> tuple[list[int], list[float]]:
     """The step before F13: full-vocabulary sort for top-p, then 2 host reads per row."""
     model_logp = torch.log_softmax(logits, dim=-1)
-    probs = _probs(logits, s)
+    probs = sampling_probs(logits, s)
     sorted_p, order = torch.sort(probs, dim=-1, descending=True)
     before = torch.cumsum(sorted_p, dim=-1) - sorted_p
     keep = torch.zeros_like(before < s.top_p).scatter(-1, order, before < s.top_p)
@@ -38,14 +38,14 @@ def step_candidates(logits: torch.Tensor, s: Sampling, u: torch.Tensor, width: i
                     ) -> tuple[list[int], list[float]]:
     """The step now: top-p from candidates, all rows on the device, one transfer (a second for wide rows)."""
     model_logp = torch.log_softmax(logits, dim=-1)
-    probs = _probs(logits, s)
-    tok, covered = _draw(probs, u, s.top_p, width)
+    probs = sampling_probs(logits, s)
+    tok, covered = draw_tokens(probs, u, s.top_p, width)
     lp = model_logp.gather(-1, tok[:, None])[:, 0]
     host = torch.stack([tok.double(), lp.double(), covered.double()]).tolist()
     wide = [r for r, c in enumerate(host[2]) if not c]
     if wide:
         rows = torch.tensor(wide, device=logits.device)
-        new = _draw_sorted(probs[rows], u[rows], s.top_p)
+        new = draw_tokens_sorted(probs[rows], u[rows], s.top_p)
         tok = tok.index_copy(0, rows, new)
         lp = model_logp.gather(-1, tok[:, None])[:, 0]
         host = torch.stack([tok.double(), lp.double()]).tolist()

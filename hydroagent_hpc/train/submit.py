@@ -71,6 +71,8 @@ from typing import Any
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.hpc.jobs import CheckpointedCommand
 from hydroagent_hpc.hpc.slurm import SiteSettings, make_executor
+from hydroagent_hpc.train.config import load_sft_config
+from hydroagent_hpc.train.grpo_config import load_grpo_config
 
 log = logging.getLogger(__name__)
 
@@ -307,11 +309,9 @@ def _validate(config: Path, module: str, trainer: str, world_size: int = 1) -> N
         raise SubmitError(f"{config}: this installation has no {module} (the {trainer} trainer)",
                           "install the checkout that has it ('make venv'), or run from it")
     if module == TRAINER_MODULE:
-        from hydroagent_hpc.train.config import load_sft_config
 
         load_sft_config(config)
     elif module == GRPO_MODULE:
-        from hydroagent_hpc.train.grpo_config import load_grpo_config
 
         load_grpo_config(config, world_size=world_size)
 

@@ -349,7 +349,8 @@ class OpenAIAgent:
             self._history.extend({"role": "tool", "content": o} for o in extra)
 
 
-_AGENT_OPTIONS = ("models_file", "max_cost_usd", "clip_out_of_bounds")
+#: The options of a campaign's openai agent that are the agent's own (the rest are model settings).
+AGENT_OPTIONS = ("models_file", "max_cost_usd", "clip_out_of_bounds")
 
 
 def make_openai_agent(*, model: str, seed: int | None = None, name: str | None = None,
@@ -362,5 +363,5 @@ def make_openai_agent(*, model: str, seed: int | None = None, name: str | None =
     ``backend`` (the simulator's option, shared by all agent kinds) is ignored.
     """
     options.pop("backend", None)
-    agent_opts = {k: options.pop(k) for k in _AGENT_OPTIONS if k in options}
+    agent_opts = {k: options.pop(k) for k in AGENT_OPTIONS if k in options}
     return OpenAIAgent(model, seed=seed, name=name, **agent_opts, **options)
