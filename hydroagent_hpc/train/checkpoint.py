@@ -39,6 +39,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from hydroagent_hpc.train.config import SFTConfigError
+
 log = logging.getLogger(__name__)
 
 __all__ = ["TrainerState", "rng_state", "set_rng_state", "cuda_state_for", "rank_rng_state", "latest_checkpoint",
@@ -156,8 +158,6 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     name = pointer.read_text().strip()
     path = ckpts / name
     if not _STEP.match(name) or not (path / "trainer.pt").is_file():
-        from hydroagent_hpc.train.config import SFTConfigError
-
         raise SFTConfigError(f"{pointer}: names {name!r}, which is not a complete checkpoint",
                              "remove the pointer to start over, or point it at an existing step-N folder")
     return path
