@@ -25,7 +25,9 @@ class Simulator(Protocol):
     ``params`` are multiplier overrides by name (:data:`hydroagent_hpc.params.PARAM_NAMES`);
     names left out keep the control file's values, which ``base_params`` returns. A run that
     cannot produce valid output raises :class:`~hydroagent_hpc.sim.errors.SimulationError` (a
-    :class:`~hydroagent_hpc.errors.HydroAgentError`); bad values raise an ``InputError``.
+    :class:`~hydroagent_hpc.errors.HydroAgentError`); bad values raise an ``InputError``. A run validates
+    ``params`` once, where they enter; a :class:`~hydroagent_hpc.params.ParamValues` (validated already,
+    e.g. by the environment's tool call) is taken as it is.
     """
 
     @property
