@@ -76,6 +76,7 @@ class Setting:
     keep: tuple[str, ...] = ()
     presets: Mapping[str, Any] = field(default_factory=dict)
     fix: str = ""
+    convert: Callable[[Any], Any] | None = None
 
     def limits(self) -> str:
         """The limits in words (``"> 0"``, ``"0 to 1"``, ``"one of a, b"``), "" when there are none."""
@@ -95,12 +96,19 @@ class Setting:
 def setting(default: Any = MISSING, *, help: str, factory: Callable[[], Any] | None = None, source: str = "ours",
             ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
             choices: Sequence[Any] = (), nonempty: bool = False, unique: bool = False, path: bool = False,
-            keep: Sequence[str] = (), presets: Mapping[str, Any] | None = None, fix: str = "") -> Any:
-    """A dataclass field with its limits, help text and source (no ``default``: the key is required)."""
+            keep: Sequence[str] = (), presets: Mapping[str, Any] | None = None, fix: str = "",
+            convert: Callable[[Any], Any] | None = None) -> Any:
+    """A dataclass field with its limits, help text and source (no ``default``: the key is required).
+
+    ``convert`` (optional) turns what a file may hold into the field's type (``"2,3"`` -> ``("2", "3")``)
+    before the type and limits are checked; it raises :func:`invalid` with an empty path for a value
+    it refuses.
+    """
     if source not in SOURCES:
         raise ValueError(f"source={source!r}: use one of {SOURCES}")
     spec = Setting(help=help, source=source, ge=ge, gt=gt, le=le, lt=lt, choices=tuple(choices), nonempty=nonempty,
-                   unique=unique, path=path, keep=tuple(keep), presets=dict(presets or {}), fix=fix)
+                   unique=unique, path=path, keep=tuple(keep), presets=dict(presets or {}), fix=fix,
+                   convert=convert)
     if factory is not None:
         return field(default_factory=factory, metadata={"setting": spec})
     return field(default=default, metadata={"setting": spec})
@@ -141,8 +149,14 @@ class Settings:
                 continue
             value = getattr(self, f.name)
             try:
-                checked = _coerce(value, hints[f.name], (f.name,))
                 spec = f.metadata.get("setting")
+                checked = value
+                if spec is not None and spec.convert is not None and value is not None:
+                    try:
+                        checked = spec.convert(value)
+                    except ConfigError as exc:
+                        raise invalid((f.name, *exc.at), exc.problem or exc.message, exc.fix) from None
+                checked = _coerce(checked, hints[f.name], (f.name,))
                 if spec is not None:
                     _check_limits(checked, spec, (f.name,))
             except ConfigError as exc:

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
+from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.train.engine import EngineError, EngineSampler, EngineSettings, make_api, parse_gpus
 from hydroagent_hpc.train.engine_process import (
     EngineProcess,
@@ -151,10 +152,10 @@ def test_the_engines_gpus_are_the_visible_ones_no_trainer_uses():
                                           r"run 3 trainer\(s\).*engine\.gpus"):
         engine_devices(None, 4, ["0", "1", "2", "3"])
     assert parse_gpus([3]) == ("3",) and parse_gpus("2, 3") == ("2", "3") and parse_gpus(1) == ("1",)
-    assert EngineSettings.from_mapping({"api": "sglang", "url": "http://h:1", "gpus": [2, 3]}).gpus == ("2", "3")
+    assert EngineSettings(api="sglang", url="http://h:1", gpus=[2, 3]).gpus == ("2", "3")
     for bad in ("x", [1, 1], [], [True], "1;2"):
-        with pytest.raises(EngineError, match=r"engine\.gpus"):
-            parse_gpus(bad)
+        with pytest.raises(ConfigError, match=r"^engine\.gpus: .*(is not a list of GPU ids|names no GPU or one GPU twice)"):
+            EngineSettings(api="sglang", url="http://h:1", gpus=bad)
 
 
 def test_a_launched_sglang_gets_its_own_gpu_the_runs_context_and_no_rendezvous(probe, trainer_env, tmp_path):

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hydroagent_hpc.train.grpo_config import PRESET_DEFAULTS, GRPOConfigError, load_grpo_config
+from hydroagent_hpc.errors import ConfigError
+from hydroagent_hpc.train.grpo_config import PRESET_DEFAULTS, load_grpo_config
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -39,7 +40,7 @@ def test_preset_defaults_fill_only_the_keys_not_given(tmp_path):
 ])
 def test_bad_configs_name_the_file_line_and_key(tmp_path, text, line, words):
     path = _write(tmp_path, text)
-    with pytest.raises(GRPOConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         load_grpo_config(path)
     message = str(err.value)
     assert words in message
@@ -81,17 +82,17 @@ def test_a_run_started_before_a_key_existed_resumes_while_the_key_holds_its_defa
     (run / "checkpoints" / "step-3" / "trainer.pt").write_bytes(b"")
     (run / "checkpoints" / "latest").write_text("step-3\n")
     defaults = field_defaults(GRPOConfig)
-    assert prepare_run_dir(run, config, True, GRPOConfigError, defaults) == run / "checkpoints" / "step-3"
-    with pytest.raises(GRPOConfigError, match="differs in fsdp"):
-        prepare_run_dir(run, {**config, "fsdp": True}, True, GRPOConfigError, defaults)
-    with pytest.raises(GRPOConfigError, match="differs in activation_checkpointing, fsdp, generator"):
-        prepare_run_dir(run, config, True, GRPOConfigError)  # without the defaults: every new key differs
+    assert prepare_run_dir(run, config, True, ConfigError, defaults) == run / "checkpoints" / "step-3"
+    with pytest.raises(ConfigError, match="differs in fsdp"):
+        prepare_run_dir(run, {**config, "fsdp": True}, True, ConfigError, defaults)
+    with pytest.raises(ConfigError, match="differs in activation_checkpointing, fsdp, generator"):
+        prepare_run_dir(run, config, True, ConfigError)  # without the defaults: every new key differs
 
 
 def test_engine_gpus_are_checked_with_the_config_naming_file_and_line(tmp_path):
     path = tmp_path / "grpo.yaml"
     path.write_text("basins: [a]\ngenerator: engine\nengine: {api: sglang, url: 'http://127.0.0.1:1', gpus: 'x y'}\n")
-    with pytest.raises(GRPOConfigError, match=r"grpo.yaml:3: engine.gpus: 'x y' is not a list of GPU ids"):
+    with pytest.raises(ConfigError, match=r"grpo.yaml:3: engine.gpus: 'x y' is not a list of GPU ids"):
         load_grpo_config(path)
     path.write_text("basins: [a]\ngenerator: engine\nengine: {api: sglang, url: 'http://127.0.0.1:1', gpus: [3]}\n")
-    assert load_grpo_config(path).engine["gpus"] == [3]
+    assert load_grpo_config(path).engine.gpus == ("3",)

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.train.engine import EngineError, EngineSampler, EngineSettings, make_api
 from hydroagent_hpc.train.engine_process import EngineWeights
 from hydroagent_hpc.train.engine_server import EngineServer, weights_digest
 from hydroagent_hpc.train.grpo import train_grpo
-from hydroagent_hpc.train.grpo_config import GRPOConfigError, load_grpo_config
+from hydroagent_hpc.train.grpo_config import load_grpo_config
 from hydroagent_hpc.train.sampler import BatchedSampler, Sampling
 from hydroagent_hpc.train.tiny import build_tiny
 
@@ -154,17 +155,17 @@ def _config(basins: Path, tmp_path: Path, engine: str, **extra: object) -> Path:
 
 def test_engine_settings_are_checked_strictly(tmp_path):
     basins = tmp_path
-    with pytest.raises(GRPOConfigError, match=r"grpo\.yaml:\d+.*vllm cannot reload.*\n  fix: give engine.launch"):
+    with pytest.raises(ConfigError, match=r"grpo\.yaml:\d+.*vllm cannot reload.*\n  fix: give engine.launch"):
         load_grpo_config(_config(basins, tmp_path, "{api: vllm, url: 'http://127.0.0.1:8000'}"))
-    with pytest.raises(GRPOConfigError, match=r"no \{model\} argument"):
+    with pytest.raises(ConfigError, match=r"no \{model\} argument"):
         load_grpo_config(_config(basins, tmp_path, "{api: vllm, url: 'http://h:1', launch: [vllm, serve, x]}"))
-    with pytest.raises(GRPOConfigError, match=r"engine\.api: 'tgi' is not one of sglang, vllm"):
+    with pytest.raises(ConfigError, match=r"engine\.api: 'tgi' is not one of sglang, vllm"):
         load_grpo_config(_config(basins, tmp_path, "{api: tgi, url: 'http://h:1'}"))
-    with pytest.raises(GRPOConfigError, match=r"engine\.api_key_env: .* is not a variable name"):
+    with pytest.raises(ConfigError, match=r"engine\.api_key_env: .* is not a variable name"):
         load_grpo_config(_config(basins, tmp_path, "{api: sglang, url: 'http://h:1', api_key_env: 'sk-abc def'}"))
-    with pytest.raises(GRPOConfigError, match=r"engine\.port: unknown key"):
+    with pytest.raises(ConfigError, match=r"engine\.port: unknown key"):
         load_grpo_config(_config(basins, tmp_path, "{api: sglang, url: 'http://h:1', port: 3}"))
-    with pytest.raises(GRPOConfigError, match="generator: engine needs an engine mapping"):
+    with pytest.raises(ConfigError, match="generator: engine needs an engine mapping"):
         load_grpo_config(_config(basins, tmp_path, "null"))
 
 

@@ -273,7 +273,7 @@ def test_the_plan_bounds_a_real_sft_and_grpo_step(ac):
     grpo_step()
     measured = _peak_bytes(grpo_step)
     cfg_g = GRPOConfig(basins=("b",), max_context_tokens=s, logprob_chunk=chunk, activation_checkpointing=ac,
-                       generator="engine", dtype="bf16")
+                       dtype="bf16", generator="engine", engine=ENGINE["engine"])
     plan = plan_grpo(cfg_g, world=1, free_bytes=GiB, shape=shape)
     planned = plan.training.tensors - 14 * shape.params
     assert 0.8 * (planned - grads) <= measured <= planned, ("grpo", ac, measured, planned)
@@ -428,7 +428,7 @@ def test_every_suggestion_is_checked_by_planning_again():
             change["max_context_tokens"] = int(m.group(1))
         world = int(m.group(1)) if (m := re.search(r"more GPUs: (\d+)", s)) else 1
         if "generator: engine" in s:
-            change["generator"] = "engine"
+            change.update(generator="engine", engine=ENGINE["engine"])
         assert plan_grpo(dataclasses.replace(cfg, **change), world=world, gpu="H200", shape=Q).fits, s
 
 

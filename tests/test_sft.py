@@ -25,11 +25,11 @@ pytest.importorskip("accelerate")
 from safetensors.torch import load_file  # noqa: E402
 
 from helpers.sft import short_trajectories, write_sft_data  # noqa: E402
+from hydroagent_hpc.errors import ConfigError  # noqa: E402
 from hydroagent_hpc.train import tiny  # noqa: E402
 from hydroagent_hpc.train.checkpoint import FAULT_ENV  # noqa: E402
 from hydroagent_hpc.train.sft import (  # noqa: E402
     METRICS_COLUMNS,
-    SFTConfigError,
     collate,
     load_sft_config,
     loss_denominator,
@@ -360,16 +360,16 @@ def test_loss_falls_on_a_small_teacher_set(tmp_path, small_basin_dir):
 def test_bad_config_names_file_and_line(tmp_path, reference):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(f"data: {reference['data']}\nmodel: tiny\nlr: fast\nmax_steps: 2\n")
-    with pytest.raises(SFTConfigError, match=r"bad\.yaml:3: lr: expected a number"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml:3: lr: expected a number"):
         load_sft_config(cfg)
     cfg.write_text(f"data: {reference['data']}\nmax_steps: 2\nlearning_rate: 0.1\n")
-    with pytest.raises(SFTConfigError, match=r"bad\.yaml:3: learning_rate: unknown key"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml:3: learning_rate: unknown key"):
         load_sft_config(cfg)
     cfg.write_text(f"data: {reference['data']}\nmax_steps: 2\nepochs: 1\n")
-    with pytest.raises(SFTConfigError, match="exactly one of max_steps and epochs"):
+    with pytest.raises(ConfigError, match="exactly one of max_steps and epochs"):
         load_sft_config(cfg)
     cfg.write_text(f"data: {reference['data']}\nmax_steps: 2\nmax_steps: 3\n")
-    with pytest.raises(SFTConfigError, match=r"bad\.yaml:3: max_steps: duplicate key"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml:3: max_steps: duplicate key"):
         load_sft_config(cfg)
 
 
@@ -384,6 +384,6 @@ def test_missing_data_and_overlong_sequences_are_refused_before_writing(tmp_path
 
     lengths = np.diff(SFTDataset(reference["data"]).offsets)
     short = _cfg(tmp_path / "short.yaml", reference["data"], max_steps=2, max_seq_len=int(lengths.min()))
-    with pytest.raises(SFTConfigError, match=r"sequences are longer than max_seq_len .*episode_id-\d+ \(\d+ tokens\)"):
+    with pytest.raises(ConfigError, match=r"sequences are longer than max_seq_len .*episode_id-\d+ \(\d+ tokens\)"):
         train_sft(load_sft_config(short), tmp_path / "r2")
     assert not (tmp_path / "r2").exists()

@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.hpc.pool import TaskResult
 from hydroagent_hpc.sim import kernels, open_simulator
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import SimulationError
 from hydroagent_hpc.sim.task import simulate_task
 from hydroagent_hpc.train.coalesce import RunCoalescer
-from hydroagent_hpc.train.grpo_config import GRPOConfigError, load_grpo_config
+from hydroagent_hpc.train.grpo_config import load_grpo_config
 from hydroagent_hpc.train.rollout import RemoteRunner, RolloutSimulator, SharedRuns, SimulationSlots, run_rollouts
 from hydroagent_hpc.types import SimulationResult
 
@@ -381,7 +382,7 @@ def test_sim_batch_config_defaults_to_a_group_and_refuses_less_than_one(tmp_path
     assert load_grpo_config(cfg).sim_batch == 1
     for bad in ("0", "-2", "true", "2.5", "'4'"):
         cfg.write_text(f"basins: [b]\nsim_batch: {bad}\n")
-        with pytest.raises(GRPOConfigError) as err:
+        with pytest.raises(ConfigError) as err:
             load_grpo_config(cfg)
         message = str(err.value)
         assert f"{cfg}:2" in message and "sim_batch" in message and "1 runs every simulation alone" in message

@@ -99,15 +99,16 @@ def _load_run_config(path: str, gpus: int) -> tuple[str, object]:
     (``data``: SFT, ``basins``: GRPO)."""
     import yaml
 
-    from hydroagent_hpc.train.config import SFTConfigError, load_sft_config
-    from hydroagent_hpc.train.grpo_config import GRPOConfigError, load_grpo_config
+    from hydroagent_hpc.errors import ConfigError
+    from hydroagent_hpc.train.config import load_sft_config
+    from hydroagent_hpc.train.grpo_config import load_grpo_config
 
     try:
         return "sft", load_sft_config(path)
-    except SFTConfigError as sft_error:
+    except ConfigError as sft_error:
         try:
             return "grpo", load_grpo_config(path, world_size=gpus)
-        except GRPOConfigError as grpo_error:
+        except ConfigError as grpo_error:
             try:
                 keys = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
             except (OSError, yaml.YAMLError):

@@ -240,9 +240,8 @@ def _campaign(where: Where, data: Any, key: str, agents_key: str,
 def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline>",
                           where: Where | None = None) -> PipelineSpec:
     """A :class:`PipelineSpec` from a parsed mapping; ``where(path)`` -> ``"file:line"``."""
-    from hydroagent_hpc.train.config import SFTConfigError
     from hydroagent_hpc.train.config import config_from_mapping as sft_from_mapping
-    from hydroagent_hpc.train.grpo_config import GRPOConfigError, grpo_config_from_mapping
+    from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
 
     w: Where = where or (lambda path: source)
     top = _mapping(w, data, (), _TOP, ("name", "basins", "teacher", "sft", "grpo", "evaluation"))
@@ -286,10 +285,9 @@ def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline
             raise _fail(w, ("sft", key), "is set by the pipeline (the sft-data output and the base model)",
                         "remove it; choose the base model with the top-level 'model:'")
     try:
-        sft_from_mapping({**sft, "data": _PLACEHOLDER}, source=source,
-                         where=lambda k: w(("sft", k) if k else ("sft",)))
-    except SFTConfigError as exc:
-        raise PipelineError(exc.message.replace(": ", ": sft.", 1), exc.fix) from None
+        sft_from_mapping({**sft, "data": _PLACEHOLDER}, at=("sft",), where=w)
+    except ConfigError as exc:
+        raise PipelineError(exc.message, exc.fix) from None
 
     grpo = _mapping(w, top["grpo"], ("grpo",), None)
     init = grpo.pop("init", "sft")
@@ -301,10 +299,9 @@ def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline
             raise _fail(w, ("grpo", key), "is set by the pipeline (the training basins, the held-out basins when "
                                           "validate_every > 0, and the init policy)", "remove it")
     try:
-        grpo_config_from_mapping({**grpo, "basins": [_PLACEHOLDER]}, source=source,
-                                 where=lambda k: w(("grpo", k) if k else ("grpo",)))
-    except GRPOConfigError as exc:
-        raise PipelineError(exc.message.replace(": ", ": grpo.", 1), exc.fix) from None
+        grpo_config_from_mapping({**grpo, "basins": [_PLACEHOLDER]}, at=("grpo",), where=w)
+    except ConfigError as exc:
+        raise PipelineError(exc.message, exc.fix) from None
     grpo = {"init": init, **grpo}
 
     evaluation, raw_eval = _campaign(w, top["evaluation"], "evaluation", "references", ("policies", "policy"))

@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from hydroagent_hpc.train.config import SFTConfigError
+from hydroagent_hpc.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +158,8 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path | None:
     name = pointer.read_text().strip()
     path = ckpts / name
     if not _STEP.match(name) or not (path / "trainer.pt").is_file():
-        raise SFTConfigError(f"{pointer}: names {name!r}, which is not a complete checkpoint",
-                             "remove the pointer to start over, or point it at an existing step-N folder")
+        raise ConfigError(f"{pointer}: names {name!r}, which is not a complete checkpoint",
+                          "remove the pointer to start over, or point it at an existing step-N folder")
     return path
 
 

@@ -27,131 +27,68 @@ Relative paths are resolved against the config file's folder, as campaign files 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydroagent_hpc.errors import ConfigError
-from hydroagent_hpc.yamlio import brief, load_strict
+from hydroagent_hpc.settings import KeyPath, Settings, Where, dump, from_mapping, invalid, load_file, setting
 
-__all__ = ["SFTConfig", "SFTConfigError", "load_sft_config", "config_from_mapping", "DTYPES"]
+__all__ = ["SFTConfig", "load_sft_config", "config_from_mapping", "DTYPES"]
 
 DTYPES = ("auto", "bf16", "fp32")
 
 
-class SFTConfigError(ConfigError):
-    """An SFT config, data file or model that cannot be used (names the file:line or path and the fix)."""
-
-
 @dataclass(frozen=True)
-class SFTConfig:
+class SFTConfig(Settings):
     """Everything that decides an SFT run (written, resolved, into ``RUN_DIR/config.yaml``)."""
 
-    data: str
-    model: str = "tiny"
-    lr: float = 1e-5
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    max_steps: int | None = None
-    epochs: int | None = None
-    micro_batch_size: int = 1
-    grad_accum: int = 1
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    dtype: str = "auto"
-    fsdp: bool | str = "auto"
-    activation_checkpointing: bool = False
-    save_every: int = 0
-    keep_checkpoints: int = 2
-    log_every: int = 1
-    bucket_by_length: bool = True
-    max_seq_len: int | None = None
-    collective_timeout_s: float = 10800.0
+    data: str = setting(path=True, nonempty=True, help="the SFT data file (`hydroagent train sft-data` output)",
+                        fix="name the file `hydroagent train sft-data` wrote")
+    model: str = setting("tiny", path=True, keep=("tiny",), nonempty=True,
+                         help="the model to train: tiny (built here) or a save_pretrained folder")
+    lr: float = setting(1e-5, gt=0, help="peak learning rate (AdamW)")
+    min_lr_ratio: float = setting(0.0, ge=0, le=1, help="the cosine schedule's floor as a share of lr")
+    weight_decay: float = setting(0.0, ge=0, help="AdamW weight decay")
+    warmup_steps: int = setting(0, ge=0, help="optimizer steps of linear warm-up")
+    max_steps: int | None = setting(None, ge=1, help="optimizer steps (or epochs; exactly one of the two)")
+    epochs: int | None = setting(None, ge=1, help="passes over the data (or max_steps; exactly one of the two)")
+    micro_batch_size: int = setting(1, ge=1, help="sequences per forward pass")
+    grad_accum: int = setting(1, ge=1, help="micro-batches per optimizer step (per process)")
+    max_grad_norm: float = setting(1.0, gt=0, help="gradient clip (global L2 norm)")
+    seed: int = setting(0, ge=0, help="seed of the data order and the tiny model")
+    dtype: str = setting("auto", choices=DTYPES, help="auto: bf16 compute on CUDA, fp32 on CPU; or bf16 / fp32",
+                         source="paper")
+    fsdp: bool | str = setting("auto", choices=(True, False, "auto"),
+                               help="FSDP2 sharding: auto (with more than one process), true or false (DDP)",
+                               source="paper")
+    activation_checkpointing: bool = setting(False, help="recompute each decoder layer's activations in the backward "
+                                                         "pass")
+    save_every: int = setting(0, ge=0, help="checkpoint every N steps (0: only on SIGUSR1/SIGTERM and at the end)")
+    keep_checkpoints: int = setting(2, ge=0, help="checkpoints kept (older ones are deleted)")
+    log_every: int = setting(1, ge=1, help="steps between metric rows")
+    bucket_by_length: bool = setting(True, help="batch sequences of similar length together (less padding)")
+    max_seq_len: int | None = setting(None, ge=1, help="refuse data with longer sequences (null: no limit)")
+    collective_timeout_s: float = setting(10800.0, gt=0, help="how long a rank waits in a collective (NCCL's own "
+                                                              "default of 10 min is too short; gpu-audit F4)")
+
+    def check(self) -> None:
+        if (self.max_steps is None) == (self.epochs is None):
+            raise invalid("max_steps" if self.max_steps is not None else "epochs",
+                          "give exactly one of max_steps and epochs", "set max_steps: N (optimizer steps) or epochs: N")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out: dict[str, Any] = dump(self)
+        return out
 
 
-_INT = ("warmup_steps", "max_steps", "epochs", "micro_batch_size", "grad_accum", "seed", "save_every",
-        "keep_checkpoints", "log_every", "max_seq_len")
-_FLOAT = ("lr", "min_lr_ratio", "weight_decay", "max_grad_norm", "collective_timeout_s")
-_BOOL = ("activation_checkpointing", "bucket_by_length")
-_POSITIVE = ("micro_batch_size", "grad_accum", "log_every", "max_steps", "epochs", "max_seq_len")
-_NON_NEGATIVE = ("warmup_steps", "save_every", "keep_checkpoints", "weight_decay", "min_lr_ratio")
-
-
-def _check(data: dict[str, Any], where: Any) -> dict[str, Any]:
-    """Type- and range-check ``data`` (``where(key)`` -> "file:line"); returns the typed values."""
-    fields = {f.name for f in dataclasses.fields(SFTConfig)}
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        at = where(key)
-        if key not in fields:
-            raise SFTConfigError(f"{at}: {key}: unknown key", f"use one of {', '.join(sorted(fields))}")
-        if key in ("data", "model"):
-            if not isinstance(value, str) or not value:
-                raise SFTConfigError(f"{at}: {key}: expected a path, got {brief(value)}")
-        elif key in _INT:
-            if value is None and key in ("max_steps", "epochs", "max_seq_len"):
-                pass
-            elif isinstance(value, bool) or not isinstance(value, int):
-                raise SFTConfigError(f"{at}: {key}: expected a whole number, got {brief(value)}")
-            elif key in _POSITIVE and value < 1:
-                raise SFTConfigError(f"{at}: {key}: must be at least 1, got {value}")
-            elif key in _NON_NEGATIVE and value < 0:
-                raise SFTConfigError(f"{at}: {key}: must not be negative, got {value}")
-        elif key in _FLOAT:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise SFTConfigError(f"{at}: {key}: expected a number, got {brief(value)}",
-                                     "write numbers like 1.0e-5 (PyYAML reads 1e-5 without a dot as text)")
-            value = float(value)
-            if value != value or value in (float("inf"), float("-inf")):
-                raise SFTConfigError(f"{at}: {key}: must be finite, got {value}")
-            if key == "lr" and value <= 0:
-                raise SFTConfigError(f"{at}: lr: must be positive, got {value}")
-            if key in ("max_grad_norm", "collective_timeout_s") and value <= 0:
-                raise SFTConfigError(f"{at}: {key}: must be positive, got {value}")
-            if key in _NON_NEGATIVE and value < 0:
-                raise SFTConfigError(f"{at}: {key}: must not be negative, got {value}")
-        elif key in _BOOL:
-            if not isinstance(value, bool):
-                raise SFTConfigError(f"{at}: {key}: expected true or false, got {brief(value)}")
-        elif key == "dtype":
-            if value not in DTYPES:
-                raise SFTConfigError(f"{at}: dtype: {brief(value)} is not one of {', '.join(DTYPES)}")
-        elif key == "fsdp":
-            if not (isinstance(value, bool) or value == "auto"):
-                raise SFTConfigError(f"{at}: fsdp: expected true, false or auto, got {brief(value)}")
-        out[key] = value
-    if "data" not in out:
-        raise SFTConfigError(f"{where(None)}: data: missing", "name the file `hydroagent train sft-data` wrote")
-    steps, epochs = out.get("max_steps"), out.get("epochs")
-    if (steps is None) == (epochs is None):
-        raise SFTConfigError(f"{where('max_steps' if steps is not None else 'epochs')}: give exactly one of "
-                             f"max_steps and epochs", "set max_steps: N (optimizer steps) or epochs: N")
-    return out
-
-
-def config_from_mapping(data: Any, *, source: str = "<config>", base_dir: Path | None = None,
-                        where: Any = None) -> SFTConfig:
-    """An :class:`SFTConfig` from a parsed mapping; relative ``data``/``model`` paths join ``base_dir``."""
-    if not isinstance(data, dict):
-        raise SFTConfigError(f"{source}: expected a mapping of settings, got {brief(data)}")
-    where = where or (lambda key: source)
-    values = _check(data, where)
-    if base_dir is not None:
-        for key in ("data", "model"):
-            v = values.get(key)
-            if v is not None and not (key == "model" and v == "tiny") and not Path(v).is_absolute():
-                values[key] = str((base_dir / v).resolve())
-    return SFTConfig(**values)
+def config_from_mapping(data: Any, *, at: KeyPath = (), where: Where | None = None, base_dir: Path | None = None,
+                        source: str = "<config>") -> SFTConfig:
+    """An :class:`SFTConfig` from a parsed mapping (``at``: its key path in the document, ``where``: the
+    document's FILE:LINE finder); relative ``data``/``model`` paths join ``base_dir``."""
+    return from_mapping(SFTConfig, data, at=at, where=where, base_dir=base_dir, source=source)
 
 
 def load_sft_config(path: str | Path) -> SFTConfig:
     """Read an SFT config file strictly (unknown keys, bad types and values name the file:line)."""
-    doc = load_strict(path, error=SFTConfigError, what="SFT config")
-    p = Path(path)
-    return config_from_mapping(doc.data, source=doc.source, base_dir=p.resolve().parent,
-                               where=lambda key: doc.where([key]) if key else doc.source)
+    return load_file(SFTConfig, path, what="SFT config")
+

@@ -95,29 +95,23 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.registry import Registry
+from hydroagent_hpc.train.engine_config import ENGINE_API_RELOAD, EngineSettings, parse_gpus
 from hydroagent_hpc.train.sampler import GenerationServer, RolloutSampler, Sample, Sampling
 
 log = logging.getLogger(__name__)
 
 __all__ = ["EngineError", "EngineSettings", "EngineAPI", "SGLangAPI", "VLLMAPI", "ENGINE_APIS", "EngineSampler",
-           "EngineRequests", "serve_rollouts", "make_api", "parse_gpus", "ENGINE_KEYS"]
-
-#: The keys of the GRPO config's ``engine`` mapping (checked in ``grpo_config.py``).
-ENGINE_KEYS = ("api", "url", "launch", "api_key_env", "model_name", "timeout_s", "start_timeout_s", "weights_dir",
-               "gpus")
-
+           "EngineRequests", "serve_rollouts", "make_api", "parse_gpus", "api_key"]
 
 class EngineError(HydroAgentError, RuntimeError):
     """The engine cannot be reached, refused a request or answered something unusable."""
@@ -125,68 +119,15 @@ class EngineError(HydroAgentError, RuntimeError):
     exit_code = 1
 
 
-_GPU_ID = re.compile(r"\d+|(GPU|MIG)-[0-9A-Za-z/-]+")
-
-
-def parse_gpus(value: Any) -> tuple[str, ...]:
-    """``engine.gpus`` as ``CUDA_VISIBLE_DEVICES`` entries: a list of device ids or UUIDs, or one
-    comma-separated string (``[3]``, ``[2, 3]``, ``"2,3"``, ``["GPU-8f1c..."]``)."""
-    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
-    out = []
-    for item in items:
-        text = str(item).strip() if isinstance(item, (int, str)) and not isinstance(item, bool) else None
-        if not text or not _GPU_ID.fullmatch(text):
-            raise EngineError(f"engine.gpus: {value!r} is not a list of GPU ids",
-                              "e.g. gpus: [3] or gpus: '2,3' (CUDA device ids or GPU-... UUIDs for the engine)")
-        out.append(text)
-    if not out or len(set(out)) != len(out):
-        raise EngineError(f"engine.gpus: {value!r} names no GPU or one GPU twice", "list each engine GPU once")
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """The ``engine`` mapping of a GRPO config (see ``docs/grpo.md``, "Generation by an engine").
-
-    ``launch``: the argument list that starts the server (``{model}`` becomes the weights folder,
-    ``{api_key}`` the key); None when the server is started by someone else. ``weights_dir``: where
-    the pushed weights are written (the engine must see it; default ``RUN/engine-weights``).
-    ``gpus``: the ``CUDA_VISIBLE_DEVICES`` entries of a launched engine (None: the visible GPUs no
-    trainer uses; :func:`hydroagent_hpc.train.engine_process.engine_devices`).
-    """
-
-    api: str
-    url: str
-    launch: tuple[str, ...] | None = None
-    api_key_env: str | None = None
-    model_name: str | None = None
-    timeout_s: float = 600.0
-    start_timeout_s: float = 900.0
-    weights_dir: str | None = None
-    gpus: tuple[str, ...] | None = None
-
-    @classmethod
-    def from_mapping(cls, data: dict[str, Any]) -> EngineSettings:
-        values = dict(data)
-        if values.get("launch") is not None:
-            values["launch"] = tuple(str(a) for a in values["launch"])
-        if values.get("gpus") is not None:
-            values["gpus"] = parse_gpus(values["gpus"])
-        return cls(**values)
-
-    @property
-    def base(self) -> str:
-        return self.url.rstrip("/")
-
-    def api_key(self) -> str | None:
-        """The key from the environment (None when no variable is named)."""
-        if not self.api_key_env:
-            return None
-        key = os.environ.get(self.api_key_env)
-        if not key:
-            raise EngineError(f"engine.api_key_env: the environment variable {self.api_key_env} is not set",
-                              f"export {self.api_key_env}=... before the run, or drop engine.api_key_env")
-        return key
+def api_key(settings: EngineSettings) -> str | None:
+    """The engine's API key from the environment variable ``settings.api_key_env`` names (None when none)."""
+    if not settings.api_key_env:
+        return None
+    key = os.environ.get(settings.api_key_env)
+    if not key:
+        raise EngineError(f"engine.api_key_env: the environment variable {settings.api_key_env} is not set",
+                          f"export {settings.api_key_env}=... before the run, or drop engine.api_key_env")
+    return key
 
 
 def _scrub(text: str, secret: str | None) -> str:
@@ -210,7 +151,7 @@ class EngineAPI:
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
-        self._key = settings.api_key()
+        self._key = api_key(settings)
         #: True when the log-probs are the unscaled ones (set by the launcher for ``launch_env``).
         self.unscaled_logprobs = self.raw_logprobs
         self._warned: set[str] = set()
@@ -327,7 +268,7 @@ class SGLangAPI(EngineAPI):
     """SGLang's native ``/generate`` and ``/update_weights_from_disk`` (see the module doc)."""
 
     name = "sglang"
-    live_reload = True
+    live_reload = ENGINE_API_RELOAD["sglang"]
     launch_env: ClassVar[dict[str, str]] = {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}
     context_flag = "--context-length"
     raw_logprobs = False
@@ -383,7 +324,7 @@ class VLLMAPI(EngineAPI):
     """vLLM's OpenAI-compatible ``/v1/completions`` (see the module doc); restarted for new weights."""
 
     name = "vllm"
-    live_reload = False
+    live_reload = ENGINE_API_RELOAD["vllm"]
     context_flag = "--max-model-len"
     raw_logprobs = True
 

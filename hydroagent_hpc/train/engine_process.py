@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from hydroagent_hpc.train.engine import EngineAPI, EngineError, EngineSettings, make_api
+from hydroagent_hpc.train.engine import EngineAPI, EngineError, EngineSettings, api_key, make_api
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ class EngineProcess:
 
     def argv(self, model_dir: str) -> tuple[list[str], list[str]]:
         """The argument list, and the same with the key redacted (for the log)."""
-        key = self.settings.api_key()
+        key = api_key(self.settings)
         argv, shown = [], []
         for arg in self.settings.launch or ():
             if key and key in arg:
@@ -362,7 +362,7 @@ class EngineProcess:
                 log.warning("engine: could not pin to HYDROAGENT_ENGINE_CPUS=%s (%s); it shares the trainer's CPUs",
                             os.environ.get("HYDROAGENT_ENGINE_CPUS"), exc)
         assert self.proc.stdout is not None
-        self._pump = threading.Thread(target=_pump, args=(self.proc.stdout, self.log_path, self.settings.api_key()),
+        self._pump = threading.Thread(target=_pump, args=(self.proc.stdout, self.log_path, api_key(self.settings)),
                                       name="engine-log", daemon=True)
         self._pump.start()
         self.starts += 1

@@ -343,9 +343,9 @@ def check_engine(device: torch.device, workdir: Path) -> dict[str, Any]:
                "--mem-fraction-static", "0.3"] if api == "sglang" else
               [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--port", str(port),
                "--gpu-memory-utilization", "0.3", "--served-model-name", "policy"])
-    settings = EngineSettings.from_mapping({"api": api, "url": f"http://127.0.0.1:{port}", "launch": launch,
-                                            "gpus": [str(torch.cuda.current_device())], "start_timeout_s": 240,
-                                            **({"model_name": "policy"} if api == "vllm" else {})})
+    settings = EngineSettings(api=api, url=f"http://127.0.0.1:{port}", launch=tuple(launch),
+                              gpus=(str(torch.cuda.current_device()),), start_timeout_s=240.0,
+                              model_name="policy" if api == "vllm" else None)
     model, tok = build_tiny(seed=0)
     probe = HFLocalPolicy(model, tok)
     sampling = Sampling(greedy=True, max_new_tokens=16)

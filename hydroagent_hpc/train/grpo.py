@@ -69,7 +69,7 @@ import torch.distributed as dist
 
 from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 from hydroagent_hpc.config import preset
-from hydroagent_hpc.errors import one_line
+from hydroagent_hpc.errors import ConfigError, one_line
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.train.advantages import group_advantages, token_advantages
@@ -90,9 +90,9 @@ from hydroagent_hpc.train.distributed import (
     process_group_timeout,
     shard,
 )
-from hydroagent_hpc.train.engine import EngineSampler, EngineSettings, serve_rollouts
+from hydroagent_hpc.train.engine import EngineSampler, serve_rollouts
 from hydroagent_hpc.train.engine_process import EngineWeights
-from hydroagent_hpc.train.grpo_config import GRPOConfig, GRPOConfigError, check_world_size
+from hydroagent_hpc.train.grpo_config import GRPOConfig, check_world_size
 from hydroagent_hpc.train.grpo_loss import LogprobModel, grpo_loss
 from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rollout import (
@@ -170,13 +170,13 @@ def load_policy(config: GRPOConfig, device: torch.device) -> tuple[Any, Any]:
 
         path = Path(config.model)
         if not (path / "config.json").is_file():
-            raise GRPOConfigError(f"model: {path} is not a save_pretrained folder (no config.json)",
+            raise ConfigError(f"model: {path} is not a save_pretrained folder (no config.json)",
                                   "point model at an SFT run's final/ folder, or use model: tiny")
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
         except (OSError, ValueError) as exc:
-            raise GRPOConfigError(f"model: {path}: cannot load ({one_line(exc)})",
+            raise ConfigError(f"model: {path}: cannot load ({one_line(exc)})",
                                   "point model at a complete save_pretrained folder") from None
     return model.to(device=device, dtype=torch.float32), tokenizer
 
@@ -400,7 +400,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
         world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
         log.info("rank %d of %d: collectives time out after %.0f s", rank, world, process_group_timeout() or 0.0)
         if pool is not None and rank != 0:
-            raise GRPOConfigError(f"a simulation pool given to training rank {rank} of {world}",
+            raise ConfigError(f"a simulation pool given to training rank {rank} of {world}",
                                   "give the pool to rank 0 only: it alone plays the rollouts (grpo_launch's "
                                   "--pool mpi --trainers does)")
     else:
@@ -417,7 +417,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     require_fits(config, "grpo", world, device)  # on a GPU: the memory plan, before any weight is loaded
     torch.manual_seed(config.seed)
     model, tokenizer = load_policy(config, device)
-    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, GRPOConfigError, field_defaults(GRPOConfig))
+    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, ConfigError, field_defaults(GRPOConfig))
     if world > 1:
         dist.barrier()  # every rank has read the run folder before rank 0 writes to it
     reference = None
@@ -472,7 +472,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     try:
         if lead and config.generator == "engine":
             assert config.engine is not None  # checked with the config
-            engine = EngineWeights(EngineSettings.from_mapping(config.engine), run_dir,
+            engine = EngineWeights(config.engine, run_dir,
                                    context_tokens=config.max_context_tokens + config.max_new_tokens)
         return _run(config, run_dir, model, tokenizer, optimizer, scheduler, state, resume_from, metrics,
                     store, sims, basins, runner, pad_id, ranks, engine, started)

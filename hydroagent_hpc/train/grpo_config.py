@@ -77,225 +77,129 @@ with the file and line of the key; relative paths are resolved against the confi
 
 from __future__ import annotations
 
-import dataclasses
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydroagent_hpc.config import EnvConfig, preset
 from hydroagent_hpc.errors import ConfigError
-from hydroagent_hpc.yamlio import brief, load_strict
+from hydroagent_hpc.settings import KeyPath, Settings, Where, dump, from_mapping, invalid, load_file, setting
+from hydroagent_hpc.train.engine_config import ENGINE_API_RELOAD, EngineSettings
+from hydroagent_hpc.yamlio import load_strict
 
-__all__ = ["GRPOConfig", "GRPOConfigError", "load_grpo_config", "grpo_config_from_mapping", "check_world_size",
-           "PRESET_DEFAULTS"]
+__all__ = ["GRPOConfig", "load_grpo_config", "grpo_config_from_mapping", "check_world_size", "PRESET_DEFAULTS",
+           "ADVANTAGES", "AGGREGATIONS"]
 
 ADVANTAGES = ("episode", "turn", "released")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
-#: The recipe keys whose defaults depend on the preset.
+#: The recipe keys whose defaults depend on the preset (docs/reference-implementation.md section 7).
 PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
     "paper": {"group_size": 8, "kl_coef": 0.2, "advantage": "episode"},
     "released": {"group_size": 6, "kl_coef": 0.05, "advantage": "released"},
 }
 
 
-class GRPOConfigError(ConfigError):
-    """A GRPO config that cannot be used (names the file:line and the fix)."""
+def _by_preset(key: str) -> dict[str, Any]:
+    return {name: values[key] for name, values in PRESET_DEFAULTS.items()}
 
 
 @dataclass(frozen=True)
-class GRPOConfig:
+class GRPOConfig(Settings):
     """Everything that decides a GRPO run (written, resolved, into ``RUN_DIR/config.yaml``)."""
 
-    basins: tuple[str, ...]
-    preset: str = "paper"
-    model: str = "tiny"
-    validation_basins: tuple[str, ...] = ()
-    env: dict[str, Any] = field(default_factory=dict)
-    group_size: int = 8
-    prompts_per_step: int = 4
-    max_steps: int = 10
-    advantage: str = "episode"
-    gamma: float = 1.0
-    std_normalise: bool = True
-    lr: float = 1e-6
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    tis_cap: float = 0.0
-    kl_coef: float = 0.2
-    entropy_coef: float = 0.01
-    aggregation: str = "token-mean"
-    norm_length: int | None = None
-    temperature: float = 1.0
-    top_p: float = 0.95
-    top_k: int = 0
-    max_new_tokens: int = 512
-    max_context_tokens: int = 8192
-    max_simulations_in_flight: int = 32
-    sim_batch: int = 8
-    share_runs: bool = True
-    generation_batch: int = 64
-    prefix_cache: bool = True
-    logprob_chunk: int = 1024
-    seed: int = 0
-    dtype: str = "auto"
-    save_every: int = 0
-    keep_checkpoints: int = 2
-    validate_every: int = 0
-    simulator: str = "embedded"
-    generator: str = "local"
-    engine: dict[str, Any] | None = None
-    fsdp: bool | str = "auto"
-    activation_checkpointing: bool = False
-    collective_timeout_s: float = 10800.0
+    basins: tuple[str, ...] = setting(path=True, nonempty=True, unique=True, help="training basin folders (prompts)",
+                                      fix="list the training basin folders (made by `hydroagent basin synth` or "
+                                          "from-camels)")
+    preset: str = setting("paper", choices=tuple(PRESET_DEFAULTS), source="paper, released",
+                          help="the recipe whose defaults fill the keys not given: paper or released")
+    model: str = setting("tiny", path=True, keep=("tiny",), nonempty=True,
+                         help="the initial policy: an SFT checkpoint (paper), the base model (released) or tiny")
+    validation_basins: tuple[str, ...] = setting((), path=True, unique=True,
+                                                 help="held-out basins validated on, never trained on")
+    env: dict[str, Any] = setting(factory=dict, help="environment settings on top of the preset (EnvConfig keys)")
+    group_size: int = setting(8, ge=1, presets=_by_preset("group_size"), source="paper, released",
+                              help="K rollouts per prompt")
+    prompts_per_step: int = setting(4, ge=1, source="paper", help="prompts (basins) per optimizer step")
+    max_steps: int = setting(10, ge=1, help="optimizer steps")
+    advantage: str = setting("episode", choices=ADVANTAGES, presets=_by_preset("advantage"), source="paper, released",
+                             help="credit: episode (group-normalised return), turn (per-turn rewards) or released "
+                                  "(terminal score only)")
+    gamma: float = setting(1.0, ge=0, le=1, help="discount of later rewards in the turn credit")
+    std_normalise: bool = setting(True, source="paper", help="divide advantages by the group's standard deviation")
+    lr: float = setting(1e-6, gt=0, source="paper", help="learning rate (linear warm-up, then constant)")
+    warmup_steps: int = setting(0, ge=0, help="steps of linear warm-up")
+    weight_decay: float = setting(0.0, ge=0, help="AdamW weight decay")
+    max_grad_norm: float = setting(1.0, gt=0, source="paper, released", help="gradient clip (global L2 norm)")
+    clip_low: float = setting(0.2, ge=0, lt=1, source="paper, released", help="PPO ratio clip below 1")
+    clip_high: float = setting(0.2, ge=0, source="paper, released", help="PPO ratio clip above 1")
+    tis_cap: float = setting(0.0, ge=0, help="truncated importance weights min(p_trainer / p_generator, cap) on "
+                                             "each token's advantage (0: off)")
+    kl_coef: float = setting(0.2, ge=0, presets=_by_preset("kl_coef"), source="paper, released",
+                             help="weight of the KL penalty to the reference policy")
+    entropy_coef: float = setting(0.01, ge=0, source="paper", help="weight of the entropy bonus")
+    aggregation: str = setting("token-mean", choices=AGGREGATIONS, source="paper, released",
+                               help="how token losses are averaged")
+    norm_length: int | None = setting(None, ge=1, help="the token budget seq-mean-token-sum-norm divides by")
+    temperature: float = setting(1.0, gt=0, source="paper", help="sampling temperature of the rollouts")
+    top_p: float = setting(0.95, gt=0, le=1, source="paper", help="nucleus sampling of the rollouts")
+    top_k: int = setting(0, ge=0, help="top-k sampling (0: off)")
+    max_new_tokens: int = setting(512, ge=1, help="tokens one model turn may generate")
+    max_context_tokens: int = setting(8192, ge=2, help="tokens an episode may hold (it ends there)")
+    max_simulations_in_flight: int = setting(32, ge=1, source="paper", help="simulations running at once")
+    sim_batch: int = setting(8, ge=1, help="queued runs of one basin gathered into one batched call (1: each alone)",
+                             fix="give the most queued runs of one basin to gather into one batched call (8, a GRPO "
+                                 "group; 1 runs every simulation alone)")
+    share_runs: bool = setting(True, help="members of a group that set the same parameters share one simulation")
+    generation_batch: int = setting(64, ge=1, help="sequences decoded together (local generator)")
+    prefix_cache: bool = setting(True, help="reuse the key/value cache of an episode's earlier turns")
+    logprob_chunk: int = setting(1024, ge=1, help="tokens per chunk when scoring log-probs")
+    seed: int = setting(0, help="seed of sampling and of the tiny model")
+    dtype: str = setting("auto", choices=("auto", "bf16", "fp32"), source="paper",
+                         help="auto: bf16 compute on CUDA, fp32 on CPU; or bf16 / fp32")
+    save_every: int = setting(0, ge=0, help="checkpoint every N steps (0: only on a signal and at the end)")
+    keep_checkpoints: int = setting(2, ge=0, help="checkpoints kept")
+    validate_every: int = setting(0, ge=0, help="greedy episodes on the validation basins every N steps (0: off)")
+    simulator: str = setting("embedded", nonempty=True, help="the simulator backend")
+    generator: str = setting("local", choices=("local", "engine"),
+                             help="local (in-process transformers) or engine (an SGLang/vLLM server)")
+    engine: EngineSettings | None = setting(None, help="the inference server (generator: engine)")
+    fsdp: bool | str = setting("auto", choices=(True, False, "auto"), source="paper",
+                               help="FSDP2 sharding: auto (with more than one process), true or false (DDP)")
+    activation_checkpointing: bool = setting(False, help="recompute each decoder layer's activations in the backward "
+                                                         "pass (the paper configs turn it on)")
+    collective_timeout_s: float = setting(10800.0, gt=0, help="how long a rank may wait in a collective (NCCL's own "
+                                                              "10 minutes would kill ranks waiting for rollouts)")
+
+    def check(self) -> None:
+        overlap = set(self.basins) & set(self.validation_basins)
+        if overlap:
+            raise invalid("validation_basins", f"{sorted(overlap)} are also training basins",
+                          "validate on held-out basins only")
+        if self.generator == "engine" and self.engine is None:
+            raise invalid("generator", "engine needs an engine mapping",
+                          "add engine: {api: sglang, url: http://HOST:PORT} (docs/grpo.md)")
+        if self.engine is not None and self.generator != "engine":
+            raise invalid("engine", "given, but generator is local", "set generator: engine, or remove the engine "
+                                                                     "mapping")
+        if self.engine is not None and self.engine.launch is None and not ENGINE_API_RELOAD[self.engine.api]:
+            raise invalid("engine", f"api {self.engine.api} cannot reload weights from disk while it runs",
+                          "give engine.launch so the trainer restarts the engine on each new checkpoint")
+        if self.aggregation == "seq-mean-token-sum-norm" and self.norm_length is None:
+            raise invalid("aggregation", "seq-mean-token-sum-norm needs norm_length",
+                          "set norm_length to the episode token budget (e.g. max_context_tokens)")
+        try:
+            from_mapping(EnvConfig, self.env, base=preset(self.preset))
+        except ConfigError as exc:
+            raise invalid(("env", *exc.at), exc.problem or exc.message, exc.fix) from None
+
+    def env_config(self) -> EnvConfig:
+        """The environment of the rollouts: the preset with ``env`` on top."""
+        return from_mapping(EnvConfig, self.env, base=preset(self.preset))
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["basins"], d["validation_basins"] = list(self.basins), list(self.validation_basins)
-        return d
-
-
-_INT = {"group_size": 1, "prompts_per_step": 1, "max_steps": 1, "warmup_steps": 0, "top_k": 0, "max_new_tokens": 1,
-        "max_context_tokens": 2, "max_simulations_in_flight": 1, "generation_batch": 1, "logprob_chunk": 1,
-        "seed": None, "save_every": 0, "keep_checkpoints": 0, "validate_every": 0, "norm_length": 1}
-_FLOAT = ("gamma", "lr", "weight_decay", "max_grad_norm", "clip_low", "clip_high", "kl_coef", "entropy_coef",
-          "temperature", "top_p", "tis_cap", "collective_timeout_s")
-_BOOL = ("std_normalise", "share_runs", "prefix_cache", "activation_checkpointing")
-_CHOICES = {"preset": tuple(PRESET_DEFAULTS), "advantage": ADVANTAGES, "aggregation": AGGREGATIONS,
-            "dtype": ("auto", "bf16", "fp32"), "generator": ("local", "engine")}
-
-
-def _check(data: dict[str, Any], where: Any) -> dict[str, Any]:
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        at = where(key)
-        if key not in fields:
-            raise GRPOConfigError(f"{at}: {key}: unknown key", f"use one of {', '.join(sorted(fields))}")
-        if key in ("basins", "validation_basins"):
-            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-                raise GRPOConfigError(f"{at}: {key}: expected a list of basin folders, got {brief(value)}")
-            if len(set(value)) != len(value):
-                raise GRPOConfigError(f"{at}: {key}: lists a basin twice")
-            value = tuple(value)
-        elif key in ("model", "simulator"):
-            if not isinstance(value, str) or not value:
-                raise GRPOConfigError(f"{at}: {key}: expected a name or path, got {brief(value)}")
-        elif key == "env":
-            if not isinstance(value, dict):
-                raise GRPOConfigError(f"{at}: env: expected a mapping of environment settings, got {brief(value)}")
-        elif key == "engine":
-            value = _check_engine(value, at)
-        elif key == "fsdp":
-            if value not in (True, False, "auto"):
-                raise GRPOConfigError(f"{at}: fsdp: expected auto, true or false, got {brief(value)}")
-        elif key == "sim_batch":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise GRPOConfigError(f"{at}: sim_batch: expected a whole number of at least 1, got {brief(value)}",
-                                      "give the most queued runs of one basin to gather into one batched call "
-                                      "(8, a GRPO group; 1 runs every simulation alone)")
-        elif key in _INT:
-            if value is None and key == "norm_length":
-                pass
-            elif isinstance(value, bool) or not isinstance(value, int):
-                raise GRPOConfigError(f"{at}: {key}: expected a whole number, got {brief(value)}")
-            elif (least := _INT[key]) is not None and value < least:
-                raise GRPOConfigError(f"{at}: {key}: must be at least {least}, got {value}")
-        elif key in _FLOAT:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise GRPOConfigError(f"{at}: {key}: expected a number, got {brief(value)}",
-                                      "write numbers like 1.0e-6 (PyYAML reads 1e-6 without a dot as text)")
-            value = float(value)
-            if value != value or value in (float("inf"), float("-inf")) or value < 0:
-                raise GRPOConfigError(f"{at}: {key}: must be a finite number >= 0, got {value}")
-            if key in ("lr", "max_grad_norm", "temperature", "top_p", "collective_timeout_s") and value <= 0:
-                raise GRPOConfigError(f"{at}: {key}: must be positive, got {value}")
-            if key == "top_p" and value > 1:
-                raise GRPOConfigError(f"{at}: top_p: must be at most 1, got {value}")
-            if key == "gamma" and value > 1:
-                raise GRPOConfigError(f"{at}: gamma: must be in [0, 1], got {value}")
-            if key in ("clip_low",) and value >= 1:
-                raise GRPOConfigError(f"{at}: clip_low: must be below 1, got {value}")
-        elif key in _BOOL:
-            if not isinstance(value, bool):
-                raise GRPOConfigError(f"{at}: {key}: expected true or false, got {brief(value)}")
-        elif key in _CHOICES:
-            if value not in _CHOICES[key]:
-                raise GRPOConfigError(f"{at}: {key}: {brief(value)} is not one of {', '.join(_CHOICES[key])}")
-        out[key] = value
-    if not out.get("basins"):
-        raise GRPOConfigError(f"{where('basins' if 'basins' in out else None)}: basins: missing or empty",
-                              "list the training basin folders (made by `hydroagent basin synth` or from-camels)")
-    overlap = set(out["basins"]) & set(out.get("validation_basins", ()))
-    if overlap:
-        raise GRPOConfigError(f"{where('validation_basins')}: validation_basins: {sorted(overlap)} are also "
-                              f"training basins", "validate on held-out basins only")
-    if out.get("generator") == "engine" and not out.get("engine"):
-        raise GRPOConfigError(f"{where('generator')}: generator: engine needs an engine mapping",
-                              "add engine: {api: sglang, url: http://HOST:PORT} (docs/grpo.md)")
-    if out.get("engine") and out.get("generator", "local") != "engine":
-        raise GRPOConfigError(f"{where('engine')}: engine: given, but generator is local",
-                              "set generator: engine, or remove the engine mapping")
-    if out.get("aggregation") == "seq-mean-token-sum-norm" and out.get("norm_length") is None:
-        raise GRPOConfigError(f"{where('aggregation')}: seq-mean-token-sum-norm needs norm_length",
-                              "set norm_length to the episode token budget (e.g. max_context_tokens)")
-    return out
-
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _check_engine(value: Any, at: str) -> dict[str, Any] | None:
-    """The ``engine`` mapping, checked (see the table in the module doc)."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise GRPOConfigError(f"{at}: engine: expected a mapping (api, url, ...), got {brief(value)}")
-    from hydroagent_hpc.train.engine import ENGINE_APIS, ENGINE_KEYS
-
-    for key in value:
-        if key not in ENGINE_KEYS:
-            raise GRPOConfigError(f"{at}: engine.{key}: unknown key", f"use one of {', '.join(ENGINE_KEYS)}")
-    api = value.get("api")
-    if not isinstance(api, str) or api not in ENGINE_APIS:
-        raise GRPOConfigError(f"{at}: engine.api: {brief(api)} is not one of {', '.join(ENGINE_APIS.names())}")
-    url = value.get("url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise GRPOConfigError(f"{at}: engine.url: expected an http(s) URL, got {brief(url)}",
-                              "e.g. http://127.0.0.1:30000 (the server's base URL, without /v1)")
-    launch = value.get("launch")
-    if launch is not None:
-        if not isinstance(launch, list) or not launch or not all(isinstance(a, str) and a for a in launch):
-            raise GRPOConfigError(f"{at}: engine.launch: expected a list of arguments, got {brief(launch)}",
-                                  "e.g. [python, -m, sglang.launch_server, --model-path, '{model}', --port, '30000']")
-        if not any("{model}" in a for a in launch):
-            raise GRPOConfigError(f"{at}: engine.launch: no {{model}} argument",
-                                  "write {model} where the server takes its model folder")
-    elif not ENGINE_APIS[api].live_reload:
-        raise GRPOConfigError(f"{at}: engine: api {api} cannot reload weights from disk while it runs",
-                              "give engine.launch so the trainer restarts the engine on each new checkpoint")
-    for key in ("api_key_env", "model_name", "weights_dir"):
-        v = value.get(key)
-        if v is not None and (not isinstance(v, str) or not v):
-            raise GRPOConfigError(f"{at}: engine.{key}: expected a name or null, got {brief(v)}")
-    if value.get("api_key_env") is not None and not _ENV_NAME.fullmatch(value["api_key_env"]):
-        raise GRPOConfigError(f"{at}: engine.api_key_env: {brief(value['api_key_env'])} is not a variable name",
-                              "name the environment variable that holds the key, never the key itself")
-    if value.get("gpus") is not None:
-        from hydroagent_hpc.train.engine import EngineError, parse_gpus
-
-        try:
-            parse_gpus(value["gpus"])
-        except EngineError as exc:
-            raise GRPOConfigError(f"{at}: {exc.message}", exc.fix) from None
-    for key in ("timeout_s", "start_timeout_s"):
-        v = value.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
-            raise GRPOConfigError(f"{at}: engine.{key}: expected a positive number of seconds, got {brief(v)}")
-    return dict(value)
+        out: dict[str, Any] = dump(self)
+        return out
 
 
 def check_world_size(config: GRPOConfig, world_size: int, where: str = "<config>") -> None:
@@ -307,53 +211,29 @@ def check_world_size(config: GRPOConfig, world_size: int, where: str = "<config>
     every one of rank 0's decoding steps; generation goes to an engine instead.
     """
     if world_size > 1 and config.generator != "engine":
-        raise GRPOConfigError(f"{where}: generator: {config.generator} with {world_size} training processes: only "
-                              f"rank 0 plays the rollouts, and in-process generation with a sharded policy would "
-                              f"need every rank in every decoding step",
-                              "set generator: engine (an SGLang/vLLM server, or our engine_server; docs/grpo.md), "
-                              "or train with one process")
+        raise ConfigError(f"{where}: generator: {config.generator} with {world_size} training processes: only "
+                          f"rank 0 plays the rollouts, and in-process generation with a sharded policy would "
+                          f"need every rank in every decoding step",
+                          "set generator: engine (an SGLang/vLLM server, or our engine_server; docs/grpo.md), "
+                          "or train with one process")
 
 
-def grpo_config_from_mapping(data: Any, *, source: str = "<config>", base_dir: Path | None = None,
-                             where: Any = None, world_size: int = 1) -> GRPOConfig:
+def grpo_config_from_mapping(data: Any, *, at: KeyPath = (), where: Where | None = None,
+                             base_dir: Path | None = None, source: str = "<config>",
+                             world_size: int = 1) -> GRPOConfig:
     """A :class:`GRPOConfig` from a parsed mapping (preset defaults filled, paths resolved, and
     :func:`check_world_size` for ``world_size`` training processes)."""
-    if not isinstance(data, dict):
-        raise GRPOConfigError(f"{source}: expected a mapping of settings, got {brief(data)}")
-    where = where or (lambda key: source)
-    values = _check(data, where)
-    preset = values.get("preset", "paper")
-    for key, default in PRESET_DEFAULTS[preset].items():
-        values.setdefault(key, default)
-    if base_dir is not None:
-        def resolve(v: str) -> str:
-            return v if Path(v).is_absolute() else str((base_dir / v).resolve())
-        values["basins"] = tuple(resolve(v) for v in values["basins"])
-        values["validation_basins"] = tuple(resolve(v) for v in values.get("validation_basins", ()))
-        if values.get("model", "tiny") != "tiny":
-            values["model"] = resolve(values["model"])
-        if values.get("engine") and values["engine"].get("weights_dir"):
-            values["engine"] = {**values["engine"], "weights_dir": resolve(values["engine"]["weights_dir"])}
-    _check_env(values.get("env", {}), preset, where)
-    config = GRPOConfig(**values)
-    check_world_size(config, world_size, where("generator" if "generator" in values else None))
+    config = from_mapping(GRPOConfig, data, at=at, where=where, base_dir=base_dir, source=source)
+    place = (where or (lambda path: source))((*at, "generator") if "generator" in data else at)
+    check_world_size(config, world_size, place)
     return config
-
-
-def _check_env(env: dict[str, Any], preset: str, where: Any) -> None:
-    from hydroagent_hpc.config import preset as make_env
-
-    try:
-        make_env(preset, **env)
-    except (TypeError, ValueError) as exc:
-        raise GRPOConfigError(f"{where('env')}: env: {exc}", "use the keys of EnvConfig (docs/guarantees.md)") \
-            from None
 
 
 def load_grpo_config(path: str | Path, world_size: int = 1) -> GRPOConfig:
     """Read a GRPO config file strictly (unknown keys, bad types and values name the file:line);
     ``world_size``: the number of training processes it will run with (:func:`check_world_size`)."""
-    doc = load_strict(path, error=GRPOConfigError, what="GRPO config")
-    p = Path(path)
-    return grpo_config_from_mapping(doc.data, source=doc.source, base_dir=p.resolve().parent,
-                                    where=lambda key: doc.where([key]) if key else doc.source, world_size=world_size)
+    config = load_file(GRPOConfig, path, what="GRPO config")
+    if world_size > 1 and config.generator != "engine":
+        doc = load_strict(path, what="GRPO config")
+        check_world_size(config, world_size, doc.where(("generator",)))
+    return config

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydroagent_hpc.errors import HydroAgentError, one_line
+from hydroagent_hpc.errors import ConfigError, HydroAgentError, one_line
 from hydroagent_hpc.hpc.mpi import mpi_pool, split_trainers
-from hydroagent_hpc.train.grpo_config import GRPOConfigError, load_grpo_config
+from hydroagent_hpc.train.grpo_config import load_grpo_config
 from hydroagent_hpc.train.signals import early_usr1_ignored
 
 log = logging.getLogger("hydroagent_hpc.train.grpo")
@@ -67,13 +67,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pool_kind = getattr(args, "pool", "threads")
     trainers = int(getattr(args, "trainers", 1))
     if trainers > 1 and pool_kind != "mpi":
-        raise GRPOConfigError(f"--trainers {trainers} with --pool {pool_kind}: --trainers splits the ranks of an MPI "
+        raise ConfigError(f"--trainers {trainers} with --pool {pool_kind}: --trainers splits the ranks of an MPI "
                               f"launch into training and simulation ranks",
                               "add --pool mpi and start every rank with srun --mpi=pmi2 or mpiexec (slurm/grpo.sbatch "
                               "does), or start the training processes with torchrun/accelerate launch and --pool "
                               "threads, without --trainers")
     if world_size > 1 and pool_kind == "mpi":
-        raise GRPOConfigError(f"--pool mpi with {world_size} training processes started by a launcher "
+        raise ConfigError(f"--pool mpi with {world_size} training processes started by a launcher "
                               f"(WORLD_SIZE={world_size}): the simulation ranks must share the trainers' MPI world",
                               "use --pool threads under torchrun/accelerate launch (rank 0 runs the simulations in "
                               "its threads), or start every rank with srun --mpi=pmi2/mpiexec and pass --pool mpi "
@@ -89,12 +89,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             port = int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None
         except ValueError:
-            raise GRPOConfigError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number",
+            raise ConfigError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number",
                                   "unset it (trainer rank 0 then finds a free port) or give a number") from None
         try:
             split = split_trainers(trainers, master_addr=os.environ.get("MASTER_ADDR") or None, master_port=port)
         except ValueError as exc:
-            raise GRPOConfigError(f"--trainers {trainers}: {exc}", "launch more ranks or lower --trainers") from None
+            raise ConfigError(f"--trainers {trainers}: {exc}", "launch more ranks or lower --trainers") from None
         if split.trainer:
             os.environ.update(split.torch_env())
             log.info("trainer rank %d of %d (local rank %d of %d), process group at %s:%d", split.rank, trainers,

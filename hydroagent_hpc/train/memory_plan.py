@@ -95,6 +95,7 @@ from pathlib import Path
 from typing import Any
 
 from hydroagent_hpc.errors import ConfigError
+from hydroagent_hpc.train.engine_config import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,8 @@ PREFIX_NEW_TOKENS = 2048
 #: The fraction of an engine GPU that vLLM (``--gpu-memory-utilization`` 0.9) and SGLang
 #: (``--mem-fraction-static`` about 0.88) take for weights and KV pool.
 ENGINE_MEMORY_FRACTION = 0.88
+#: A stand-in engine for plans that ask "would an engine on a GPU of its own fit?" (its address is never used).
+_ANY_ENGINE = EngineSettings(api="sglang", url="http://engine:30000")
 #: An engine's activation and CUDA-graph workspace outside its KV pool (estimate).
 ENGINE_WORKSPACE = 3 * GiB
 #: The trainers' AdamW on CUDA: ``"fused"`` (what both trainers use there: no temporary at the step)
@@ -831,7 +834,8 @@ def _engine_phase(shape: ModelShape, config: Any, capacity: int, device: str) ->
 def engine_memory_fraction(engine: Any) -> float:
     """The fraction of its GPU an engine takes: ``--mem-fraction-static`` (SGLang) or
     ``--gpu-memory-utilization`` (vLLM) in ``engine.launch``, else :data:`ENGINE_MEMORY_FRACTION`."""
-    args = list((engine or {}).get("launch") or [])
+    launch = engine.get("launch") if isinstance(engine, dict) else getattr(engine, "launch", None)
+    args = list(launch or [])
     for i, arg in enumerate(args[:-1]):
         if arg in ("--mem-fraction-static", "--gpu-memory-utilization"):
             try:
@@ -1030,7 +1034,7 @@ def _suggest_grpo(config: Any, world: int, gpu: str | GPU | None, free_bytes: in
                 p = plan(dataclasses.replace(cand, generation_batch=g))
                 out.append(f"{what}generation_batch: {g} ({_peak_note(p)})")
                 break
-        eng = dataclasses.replace(start, generator="engine", engine=config.engine or {})
+        eng = dataclasses.replace(start, generator="engine", engine=config.engine or _ANY_ENGINE)
         if plan(eng).fits:
             out.append(f"{pre}generator: engine on a GPU of its own ({_peak_note(plan(eng))} on the trainer)")
 
@@ -1041,7 +1045,7 @@ def _suggest_grpo(config: Any, world: int, gpu: str | GPU | None, free_bytes: in
     if m is not None and 1024 * m > config.max_new_tokens:
         out.append(f"{pre}max_context_tokens: {1024 * m} (episodes end at that length)")
     if free_bytes is None:
-        eng = dataclasses.replace(start, generator="engine", engine=config.engine or {})
+        eng = dataclasses.replace(start, generator="engine", engine=config.engine or _ANY_ENGINE)
         for w in range(max(2, world + 1), 65):
             p = plan(eng, w)
             if p.fits:

@@ -6,7 +6,7 @@
 1. **Check before writing.** The config (:mod:`hydroagent_hpc.train.config`), the data file
    (:class:`~hydroagent_hpc.train.sft_data.SFTDataset`), the model and its tokenizer, and every
    sequence length against ``max_seq_len`` (default: the model's context) are checked first;
-   any problem is one :class:`SFTConfigError` and nothing is written.
+   any problem is one :class:`ConfigError` and nothing is written.
 2. **Distribute.** An ``accelerate.Accelerator`` sets up the process group (gloo on CPU, NCCL on
    GPUs). With more than one process and ``fsdp`` on (``auto``: whenever there is more than one
    process), every decoder layer and then the root are wrapped with FSDP2 ``fully_shard``
@@ -70,14 +70,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hydroagent_hpc.errors import HydroAgentError, one_line
+from hydroagent_hpc.errors import ConfigError, HydroAgentError, one_line
 from hydroagent_hpc.train.checkpoint import (
     TrainerState,
     fault,
     load_checkpoint,
     save_checkpoint,
 )
-from hydroagent_hpc.train.config import SFTConfig, SFTConfigError, load_sft_config
+from hydroagent_hpc.train.config import SFTConfig, load_sft_config
 from hydroagent_hpc.train.distributed import (
     Signals,
     agree,
@@ -95,7 +95,7 @@ from hydroagent_hpc.train.signals import early_usr1_ignored
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SFTConfig", "SFTConfigError", "load_sft_config", "train_sft", "main", "plan_epoch", "collate",
+__all__ = ["SFTConfig", "load_sft_config", "train_sft", "main", "plan_epoch", "collate",
            "weighted_token_loss", "loss_denominator", "lr_factor", "result_line", "exit_status", "run_cli",
            "METRICS_COLUMNS", "EXIT_SIGTERM", "sft_optimizer"]
 
@@ -177,9 +177,9 @@ def _open_data(config: SFTConfig) -> SFTDataset:
     try:
         ds = SFTDataset(config.data)
     except SFTDataError as exc:
-        raise SFTConfigError(f"data: {exc.message}", exc.fix) from None
+        raise ConfigError(f"data: {exc.message}", exc.fix) from None
     if len(ds) == 0:
-        raise SFTConfigError(f"data: {config.data} holds no sequence", "rebuild it with `hydroagent train sft-data`")
+        raise ConfigError(f"data: {config.data} holds no sequence", "rebuild it with `hydroagent train sft-data`")
     return ds
 
 
@@ -194,13 +194,13 @@ def _load_model(config: SFTConfig) -> tuple[Any, Any]:
 
     path = Path(config.model)
     if not path.is_dir():
-        raise SFTConfigError(f"model: {path}: no such checkpoint folder",
+        raise ConfigError(f"model: {path}: no such checkpoint folder",
                              "give a save_pretrained folder (config.json, weights, tokenizer) or 'tiny'")
     try:
         hf_tokenizer: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
         hf_model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as exc:
-        raise SFTConfigError(f"model: {path}: cannot load ({one_line(exc)})",
+        raise ConfigError(f"model: {path}: cannot load ({one_line(exc)})",
                              "give a complete save_pretrained folder") from None
     return hf_model, hf_tokenizer
 
@@ -213,7 +213,7 @@ def _check_data_fits(ds: SFTDataset, config: SFTConfig, model: Any) -> np.ndarra
         over = np.flatnonzero(lengths > budget)
         named = ", ".join(f"{ds.episode_ids[i]} ({lengths[i]} tokens)" for i in over[:5])
         more = f" and {len(over) - 5} more" if len(over) > 5 else ""
-        raise SFTConfigError(f"data: {len(over)} of {len(lengths)} sequences are longer than "
+        raise ConfigError(f"data: {len(over)} of {len(lengths)} sequences are longer than "
                              f"{'max_seq_len' if config.max_seq_len else 'the model context'} {budget}: "
                              f"{named}{more}; sequences are never truncated",
                              f"raise max_seq_len (the model allows "
@@ -225,7 +225,7 @@ def _check_data_fits(ds: SFTDataset, config: SFTConfig, model: Any) -> np.ndarra
         top = int(f["input_ids"][()].max())
     vocab = int(model.get_input_embeddings().weight.shape[0])
     if top >= vocab:
-        raise SFTConfigError(f"data: {ds.path} holds token id {top}, outside the model's vocabulary of {vocab} "
+        raise ConfigError(f"data: {ds.path} holds token id {top}, outside the model's vocabulary of {vocab} "
                              f"(data tokenizer {ds.attrs.get('tokenizer')!r}, model {config.model!r})",
                              "build the data with the model's own tokenizer")
     return lengths
@@ -279,7 +279,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     require_fits(config, "sft", plan_world, plan_device)
     model, tokenizer = _load_model(config)
     lengths = _check_data_fits(dataset, config, model)
-    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, SFTConfigError, field_defaults(SFTConfig))
+    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, ConfigError, field_defaults(SFTConfig))
 
     # 2. processes and the model on them
     accelerator = make_accelerator(config.collective_timeout_s)
@@ -322,7 +322,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     if resume_from is not None:
         state = load_checkpoint(resume_from, model, optimizer, scheduler)
         if state.micro_per_step != micro_per_step:
-            raise SFTConfigError(f"--resume from {resume_from}: it was saved with {state.micro_per_step} micro-batches "
+            raise ConfigError(f"--resume from {resume_from}: it was saved with {state.micro_per_step} micro-batches "
                                  f"per step (processes x grad_accum), this run has {world} x {config.grad_accum}; "
                                  f"the data position would not match",
                                  "resume with the same number of processes, or start a new --out folder")
