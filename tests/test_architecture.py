@@ -18,7 +18,9 @@ The layers, bottom to top:
 - **datasets/**: core, metrics, sim. **env/** (and env/toolcalls when it is a package): core,
   metrics, sim.
 - **agents/** (and agents/optimizers, agents/llm): env, metrics, core.
-- **train/**: agents, env, sim, store, metrics, hpc (submitting training jobs), core.
+- **train/**: agents, env, sim, store, metrics, hpc (submitting training jobs), core. Inside it,
+  **train/generation/** (sampler, engines, rollouts) imports nothing else of train/: generation
+  knows no trainer.
 - **campaign/**: agents, env, store, hpc, sim, core. **report/**: store, metrics, sim, core.
 - **pipeline/**: the whole recipe; everything but cli and bench.
 - **cli/** and **bench/**: everything.
@@ -45,6 +47,10 @@ CORE = frozenset(CORE_ORDER)
 SIM = frozenset({"sim", "sim.synth"})
 ENV = frozenset({"env", "env.toolcalls"})
 AGENTS = frozenset({"agents", "agents.optimizers", "agents.llm"})
+#: What every part of train/ may import from outside it.
+TRAIN_BASE = CORE | {"metrics", "store", "hpc"} | SIM | ENV | AGENTS
+#: train/ and its subpackages.
+TRAIN = frozenset({"train", "train.generation"})
 
 #: Row -> the rows it may import besides itself. A row is a package (``sim``), a subpackage
 #: (``sim.synth``) or a top-level module (``config``); a module belongs to the longest row that
@@ -62,12 +68,13 @@ LAYERS: dict[str, frozenset[str]] = {
     "agents": CORE | {"metrics"} | ENV | AGENTS,
     "agents.optimizers": CORE | {"metrics"} | ENV | AGENTS,
     "agents.llm": CORE | {"metrics"} | ENV | AGENTS,
-    "train": CORE | {"metrics", "store", "hpc"} | SIM | ENV | AGENTS,  # reads and writes stores; GRPO runs simulators;
-    # submit.py hands training jobs to hpc/ (Slurm, submitit)
+    # reads and writes stores; GRPO runs simulators; submit.py hands training jobs to hpc/ (Slurm, submitit)
+    "train": TRAIN_BASE | TRAIN,
+    "train.generation": TRAIN_BASE,  # sampler, engines, rollouts: no trainer
     "campaign": CORE | {"store", "hpc"} | ENV | AGENTS | SIM,
     "report": CORE | {"store", "metrics"} | SIM,
     # the whole recipe: chains campaigns, trainers and the report (everything but cli/ and bench/)
-    "pipeline": CORE | {"metrics", "store", "hpc", "datasets", "campaign", "train", "report"} | SIM | ENV | AGENTS,
+    "pipeline": CORE | {"metrics", "store", "hpc", "datasets", "campaign", "report"} | SIM | ENV | AGENTS | TRAIN,
 }
 EVERYTHING = frozenset(LAYERS) | {"cli", "bench"}
 LAYERS["cli"] = EVERYTHING

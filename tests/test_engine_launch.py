@@ -4,7 +4,7 @@
 The engine process here is real: a small probe server (written below into the test's folder) that
 answers ``/health``, writes the environment and arguments it got to a file, and forks a grandchild
 in its process group that outlives it on SIGTERM (as vLLM's engine core and SGLang's scheduler
-outlive their API server), or the loopback stand-in engine (``train/engine_server.py``) with the
+outlive their API server), or the loopback stand-in engine (``train/generation/engine_server.py``) with the
 tiny offline Qwen3. GPU memory is read through ``nvidia-smi``; where a test needs GPU memory that
 is held and then released, a scripted ``nvidia-smi`` on ``PATH`` reports it (the only part that is
 not the real thing: this machine has no GPU).
@@ -26,8 +26,8 @@ import torch
 
 from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 from hydroagent_hpc.errors import ConfigError
-from hydroagent_hpc.train.engine import EngineError, EngineSampler, EngineSettings, make_api, parse_gpus
-from hydroagent_hpc.train.engine_process import (
+from hydroagent_hpc.train.generation.engine import EngineError, EngineSampler, EngineSettings, make_api, parse_gpus
+from hydroagent_hpc.train.generation.engine_process import (
     EngineProcess,
     EngineWeights,
     engine_cpus,
@@ -36,8 +36,8 @@ from hydroagent_hpc.train.engine_process import (
     trainer_processes,
     visible_devices,
 )
-from hydroagent_hpc.train.engine_server import weights_digest
-from hydroagent_hpc.train.sampler import Sampling
+from hydroagent_hpc.train.generation.engine_server import weights_digest
+from hydroagent_hpc.train.generation.sampler import Sampling
 from hydroagent_hpc.train.tiny import build_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -323,7 +323,8 @@ def test_a_launched_sglang_stand_in_returns_unscaled_logprobs_within_the_runs_co
     stop = HFLocalPolicy(model, tok).stop_ids
     port = _free_port()
     settings = EngineSettings(api="sglang", url=f"http://127.0.0.1:{port}", start_timeout_s=180,
-                              launch=(sys.executable, "-m", "hydroagent_hpc.train.engine_server", "--model", "{model}",
+                              launch=(sys.executable, "-m", "hydroagent_hpc.train.generation.engine_server",
+                                      "--model", "{model}",
                                       "--port", str(port), "--device", "cpu"))
     prompt = tok("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
     with EngineWeights(settings, tmp_path, context_tokens=len(prompt) + 16, trainer_gpus=1) as weights:

@@ -1,6 +1,6 @@
 """Engine requests as the engines read them (issue 29 item 6; audit F6, F7, F13).
 
-Against the loopback stand-in engine (``train/engine_server.py``: the tiny offline Qwen3 behind the
+Against the loopback stand-in engine (``train/generation/engine_server.py``: the tiny offline Qwen3 behind the
 SGLang and vLLM request shapes), which follows each engine's documented stop and log-prob
 semantics:
 
@@ -22,9 +22,15 @@ import time
 import pytest
 import torch
 
-from hydroagent_hpc.train.engine import EngineRequests, EngineSampler, EngineSettings, make_api, serve_rollouts
-from hydroagent_hpc.train.engine_server import EngineServer
-from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sampling
+from hydroagent_hpc.train.generation.engine import (
+    EngineRequests,
+    EngineSampler,
+    EngineSettings,
+    make_api,
+    serve_rollouts,
+)
+from hydroagent_hpc.train.generation.engine_server import EngineServer
+from hydroagent_hpc.train.generation.sampler import BatchedSampler, GenerationServer, Sampling
 
 
 @pytest.fixture(autouse=True)
@@ -161,7 +167,7 @@ def test_sglang_logprobs_at_a_temperature_are_scaled_and_the_client_says_so_once
     stop, _ = stops
     prompt = _prompt(tok, "Lower the soil capacity.")
     warm = Sampling(temperature=0.7, max_new_tokens=12)
-    caplog.set_level(logging.WARNING, logger="hydroagent_hpc.train.engine")
+    caplog.set_level(logging.WARNING, logger="hydroagent_hpc.train.generation.engine")
     with EngineServer(str(model_dir)) as server:
         assert server.info()["original_logprob"] is False
         sglang = make_api(EngineSettings(api="sglang", url=server.url))

@@ -113,7 +113,7 @@ def test_the_update_after_a_rollout_phase_recomputes_every_checkpointed_layer(ba
     a long episode kept every layer's activations."""
     from hydroagent_hpc.sim import open_simulator
     from hydroagent_hpc.sim.basin import load_basin
-    from hydroagent_hpc.train.rollout import RolloutSpec
+    from hydroagent_hpc.train.generation.rollout import RolloutSpec
 
     d = str(basins / "b1")
     config = grpo_config_from_mapping({"basins": [d], "group_size": 2, "max_new_tokens": 8, "generation_batch": 2,
@@ -213,7 +213,7 @@ def test_local_generation_computes_in_the_trainers_dtype_over_fp32_weights(basin
     cache and the weight reads the memory plan counts): it runs under autocast to the compute dtype."""
     from hydroagent_hpc.sim import open_simulator
     from hydroagent_hpc.sim.basin import load_basin
-    from hydroagent_hpc.train.rollout import RolloutSpec
+    from hydroagent_hpc.train.generation.rollout import RolloutSpec
 
     d = str(basins / "b1")
     config = grpo_config_from_mapping({"basins": [d], "group_size": 1, "max_new_tokens": 4, "generation_batch": 1,

@@ -13,7 +13,7 @@ by hand, running the test (it failed) and restoring the source:
   as if generated: :func:`test_rewards_and_trained_tokens_follow_the_messages_that_earned_them`;
 - lr 0, zeroed advantages, a flipped sign: :func:`test_grpo_learns_an_easy_task`.
 
-Everything is the real code: the tiny offline Qwen3, :class:`~hydroagent_hpc.train.sampler.BatchedSampler`,
+Everything is the real code: the tiny offline Qwen3, :class:`~hydroagent_hpc.train.generation.sampler.BatchedSampler`,
 the trainer's own ``_advantages``, ``training_batch`` and ``optimise`` with ``Ranks.one_process``,
 real environments and the real simulator.
 """
@@ -35,10 +35,10 @@ from hydroagent_hpc.env.toolcalls import render_hermes
 from hydroagent_hpc.params import PARAMS
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
+from hydroagent_hpc.train.generation.rollout import Rollout, RolloutPolicy, RolloutSpec, SimulationSlots, run_rollouts
+from hydroagent_hpc.train.generation.sampler import BatchedSampler, GenerationServer, Sample, Sampling
 from hydroagent_hpc.train.grpo import Ranks, _advantages, _Sequence, optimise, rollout_seed, training_batch
 from hydroagent_hpc.train.grpo_config import GRPOConfig, grpo_config_from_mapping
-from hydroagent_hpc.train.rollout import Rollout, RolloutPolicy, RolloutSpec, SimulationSlots, run_rollouts
-from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sample, Sampling
 from hydroagent_hpc.train.tiny import build_tiny
 from hydroagent_hpc.types import ToolCall
 

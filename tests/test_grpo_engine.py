@@ -1,5 +1,5 @@
 """GRPO rollouts through an external engine: the SGLang and vLLM request shapes against the loopback
-engine server (``train/engine_server.py``, the tiny offline Qwen3 behind our own sampler), the weight
+engine server (``train/generation/engine_server.py``, the tiny offline Qwen3 behind our own sampler), the weight
 push after each step, the launcher that restarts an engine without live reload, and the errors.
 
 No GPU, SGLang or vLLM runs here: the loopback server speaks the subset of both APIs the client uses,
@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from hydroagent_hpc.errors import ConfigError
-from hydroagent_hpc.train.engine import EngineError, EngineSampler, EngineSettings, make_api
-from hydroagent_hpc.train.engine_process import EngineWeights
-from hydroagent_hpc.train.engine_server import EngineServer, weights_digest
+from hydroagent_hpc.train.generation.engine import EngineError, EngineSampler, EngineSettings, make_api
+from hydroagent_hpc.train.generation.engine_process import EngineWeights
+from hydroagent_hpc.train.generation.engine_server import EngineServer, weights_digest
+from hydroagent_hpc.train.generation.sampler import BatchedSampler, Sampling
 from hydroagent_hpc.train.grpo import train_grpo
 from hydroagent_hpc.train.grpo_config import load_grpo_config
-from hydroagent_hpc.train.sampler import BatchedSampler, Sampling
 from hydroagent_hpc.train.tiny import build_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,7 +220,8 @@ def test_the_launcher_restarts_an_engine_without_live_reload_on_each_checkpoint(
     port = _free_port()
     settings = EngineSettings(api="vllm", url=f"http://127.0.0.1:{port}", model_name="policy", start_timeout_s=180,
                               api_key_env=KEY_ENV,
-                              launch=(sys.executable, "-m", "hydroagent_hpc.train.engine_server", "--model", "{model}",
+                              launch=(sys.executable, "-m", "hydroagent_hpc.train.generation.engine_server",
+                                      "--model", "{model}",
                                       "--port", str(port), "--served-model-name", "policy", "--api-key-env", KEY_ENV))
     prompt = _prompt(tok, "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
     greedy = Sampling(max_new_tokens=16, greedy=True)

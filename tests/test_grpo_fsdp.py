@@ -1,6 +1,6 @@
 """GRPO with several training processes (torchrun on gloo, CPU): FSDP2 and DDP against one process.
 
-Rank 0 alone plays the rollouts through the loopback engine server (``train/engine_server.py``,
+Rank 0 alone plays the rollouts through the loopback engine server (``train/generation/engine_server.py``,
 the tiny offline Qwen3, in this test process) and broadcasts them; every rank trains on its share.
 The rollouts of both runs are the same episodes (rank 0 samples them with the same seeds from the
 same pushed weights), so the per-step loss, KL and the final weights must match a one-process run
@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.train.checkpoint import FAULT_ENV
-from hydroagent_hpc.train.engine_server import EngineServer
+from hydroagent_hpc.train.generation.engine_server import EngineServer
 from hydroagent_hpc.train.grpo import _accumulate, _local_counts, _Sequence, rank_passes, train_grpo
 from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping, load_grpo_config
 from hydroagent_hpc.train.grpo_launch import main as launch

@@ -394,7 +394,7 @@ def test_the_time_limit_warning_checkpoints_on_rank_0_requeues_and_the_run_resum
 def engine_url(tmp_path_factory):
     """The loopback engine server (tiny offline Qwen3) in this process: the jobs of the local Slurm run on this
     host, so their trainer rank 0 reaches it at 127.0.0.1."""
-    from hydroagent_hpc.train.engine_server import EngineServer
+    from hydroagent_hpc.train.generation.engine_server import EngineServer
     from hydroagent_hpc.train.tiny import build_tiny, save_tiny
 
     model, tok = build_tiny(seed=0)

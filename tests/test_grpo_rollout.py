@@ -17,7 +17,7 @@ from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.sim.synth.basins import synthesize_basin
-from hydroagent_hpc.train.rollout import (
+from hydroagent_hpc.train.generation.rollout import (
     RolloutPolicy,
     RolloutSimulator,
     RolloutSpec,
@@ -26,7 +26,7 @@ from hydroagent_hpc.train.rollout import (
     assistant_spans,
     run_rollouts,
 )
-from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sampling, _filter
+from hydroagent_hpc.train.generation.sampler import BatchedSampler, GenerationServer, Sampling, _filter
 from hydroagent_hpc.train.tiny import build_tiny
 
 
@@ -242,7 +242,7 @@ def test_a_rollout_that_fails_outside_the_loop_is_recorded_and_the_batch_goes_on
 
 
 def test_the_lockstep_gate_holds_every_turn_until_all_live_rollouts_finished_the_last():
-    from hydroagent_hpc.train.rollout import TurnGate
+    from hydroagent_hpc.train.generation.rollout import TurnGate
 
     gate = TurnGate(4)
     events: list[tuple[str, int, int]] = []

@@ -201,11 +201,11 @@ def test_one_update_moves_log_probs_toward_positive_advantages(basins):
     from hydroagent_hpc.env.environment import CalibrationEnv
     from hydroagent_hpc.sim import open_simulator
     from hydroagent_hpc.sim.basin import load_basin
+    from hydroagent_hpc.train.generation.rollout import RolloutPolicy, RolloutSpec, SimulationSlots, run_rollouts
+    from hydroagent_hpc.train.generation.sampler import BatchedSampler, GenerationServer, Sampling
     from hydroagent_hpc.train.grpo import Ranks, optimise, training_batch
     from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
     from hydroagent_hpc.train.grpo_loss import token_logprobs
-    from hydroagent_hpc.train.rollout import RolloutPolicy, RolloutSpec, SimulationSlots, run_rollouts
-    from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sampling
     from hydroagent_hpc.train.tiny import build_tiny
 
     model, tok = build_tiny(seed=0)

@@ -285,7 +285,7 @@ def test_the_plan_bounds_in_process_generation_and_its_cache_copies():
     (less the resident weights) and at least 60 % of it; with the prefix cache, at the end of a turn the
     live key/value tensors hold the four copies the plan counts (prefixes taken, the padded batch copy, the
     decoding cache, the clones kept), keys fp32 and values bf16."""
-    from hydroagent_hpc.train.sampler import BatchedSampler, Sampling
+    from hydroagent_hpc.train.generation.sampler import BatchedSampler, Sampling
 
     cfg = _reduced(hidden_size=64, intermediate_size=256, num_attention_heads=4)
     shape = ModelShape.from_config(cfg)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hydroagent_hpc.train.sampler import (
+from hydroagent_hpc.train.generation.sampler import (
     BatchedSampler,
     Sampling,
     _filter,
@@ -29,7 +29,7 @@ from hydroagent_hpc.train.sampler import (
 )
 from hydroagent_hpc.train.tiny import build_tiny
 
-SAMPLER = str(Path(__file__).resolve().parents[1] / "hydroagent_hpc" / "train" / "sampler.py")
+SAMPLER = str(Path(__file__).resolve().parents[1] / "hydroagent_hpc" / "train" / "generation" / "sampler.py")
 #: aten ops that read a device value into the host (a sync on CUDA)
 READS = {"aten.item.default", "aten._local_scalar_dense.default", "aten.is_nonzero.default",
          "aten.nonzero.default", "aten.masked_select.default"}
@@ -194,7 +194,7 @@ def test_a_uniform_draw_follows_the_filtered_distribution():
             rows = probs[r:r + 1].expand(grid, -1)
             tok, covered = draw_tokens(rows, u, s.top_p, width)
             if not bool(covered.all()):
-                from hydroagent_hpc.train.sampler import draw_tokens_sorted
+                from hydroagent_hpc.train.generation.sampler import draw_tokens_sorted
 
                 tok = draw_tokens_sorted(rows, u, s.top_p)
             counts[r] = torch.bincount(tok, minlength=300).double() / grid

@@ -1,4 +1,4 @@
-"""Queued simulations of one basin gathered into batches (train/coalesce.py), on the real simulator.
+"""Queued simulations of one basin gathered into batches (train/generation/coalesce.py), on the real simulator.
 
 The slot is held by the test while the requests queue, so what joins which batch does not depend on
 timing; every batched result is compared bit for bit with a solo ``run()`` of the same parameters.
@@ -22,9 +22,15 @@ from hydroagent_hpc.sim import kernels, open_simulator
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import SimulationError
 from hydroagent_hpc.sim.task import simulate_task
-from hydroagent_hpc.train.coalesce import RunCoalescer
+from hydroagent_hpc.train.generation.coalesce import RunCoalescer
+from hydroagent_hpc.train.generation.rollout import (
+    RemoteRunner,
+    RolloutSimulator,
+    SharedRuns,
+    SimulationSlots,
+    run_rollouts,
+)
 from hydroagent_hpc.train.grpo_config import load_grpo_config
-from hydroagent_hpc.train.rollout import RemoteRunner, RolloutSimulator, SharedRuns, SimulationSlots, run_rollouts
 from hydroagent_hpc.types import SimulationResult
 
 #: Makes the discharge non-finite (SimulationError from the run), a member's own failure.

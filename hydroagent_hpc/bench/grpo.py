@@ -4,9 +4,9 @@ Two measurements, each with its baseline in the same run:
 
 1. **Asynchronous vs lock-step rollouts.** One rollout batch: the four demo basins (327 to
    1,204 cells, 2,160 hourly steps; mixed sizes on purpose) x K rollouts, played twice by
-   :func:`~hydroagent_hpc.train.rollout.run_rollouts` with the same seeds: as the engine runs
+   :func:`~hydroagent_hpc.train.generation.rollout.run_rollouts` with the same seeds: as the engine runs
    them (one thread per episode, no waiting on each other) and behind a
-   :class:`~hydroagent_hpc.train.rollout.TurnGate` (every rollout waits for all others at
+   :class:`~hydroagent_hpc.train.generation.rollout.TurnGate` (every rollout waits for all others at
    every turn, the schedule of trainers that step rollouts together). Workload per turn: the
    tiny Qwen3 decodes the turn through the generation server (real batched, prefix-cached decode
    steps), forced to emit the next call of a scripted calibration plan (set_parameters with
@@ -62,7 +62,7 @@ def _plan(seed: int, turns: int) -> list[Any]:
 
 
 def _scripted_policy_class() -> Any:
-    from hydroagent_hpc.train.rollout import RolloutPolicy
+    from hydroagent_hpc.train.generation.rollout import RolloutPolicy
 
     class ScriptedTurns(RolloutPolicy):
         """Decodes the plan's next call through the shared server (forced ids: the decode steps and
@@ -86,8 +86,8 @@ def schedule_comparison(basin_dirs: list[Path], k: int = 8, turns: int = 12, max
                         cap: int = 32) -> list[dict[str, Any]]:
     """Play one rollout batch asynchronously and in lock-step (same seeds); one row each."""
     from hydroagent_hpc.env.environment import CalibrationEnv
-    from hydroagent_hpc.train.rollout import RolloutSpec, SharedRuns, SimulationSlots, run_rollouts
-    from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sampling
+    from hydroagent_hpc.train.generation.rollout import RolloutSpec, SharedRuns, SimulationSlots, run_rollouts
+    from hydroagent_hpc.train.generation.sampler import BatchedSampler, GenerationServer, Sampling
     from hydroagent_hpc.train.tiny import build_tiny
 
     model, tok = build_tiny(seed=0)

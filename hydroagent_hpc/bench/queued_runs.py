@@ -1,9 +1,9 @@
 """Rollout-style queued runs: ``python -m hydroagent_hpc.bench.queued_runs [--runs N]``.
 
-What the GRPO rollout engine's :class:`~hydroagent_hpc.train.coalesce.RunCoalescer` gains: 8
+What the GRPO rollout engine's :class:`~hydroagent_hpc.train.generation.coalesce.RunCoalescer` gains: 8
 threads (the K = 8 members of a GRPO group) each simulate ``N`` distinct calibration-like parameter
 sets on one demo basin, one after another, through
-:class:`~hydroagent_hpc.train.rollout.RolloutSimulator` with 1 and 2 simulation slots; once with
+:class:`~hydroagent_hpc.train.generation.rollout.RolloutSimulator` with 1 and 2 simulation slots; once with
 the runs that wait for a slot gathered into batches of up to 8 (``sim_batch: 8``) and once each
 run alone (``sim_batch: 1``, the baseline), alternating, in the same process. Reported: runs per
 second (the best of the repeats: other processes on the machine only ever slow a repeat down), the
@@ -27,7 +27,7 @@ import numpy as np
 
 from hydroagent_hpc.bench.simulator import typical_params
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
-from hydroagent_hpc.train.coalesce import RunCoalescer
+from hydroagent_hpc.train.generation.coalesce import RunCoalescer
 
 __all__ = ["measure", "markdown", "main"]
 
@@ -45,7 +45,7 @@ def _param_sets(control: Path, members: int, runs: int) -> list[list[dict[str, f
 
 def _once(sim: Any, sets: list[list[dict[str, float]]], slots_limit: int, sim_batch: int) -> tuple[float, float]:
     """Every thread runs its sets through one RolloutSimulator; (wall seconds, runs per slot hold)."""
-    from hydroagent_hpc.train.rollout import RolloutSimulator, SimulationSlots
+    from hydroagent_hpc.train.generation.rollout import RolloutSimulator, SimulationSlots
 
     slots = SimulationSlots(slots_limit)
     coalescer = RunCoalescer(slots, sim_batch) if sim_batch > 1 else None

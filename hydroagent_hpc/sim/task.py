@@ -3,7 +3,7 @@
 A worker (an MPI rank, a pool process) opens each basin's simulator once and keeps it, since
 loading the forcing is the expensive part; the result travels back to the caller. ``params`` may be
 a list of parameter sets: the batch of one basin that the GRPO rollout engine gathered
-(:mod:`hydroagent_hpc.train.coalesce`) then travels as one task and comes back as a list of results.
+(:mod:`hydroagent_hpc.train.generation.coalesce`) then travels as one task and comes back as a list of results.
 The module imports nothing heavy, so a worker that runs only simulations never loads torch.
 """
 

@@ -5,11 +5,11 @@
   :mod:`~hydroagent_hpc.train.sft` (the trainer), :mod:`~hydroagent_hpc.train.checkpoint` (exact
   resume, shared with GRPO), :mod:`~hydroagent_hpc.train.distributed` (several processes: FSDP2
   sharding, all-reduces, signals agreed across ranks, gathered weights; shared with GRPO).
-- GRPO (docs/grpo.md): :mod:`~hydroagent_hpc.train.sampler` (batched, seeded, prefix-cached
-  generation), :mod:`~hydroagent_hpc.train.engine` (generation by an SGLang or vLLM server instead),
-  :mod:`~hydroagent_hpc.train.engine_process` (its launcher and the weight push after each step),
-  :mod:`~hydroagent_hpc.train.engine_server` (a loopback engine of our own, for tests and small
-  models), :mod:`~hydroagent_hpc.train.rollout` (one thread per episode, the cap on
+- GRPO (docs/grpo.md): :mod:`~hydroagent_hpc.train.generation.sampler` (batched, seeded, prefix-cached
+  generation), :mod:`~hydroagent_hpc.train.generation.engine` (generation by an SGLang or vLLM server instead),
+  :mod:`~hydroagent_hpc.train.generation.engine_process` (its launcher and the weight push after each step),
+  :mod:`~hydroagent_hpc.train.generation.engine_server` (a loopback engine of our own, for tests and small
+  models), :mod:`~hydroagent_hpc.train.generation.rollout` (one thread per episode, the cap on
   simulations in flight, shared runs), :mod:`~hydroagent_hpc.train.advantages`,
   :mod:`~hydroagent_hpc.train.grpo_loss`, :mod:`~hydroagent_hpc.train.grpo_config`,
   :mod:`~hydroagent_hpc.train.grpo` (the trainer) and :mod:`~hydroagent_hpc.train.grpo_launch`

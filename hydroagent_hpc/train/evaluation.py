@@ -8,7 +8,7 @@ ordinary episodes (agent ``agent``, episode id ``{agent}/{basin}/{seed}``) in an
 again, so an interrupted evaluation resumes.
 
 It plays exactly what an ``hf_local`` agent would (the same chat template, tool schemas, stop
-tokens, context handling and parser: :class:`~hydroagent_hpc.train.rollout.RolloutPolicy`), with
+tokens, context handling and parser: :class:`~hydroagent_hpc.train.generation.rollout.RolloutPolicy`), with
 the environment built from ``preset`` and ``env`` as a campaign builds it; it is several times
 faster on a CPU because a campaign's ``hf_local`` agent re-reads the whole conversation on every
 turn and generates for one episode at a time (docs/grpo.md, "Evaluation").
@@ -38,8 +38,8 @@ def evaluate_policy(model: str | Path, basins: Sequence[str | Path], store: str 
                     max_new_tokens: int = 512, max_context_tokens: int = 8192, generation_batch: int = 64,
                     simulator: str = "embedded") -> dict[str, Any]:
     """Play ``model`` greedily on every basin x seed not yet in ``store``; returns counts and the wall time."""
+    from hydroagent_hpc.train.generation.rollout import RolloutSpec
     from hydroagent_hpc.train.grpo import EpisodeStore, load_policy, play_episodes
-    from hydroagent_hpc.train.rollout import RolloutSpec
 
     t0 = time.perf_counter()
     dirs = [str(Path(b).resolve()) for b in basins]

@@ -279,6 +279,7 @@ def check_tiny_grpo(device: torch.device, workdir: Path) -> dict[str, Any]:
     """F1 and F2 on this device with the trainer's own code (as ``tests/test_gpu_first_contact.py``)."""
     from safetensors.torch import load_file
 
+    from hydroagent_hpc.train.generation.rollout import RolloutSpec
     from hydroagent_hpc.train.grpo import (
         Ranks,
         enable_checkpointing,
@@ -287,7 +288,6 @@ def check_tiny_grpo(device: torch.device, workdir: Path) -> dict[str, Any]:
         train_grpo,
         training_batch,
     )
-    from hydroagent_hpc.train.rollout import RolloutSpec
     from hydroagent_hpc.train.tiny import build_tiny
 
     d = _basin(workdir)
@@ -333,9 +333,9 @@ def check_engine(device: torch.device, workdir: Path) -> dict[str, Any]:
                    "to check the request round trip)")
     if device.type != "cuda":
         raise Skip(f"{api} needs a GPU")
-    from hydroagent_hpc.train.engine import EngineSampler, EngineSettings
-    from hydroagent_hpc.train.engine_process import EngineWeights
-    from hydroagent_hpc.train.sampler import BatchedSampler, Sampling
+    from hydroagent_hpc.train.generation.engine import EngineSampler, EngineSettings
+    from hydroagent_hpc.train.generation.engine_process import EngineWeights
+    from hydroagent_hpc.train.generation.sampler import BatchedSampler, Sampling
     from hydroagent_hpc.train.tiny import build_tiny
 
     port = 30000 + os.getpid() % 1000

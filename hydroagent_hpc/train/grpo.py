@@ -7,7 +7,7 @@ One step, top to bottom (:func:`train_grpo`):
 1. **Prompts.** ``prompts_per_step`` training basins, taken in a per-epoch shuffle of
    ``basins`` (seeded); held-out ``validation_basins`` are never trained on.
 2. **Rollouts.** ``group_size`` (K) episodes per prompt, all at once through
-   :func:`~hydroagent_hpc.train.rollout.run_rollouts` (one thread per episode, batched model turns,
+   :func:`~hydroagent_hpc.train.generation.rollout.run_rollouts` (one thread per episode, batched model turns,
    at most ``max_simulations_in_flight`` simulations, identical parameter sets on a basin simulated
    once, runs of one basin that wait for a slot gathered into batches of up to ``sim_batch``).
    Member ``k`` of group ``g`` at step ``s`` samples with the seed derived from
@@ -34,8 +34,8 @@ One step, top to bottom (:func:`train_grpo`):
    ``save_pretrained`` folder the ``hf_local`` agent loads.
 
 With ``generator: engine`` the rollouts (and validation) are sampled by an SGLang or vLLM server
-(:mod:`hydroagent_hpc.train.engine`); the trainer pushes its weights to it before the first rollout
-and after every optimizer step (:mod:`hydroagent_hpc.train.engine_process`), timed as
+(:mod:`hydroagent_hpc.train.generation.engine`); the trainer pushes its weights to it before the first rollout
+and after every optimizer step (:mod:`hydroagent_hpc.train.generation.engine_process`), timed as
 ``weight_sync_s``.
 
 Several processes (``torchrun``/``accelerate launch``, ``WORLD_SIZE`` > 1; docs/grpo.md "Several
@@ -90,12 +90,9 @@ from hydroagent_hpc.train.distributed import (
     process_group_timeout,
     shard,
 )
-from hydroagent_hpc.train.engine import EngineSampler, serve_rollouts
-from hydroagent_hpc.train.engine_process import EngineWeights
-from hydroagent_hpc.train.grpo_config import GRPOConfig, check_world_size
-from hydroagent_hpc.train.grpo_loss import LogprobModel, grpo_loss
-from hydroagent_hpc.train.memory_plan import require_fits
-from hydroagent_hpc.train.rollout import (
+from hydroagent_hpc.train.generation.engine import EngineSampler, serve_rollouts
+from hydroagent_hpc.train.generation.engine_process import EngineWeights
+from hydroagent_hpc.train.generation.rollout import (
     RemoteRunner,
     Rollout,
     RolloutPolicy,
@@ -104,8 +101,11 @@ from hydroagent_hpc.train.rollout import (
     SimulationSlots,
     run_rollouts,
 )
+from hydroagent_hpc.train.generation.sampler import BatchedSampler, RolloutSampler, Sampling
+from hydroagent_hpc.train.grpo_config import GRPOConfig, check_world_size
+from hydroagent_hpc.train.grpo_loss import LogprobModel, grpo_loss
+from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
-from hydroagent_hpc.train.sampler import BatchedSampler, RolloutSampler, Sampling
 
 log = logging.getLogger(__name__)
 

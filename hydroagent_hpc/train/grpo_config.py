@@ -31,7 +31,7 @@ Generation (``docs/grpo.md``, "Generation by an engine"):
 key                    meaning
 =====================  ==============================================================================
 generator              ``local`` (default: in-process transformers) or ``engine`` (an HTTP server)
-engine.api             ``sglang`` or ``vllm`` (:data:`hydroagent_hpc.train.engine.ENGINE_APIS`)
+engine.api             ``sglang`` or ``vllm`` (:data:`hydroagent_hpc.train.generation.engine.ENGINE_APIS`)
 engine.url             the server's base URL, e.g. ``http://node12:30000`` (required)
 engine.launch          null (a server you started) or the argument list that starts one; ``{model}``
                        is replaced by the weights folder (required in it), ``{api_key}`` by the key.
@@ -70,7 +70,7 @@ Both: lr 1e-6 with ``warmup_steps`` linear warm-up then constant, weight decay 0
 1.0, entropy 0.01, clip 0.2 / 0.2, ``token-mean`` aggregation, temperature 1.0, top-p 0.95,
 at most 32 simulations in flight (``max_simulations_in_flight``), and ``sim_batch: 8``: up to 8
 runs of one basin that wait for a simulation slot at the same moment (a GRPO group's members) run
-as one batched call in one slot (:mod:`hydroagent_hpc.train.coalesce`; results bit-identical to
+as one batched call in one slot (:mod:`hydroagent_hpc.train.generation.coalesce`; results bit-identical to
 single runs; 1 runs every simulation alone). Unknown keys, wrong types and out-of-range values are refused
 with the file and line of the key; relative paths are resolved against the config file's folder.
 """
@@ -84,7 +84,7 @@ from typing import Any
 from hydroagent_hpc.config import EnvConfig, preset
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.settings import KeyPath, Settings, Where, dump, from_mapping, invalid, load_file, setting
-from hydroagent_hpc.train.engine_config import ENGINE_API_RELOAD, EngineSettings
+from hydroagent_hpc.train.generation.engine_config import ENGINE_API_RELOAD, EngineSettings
 from hydroagent_hpc.yamlio import load_strict
 
 __all__ = ["GRPOConfig", "load_grpo_config", "grpo_config_from_mapping", "check_world_size", "PRESET_DEFAULTS",

@@ -9,9 +9,9 @@ fixes):
 * **prefill** (:func:`measure_prefill`): a forward pass without gradient over ``batch x length``
   new tokens (the last position's logits only, as the sampler asks for them): the first prompt of
   every rollout, and each turn's tool reply appended to a cached history (the sampler's prefix
-  cache, :class:`~hydroagent_hpc.train.sampler.BatchedSampler`).
+  cache, :class:`~hydroagent_hpc.train.generation.sampler.BatchedSampler`).
 * **decode** (:func:`measure_decode`): one sampled token for every row of a batch, with the KV cache
-  of a context of a given length, through :class:`~hydroagent_hpc.train.sampler.BatchedSampler`
+  of a context of a given length, through :class:`~hydroagent_hpc.train.generation.sampler.BatchedSampler`
   (temperature 1.0, top-p 0.95, as the paper samples). Timed as the difference between
   ``new_tokens + 1`` and 1 sampled tokens, so the prompt's prefill cancels out.
 * **train** (:func:`measure_train`): one optimizer step of the GRPO loss on ``micro`` sequences: the
@@ -165,7 +165,7 @@ def measure_prefill(model: PreTrainedModel, *, batch: int, length: int, repeats:
 
 def measure_decode(model: PreTrainedModel, *, batch: int, ctx: int, new_tokens: int, repeats: int = 2) -> float:
     """Seconds per decode step of ``batch`` rows at context ``ctx``, through the rollout sampler."""
-    from hydroagent_hpc.train.sampler import BatchedSampler, Sampling
+    from hydroagent_hpc.train.generation.sampler import BatchedSampler, Sampling
 
     if new_tokens < 1:
         raise ValueError(f"new_tokens={new_tokens}: must be at least 1")

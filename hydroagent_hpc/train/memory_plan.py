@@ -58,7 +58,7 @@ makes one full-size temporary (``_foreach_sqrt`` of ``v``): ``4 N / W`` bytes at
 makes FSDP2 keep an *unsharded* fp32 gradient of every parameter until the last pass
 (``_fsdp_param.py: to_accumulated_grad_if_needed``): ``4 N`` on every rank.
 
-**Generation** (GRPO, ``generator: local``: :class:`~hydroagent_hpc.train.sampler.BatchedSampler`
+**Generation** (GRPO, ``generator: local``: :class:`~hydroagent_hpc.train.generation.sampler.BatchedSampler`
 on the trainer's GPU, one process). Resident: the fp32 policy, the bf16 reference, AdamW ``m, v``
 (gradients are freed by ``zero_grad(set_to_none=True)``) and the bf16 weights the forward uses.
 Keys and values per token: ``L x kv_heads x head_dim x (key + value bytes)``; bf16 is 144 KiB for
@@ -95,7 +95,7 @@ from pathlib import Path
 from typing import Any
 
 from hydroagent_hpc.errors import ConfigError
-from hydroagent_hpc.train.engine_config import EngineSettings
+from hydroagent_hpc.train.generation.engine_config import EngineSettings
 
 log = logging.getLogger(__name__)
 

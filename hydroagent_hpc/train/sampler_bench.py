@@ -2,7 +2,7 @@
 
 Baseline, measured in the same run: the sampler's step before F13 was fixed (top-p by sorting the whole
 vocabulary; then, per row, ``torch.multinomial(...).item()`` and ``float(model_logp[row, token])``: two
-host reads per row). Now: :func:`hydroagent_hpc.train.sampler.draw_tokens` (top-p from ``torch.topk``
+host reads per row). Now: :func:`hydroagent_hpc.train.generation.sampler.draw_tokens` (top-p from ``torch.topk``
 candidates, every row drawn on the device by inverse CDF) and one transfer of all tokens and log-probs.
 The logits are random with a scale that gives nuclei of a few to some hundred ids at top-p 0.95, as an
 instruct model's are. Prints a Markdown table; the speed is a ratio against the baseline.
@@ -18,7 +18,13 @@ from collections.abc import Callable
 
 import torch
 
-from hydroagent_hpc.train.sampler import TOP_P_CANDIDATES, Sampling, draw_tokens, draw_tokens_sorted, sampling_probs
+from hydroagent_hpc.train.generation.sampler import (
+    TOP_P_CANDIDATES,
+    Sampling,
+    draw_tokens,
+    draw_tokens_sorted,
+    sampling_probs,
+)
 
 
 def step_full_sort(logits: torch.Tensor, s: Sampling, gens: list[torch.Generator]) -> tuple[list[int], list[float]]:

@@ -19,7 +19,7 @@ from hydroagent_hpc.env.toolcalls import render_hermes
 from hydroagent_hpc.hpc.mpi import mpi_pool
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
-from hydroagent_hpc.train.rollout import (
+from hydroagent_hpc.train.generation.rollout import (
     RemoteRunner,
     RolloutPolicy,
     RolloutSpec,
@@ -27,7 +27,7 @@ from hydroagent_hpc.train.rollout import (
     SimulationSlots,
     run_rollouts,
 )
-from hydroagent_hpc.train.sampler import BatchedSampler, GenerationServer, Sampling
+from hydroagent_hpc.train.generation.sampler import BatchedSampler, GenerationServer, Sampling
 from hydroagent_hpc.types import ToolCall
 
 

@@ -8,7 +8,7 @@ so the coalescer lets those waiting requests share one slot and one call:
 
 - A request for basin key ``key`` joins the open batch of that key if there is one with room
   (fewer than ``max_batch`` members); otherwise it opens a new batch and leads it.
-- The leader waits for one slot of :class:`~hydroagent_hpc.train.rollout.SimulationSlots`. When it
+- The leader waits for one slot of :class:`~hydroagent_hpc.train.generation.rollout.SimulationSlots`. When it
   gets it, it takes its share of the batch, runs those members with one ``run_batch`` call and
   hands each member its own result. A request that finds a slot free runs at once as a batch of
   one (with ``run_one``): nothing waits that would not have waited anyway.
@@ -26,7 +26,7 @@ so the coalescer lets those waiting requests share one slot and one call:
   members as ``batched_runs``.
 
 The coalescer knows nothing of simulators: the caller passes ``run_batch`` and ``run_one`` for its
-basin (:class:`~hydroagent_hpc.train.rollout.RolloutSimulator` does, locally or on MPI ranks).
+basin (:class:`~hydroagent_hpc.train.generation.rollout.RolloutSimulator` does, locally or on MPI ranks).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from hydroagent_hpc.types import SimulationResult
 
 if TYPE_CHECKING:
-    from hydroagent_hpc.train.rollout import SimulationSlots
+    from hydroagent_hpc.train.generation.rollout import SimulationSlots
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ half-written folder), then either the engine's live reload (SGLang's
 process. A launched server is always started on ``weights_dir/current``, a link swapped atomically
 to the newest folder: the served path is the same at every step, so vLLM's compile cache (keyed by
 a hash of its model config, the model path string included) is hit on every restart after the
-first (:mod:`hydroagent_hpc.train.engine` names the vLLM source read). Older
+first (:mod:`hydroagent_hpc.train.generation.engine` names the vLLM source read). Older
 folders are removed once the engine serves the new one. The seconds this takes are the step's
 ``weight_sync_s``.
 """
@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from hydroagent_hpc.train.engine import EngineAPI, EngineError, EngineSettings, api_key, make_api
+from hydroagent_hpc.train.generation.engine import EngineAPI, EngineError, EngineSettings, api_key, make_api
 
 log = logging.getLogger(__name__)
 

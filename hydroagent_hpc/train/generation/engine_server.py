@@ -1,15 +1,15 @@
 """A small HTTP inference server: a Hugging Face causal LM behind the SGLang and vLLM request shapes.
 
-``python -m hydroagent_hpc.train.engine_server --model PATH --port N [--dtype float32|bfloat16]
+``python -m hydroagent_hpc.train.generation.engine_server --model PATH --port N [--dtype float32|bfloat16]
 [--api-key-env NAME] [--device auto|cpu|cuda] [--context-length N | --max-model-len N]
 [--token-delay-s S]`` serves the model with our own
-:class:`~hydroagent_hpc.train.sampler.BatchedSampler` (stdlib ``http.server``, one thread per
+:class:`~hydroagent_hpc.train.generation.sampler.BatchedSampler` (stdlib ``http.server``, one thread per
 connection; requests run concurrently, each in its own decode loop: what a continuously batching
 engine looks like from the client, without its throughput). It is the loopback stand-in for SGLang
 and vLLM in the tests (no GPU and no engine here), and a usable engine for small models. The model
 runs on CUDA when torch sees a device (``--device auto``), else on the CPU.
 
-Endpoints (the subset :mod:`hydroagent_hpc.train.engine` uses, with the engines' field names):
+Endpoints (the subset :mod:`hydroagent_hpc.train.generation.engine` uses, with the engines' field names):
 
 - ``GET /health``: 200 ``{"ok": true}`` (no key needed).
 - ``POST /generate`` (SGLang): ``input_ids`` (one list or a list of lists), ``sampling_params``
@@ -35,7 +35,7 @@ sampler would. The log-probs are computed in the serving dtype: honest by defaul
 generator's numbers differ (what truncated importance weights correct).
 
 Each API keeps its engine's documented semantics (read from their source; the versions are named
-in :mod:`hydroagent_hpc.train.engine`):
+in :mod:`hydroagent_hpc.train.generation.engine`):
 
 - stops: ``/generate`` (SGLang, ``Req.check_finished``) stops a row at ``stop_token_ids`` and the
   model's eos ids, and with ``ignore_eos: true`` at **neither** (the row runs to
@@ -73,7 +73,7 @@ from typing import Any
 
 import torch
 
-from hydroagent_hpc.train.sampler import BatchedSampler, Sample, Sampling
+from hydroagent_hpc.train.generation.sampler import BatchedSampler, Sample, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -442,8 +442,8 @@ def _handler(server: EngineServer) -> type[BaseHTTPRequestHandler]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hydroagent_hpc.train.engine_server --model PATH --port N``."""
-    ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.train.engine_server",
+    """``python -m hydroagent_hpc.train.generation.engine_server --model PATH --port N``."""
+    ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.train.generation.engine_server",
                                  description="A causal LM behind the SGLang /generate and vLLM /v1/completions API.")
     ap.add_argument("--model", required=True, help="a save_pretrained folder")
     ap.add_argument("--host", default="127.0.0.1")

@@ -8,7 +8,7 @@ group, a seed) as a full calibration episode through the same
   pace; nothing waits for the slowest rollout of the batch or of its turn (TRL's lock-step
   rollouts do). The embedded simulator's kernel releases the GIL, so the simulations of
   different rollouts run on different cores.
-- **Model turns** go to a :class:`~hydroagent_hpc.train.sampler.GenerationServer`: the rollouts
+- **Model turns** go to a :class:`~hydroagent_hpc.train.generation.sampler.GenerationServer`: the rollouts
   waiting for a turn at the same moment are sampled in one batch. The policy is
   :class:`RolloutPolicy`, :class:`~hydroagent_hpc.agents.llm.hf_local.HFLocalPolicy` with its
   sampling handed to the server, so the held id sequence is built exactly as in evaluation (the
@@ -19,7 +19,7 @@ group, a seed) as a full calibration episode through the same
   members of a group usually start from the same defaults) and the result is shared. Each
   rollout's environment still records, credits and counts that run as its own. Runs of one basin
   that wait for a slot at the same moment (the K members of a group, typically) are gathered by a
-  :class:`~hydroagent_hpc.train.coalesce.RunCoalescer` into one batched call that holds one slot
+  :class:`~hydroagent_hpc.train.generation.coalesce.RunCoalescer` into one batched call that holds one slot
   and one thread (``sim_batch`` members at most; 1 turns it off); a run that finds a slot free
   runs at once.
 - **Rewards come from the environment's ledger only**: the per-turn payments of the turns an
@@ -49,8 +49,8 @@ from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import SimulationError
 from hydroagent_hpc.sim.kernels import thread_cap
 from hydroagent_hpc.sim.task import simulate_task
-from hydroagent_hpc.train.coalesce import Params, RunCoalescer
-from hydroagent_hpc.train.sampler import GenerationServer, Sampling
+from hydroagent_hpc.train.generation.coalesce import Params, RunCoalescer
+from hydroagent_hpc.train.generation.sampler import GenerationServer, Sampling
 from hydroagent_hpc.types import Episode, SimulationResult
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class Rollout:
 @dataclass
 class SlotUse:
     """What one hold of a slot ran: ``runs`` member runs (1 unless a batch), ``batched`` when they
-    ran as one batched call (set by :class:`~hydroagent_hpc.train.coalesce.RunCoalescer`)."""
+    ran as one batched call (set by :class:`~hydroagent_hpc.train.generation.coalesce.RunCoalescer`)."""
 
     runs: int = 1
     batched: bool = False
@@ -382,7 +382,7 @@ def run_rollouts(specs: Sequence[RolloutSpec], *, env_factory: Callable[[Rollout
     ``lockstep=True`` puts every rollout behind one :class:`TurnGate` (the baseline schedule the
     benchmark compares against; it needs ``max_workers`` >= the number of rollouts). ``sim_batch``:
     the most runs of one basin gathered into one batch while they wait for a slot (1: none; see
-    :class:`~hydroagent_hpc.train.coalesce.RunCoalescer`).
+    :class:`~hydroagent_hpc.train.generation.coalesce.RunCoalescer`).
     """
     if sim_batch < 1:
         raise ValueError(f"sim_batch={sim_batch}: must be at least 1 (1 runs every simulation alone)")

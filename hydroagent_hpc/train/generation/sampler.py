@@ -104,7 +104,7 @@ class Sample:
 
 class RolloutSampler(Protocol):
     """What :class:`GenerationServer` drives: :class:`BatchedSampler` (in-process) or
-    :class:`~hydroagent_hpc.train.engine.EngineSampler` (an external inference engine)."""
+    :class:`~hydroagent_hpc.train.generation.engine.EngineSampler` (an external inference engine)."""
 
     max_batch: int
     stats: dict[str, Any]

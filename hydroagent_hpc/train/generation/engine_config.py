@@ -1,7 +1,7 @@
 """The ``engine`` section of a GRPO config: which inference server generates, and how it is reached.
 
 Light on purpose (no torch, no HTTP): the GRPO config, the pipeline file and the memory plan check it
-without loading the engine client (:mod:`hydroagent_hpc.train.engine`, whose API classes follow
+without loading the engine client (:mod:`hydroagent_hpc.train.generation.engine`, whose API classes follow
 :data:`ENGINE_API_RELOAD`). ``docs/grpo.md`` ("Generation by an engine") has the walk-through.
 """
 

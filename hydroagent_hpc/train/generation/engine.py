@@ -7,9 +7,9 @@ Two request paths share one protocol object per engine (:class:`EngineAPI`):
   engine batches the requests in flight continuously (both SGLang and vLLM add and retire rows at
   every decode step), so a short turn never waits for a long one and no rollout waits for another
   rollout's batch. It has the interface of
-  :class:`~hydroagent_hpc.train.sampler.GenerationServer` (context manager, ``generate``,
+  :class:`~hydroagent_hpc.train.generation.sampler.GenerationServer` (context manager, ``generate``,
   ``stats``); :func:`serve_rollouts` picks it for an :class:`EngineSampler`.
-- :class:`EngineSampler` (the :class:`~hydroagent_hpc.train.sampler.BatchedSampler` interface:
+- :class:`EngineSampler` (the :class:`~hydroagent_hpc.train.generation.sampler.BatchedSampler` interface:
   ``sample``, ``max_batch``, ``stats``, ``forget``): a list of prompts in, their samples out, in
   blocks of ``max_batch`` rows. Used by tests and callers that hold a whole batch at once.
 
@@ -62,7 +62,7 @@ One small protocol class per engine API, chosen by name from :data:`ENGINE_APIS`
   check, and issues vllm-project/vllm#32718 (stale weights after ``reload_weights``, open) and
   #48312 (an RFC listing reload-correctness bugs, open) say it is not yet dependable. So a ``vllm``
   engine is restarted on each new checkpoint by the launcher
-  (:mod:`hydroagent_hpc.train.engine_process`), always on the same folder path (a ``current``
+  (:mod:`hydroagent_hpc.train.generation.engine_process`), always on the same folder path (a ``current``
   link swapped atomically), so that vLLM's compile cache key stays the same: ``ModelConfig.compute_hash``
   hashes every field but an ignore list (``served_model_name``, ``tokenizer``, ...) that does not
   hold ``model``, the path string as given (``vllm/config/model.py`` read at 18ec6629, a tree whose
@@ -105,8 +105,8 @@ from typing import Any, ClassVar
 
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.registry import Registry
-from hydroagent_hpc.train.engine_config import ENGINE_API_RELOAD, EngineSettings, parse_gpus
-from hydroagent_hpc.train.sampler import GenerationServer, RolloutSampler, Sample, Sampling
+from hydroagent_hpc.train.generation.engine_config import ENGINE_API_RELOAD, EngineSettings, parse_gpus
+from hydroagent_hpc.train.generation.sampler import GenerationServer, RolloutSampler, Sample, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -394,7 +394,7 @@ class VLLMAPI(EngineAPI):
 
 
 #: The engine APIs by name (``engine.api`` in a GRPO config).
-ENGINE_APIS: Registry[type[EngineAPI]] = Registry("engine api", where="hydroagent_hpc/train/engine.py")
+ENGINE_APIS: Registry[type[EngineAPI]] = Registry("engine api", where="hydroagent_hpc/train/generation/engine.py")
 ENGINE_APIS.register("sglang", SGLangAPI)
 ENGINE_APIS.register("vllm", VLLMAPI)
 
@@ -416,7 +416,7 @@ def _check_rows(prompts: Sequence[Sequence[int]], seeds: Sequence[int | None],
 
 
 class EngineSampler:
-    """The :class:`~hydroagent_hpc.train.sampler.BatchedSampler` interface over an engine (module doc).
+    """The :class:`~hydroagent_hpc.train.generation.sampler.BatchedSampler` interface over an engine (module doc).
 
     ``keys`` are accepted and ignored (the engines keep their own prefix caches); ``forced`` ids are
     not supported (a benchmark and test feature of the in-process sampler). ``stats`` counts HTTP
@@ -455,7 +455,7 @@ class EngineSampler:
 class EngineRequests(GenerationServer):
     """Rollout turns sent to the engine as they come: one request per turn, from the calling thread.
 
-    The :class:`~hydroagent_hpc.train.sampler.GenerationServer` interface (a context manager whose
+    The :class:`~hydroagent_hpc.train.generation.sampler.GenerationServer` interface (a context manager whose
     :meth:`generate` blocks the calling rollout until its turn is sampled) without the server's
     batch loop: :meth:`generate` sends the turn at once and waits for that request only, so the
     engine's continuous batching decides what runs together and a short turn never waits for a long
@@ -527,7 +527,7 @@ class EngineRequests(GenerationServer):
 def serve_rollouts(sampler: RolloutSampler) -> GenerationServer:
     """What answers the rollouts' turns: :class:`EngineRequests` for an :class:`EngineSampler` (each
     turn its own request, the engine batching them continuously), else the batching
-    :class:`~hydroagent_hpc.train.sampler.GenerationServer` around the in-process sampler."""
+    :class:`~hydroagent_hpc.train.generation.sampler.GenerationServer` around the in-process sampler."""
     if isinstance(sampler, EngineSampler):
         return EngineRequests(sampler)
     return GenerationServer(sampler)
