@@ -19,11 +19,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from hydroagent_hpc.agents.llm.trajectory import TrajectoryBuilder  # noqa: E402
 from hydroagent_hpc.campaign import load_campaign, run_campaign  # noqa: E402
 from hydroagent_hpc.store import read_episodes, read_turns  # noqa: E402
 from hydroagent_hpc.train import tiny  # noqa: E402
 from hydroagent_hpc.train.sft_data import SFTDataError, SFTDataset, build_sft_data, episode_messages, paper_weights  # noqa: E402
-from hydroagent_hpc.train.trajectory import TrajectoryBuilder  # noqa: E402
 
 ENV = "env: {preset: paper, max_simulations: 3, max_turns: null, patience: null, target_nse: 0.99}\n"
 

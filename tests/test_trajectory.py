@@ -1,4 +1,4 @@
-"""The token-exact trajectory builder (agents/llm/trajectory.py, re-exported by train/trajectory.py).
+"""The token-exact trajectory builder (agents/llm/trajectory.py).
 
 Real tiny Qwen3 tokenizer and template (train/tiny.py), seeded 50-turn conversations in both tool
 call styles (Hermes text and OpenAI-style ``tool_calls``), and the local policy's own id sequence.
@@ -15,10 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from hydroagent_hpc.agents.llm.trajectory import TemplatePrefixError, TrajectoryBuilder, TrajectoryError  # noqa: E402
 from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response, tool_schemas  # noqa: E402
 from hydroagent_hpc.params import PARAMS, TUNABLE  # noqa: E402
 from hydroagent_hpc.train import tiny  # noqa: E402
-from hydroagent_hpc.train.trajectory import TemplatePrefixError, TrajectoryBuilder, TrajectoryError  # noqa: E402
 from hydroagent_hpc.types import ToolCall  # noqa: E402
 
 PROSE = ("The peaks are too low; I lower wm.", "Timing is late, so alpha goes up.", "",

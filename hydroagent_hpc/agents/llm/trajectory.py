@@ -35,8 +35,8 @@ The key is removed before the template sees the messages; absent or ``True`` it 
 Any other value, or the key on a message that is not an assistant message, is refused.
 
 Where this lives: ``agents/llm`` so :class:`~hydroagent_hpc.agents.llm.hf_local.HFLocalPolicy`
-uses it without ``agents`` importing ``train``; :mod:`hydroagent_hpc.train.trajectory` re-exports
-it for the trainers. It needs only a tokenizer object (``apply_chat_template``, ``encode``), so
+uses it without ``agents`` importing ``train``; the trainers (SFT data, GRPO rollouts) import it from
+here. It needs only a tokenizer object (``apply_chat_template``, ``encode``), so
 importing it loads neither torch nor transformers.
 """
 
