@@ -77,6 +77,7 @@ class Setting:
     presets: Mapping[str, Any] = field(default_factory=dict)
     fix: str = ""
     convert: Callable[[Any], Any] | None = None
+    flag: str = ""
 
     def limits(self) -> str:
         """The limits in words (``"> 0"``, ``"0 to 1"``, ``"one of a, b"``), "" when there are none."""
@@ -97,18 +98,18 @@ def setting(default: Any = MISSING, *, help: str, factory: Callable[[], Any] | N
             ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
             choices: Sequence[Any] = (), nonempty: bool = False, unique: bool = False, path: bool = False,
             keep: Sequence[str] = (), presets: Mapping[str, Any] | None = None, fix: str = "",
-            convert: Callable[[Any], Any] | None = None) -> Any:
+            convert: Callable[[Any], Any] | None = None, flag: str = "") -> Any:
     """A dataclass field with its limits, help text and source (no ``default``: the key is required).
 
     ``convert`` (optional) turns what a file may hold into the field's type (``"2,3"`` -> ``("2", "3")``)
     before the type and limits are checked; it raises :func:`invalid` with an empty path for a value
-    it refuses.
+    it refuses. ``flag``: the command-line option when it is not ``--`` + the name in kebab case.
     """
     if source not in SOURCES:
         raise ValueError(f"source={source!r}: use one of {SOURCES}")
     spec = Setting(help=help, source=source, ge=ge, gt=gt, le=le, lt=lt, choices=tuple(choices), nonempty=nonempty,
                    unique=unique, path=path, keep=tuple(keep), presets=dict(presets or {}), fix=fix,
-                   convert=convert)
+                   convert=convert, flag=flag)
     if factory is not None:
         return field(default_factory=factory, metadata={"setting": spec})
     return field(default=default, metadata={"setting": spec})
@@ -483,7 +484,9 @@ def markdown(cls: type, title: str) -> str:
 # --- command line --------------------------------------------------------------------------------------
 
 
-def _option(name: str, prefix: str) -> str:
+def _option(name: str, prefix: str, spec: Setting | None = None) -> str:
+    if spec is not None and spec.flag:
+        return spec.flag
     return f"--{prefix}{name.replace('_', '-')}"
 
 
@@ -501,14 +504,25 @@ def add_arguments(parser: argparse.ArgumentParser | Any, cls: type, names: Seque
         f, tp = known[name], hints[name]
         spec = _spec(f)
         helptext = spec.help if spec else name
-        limits = spec.limits() if spec else ""
+        limits = ", ".join(x for x in (spec.limits() if spec else "").split(", ")
+                           if x not in ("not empty", "no repeats"))
         shown = (defaults or {}).get(name, f.default if f.default is not MISSING else None)
+        shown = None if shown == () else shown
         extra = "; ".join(x for x in (limits, f"default {_show(shown)}" if shown is not None else "") if x)
         full = f"{helptext} ({extra})" if extra else helptext
         dest = f"{prefix.replace('-', '_')}{name}"
+        flag = _option(name, prefix, spec)
         if tp is bool:
-            parser.add_argument(_option(name, prefix), dest=dest, action=argparse.BooleanOptionalAction,
-                                default=None, help=full)
+            parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=full)
+            continue
+        if typing.get_origin(tp) is tuple:  # a list: the option repeats (--module a --module b)
+            item: Any = typing.get_args(tp)[0]
+
+            def parse_item(text: str, _item: Any = item) -> Any:
+                return _from_text(text, _item)
+
+            parser.add_argument(flag, dest=dest, action="append", default=None, metavar=name.upper().rstrip("S"),
+                                type=parse_item, help=f"{full} (repeat for several)")
             continue
 
         def parse(text: str, _tp: Any = tp, _spec: Setting | None = spec, _name: str = name) -> Any:
@@ -523,7 +537,7 @@ def add_arguments(parser: argparse.ArgumentParser | Any, cls: type, names: Seque
 
         parse.__name__ = _type_name(tp)
         choices = spec.choices if spec and spec.choices and all(isinstance(c, str) for c in spec.choices) else None
-        parser.add_argument(_option(name, prefix), dest=dest, type=parse, default=None, help=full,
+        parser.add_argument(flag, dest=dest, type=parse, default=None, help=full,
                             metavar=("{" + ",".join(choices) + "}") if choices else name.upper())
 
 
@@ -547,5 +561,5 @@ def arguments_given(args: argparse.Namespace, names: Sequence[str], *, prefix: s
     for name in names:
         value = getattr(args, f"{prefix.replace('-', '_')}{name}", None)
         if value is not None:
-            out[name] = value
+            out[name] = tuple(value) if isinstance(value, list) else value
     return out

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hydroagent_hpc.train.grpo_throughput import EpisodeShape, GRPOStepParts, estimate_step
+from hydroagent_hpc.train.measure.grpo_throughput import EpisodeShape, GRPOStepParts, estimate_step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def test_the_grpo_benchmark_measures_the_tiny_model_on_the_cpu():
 
 
 def test_the_grpo_benchmark_refuses_clearly():
-    from hydroagent_hpc.train.throughput import cuda_device_count
+    from hydroagent_hpc.train.measure.throughput import cuda_device_count
 
     bad = _bench("--grpo", "--turns", "0")
     assert bad.returncode == 2 and "EpisodeShape.turns=0" in bad.stderr and "--turns" in bad.stderr

@@ -529,8 +529,8 @@ def test_the_sft_benchmark_runs_the_trainers_precision_and_records_it():
     """On the CPU with the trainer's settings (fp32 weights, bf16 autocast, the SFT trainer's AdamW): the record
     says which compute dtype, optimizer and checkpointing ran."""
     from hydroagent_hpc.train.config import SFTConfig as Cfg
+    from hydroagent_hpc.train.measure.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
     from hydroagent_hpc.train.sft import sft_optimizer
-    from hydroagent_hpc.train.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
 
     cfg = qwen3_config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        head_dim=16, intermediate_size=128, vocab_size=256)

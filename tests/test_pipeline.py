@@ -161,6 +161,7 @@ def test_a_gauge_id_must_be_quoted(tmp_path):
 # --------------------------------------------------------------------------- skip, resume, rerun
 
 
+@pytest.mark.slow
 def test_the_interrupted_sft_stage_resumed_from_its_checkpoint(demo_run):
     run = demo_run["run"]
     assert demo_run["cut"]["record"]["status"] == "running"  # killed: never recorded as done
@@ -174,6 +175,7 @@ def test_the_interrupted_sft_stage_resumed_from_its_checkpoint(demo_run):
     assert all(before[s] == "fresh" for s in ("grpo", "evaluation", "report"))
 
 
+@pytest.mark.slow
 def test_a_finished_run_skips_every_stage(demo_run, tmp_path):
     spec, run = _copy(demo_run, tmp_path)
     before = {s: read_record(run, s)["finished_utc"] for s in STAGES}
@@ -184,6 +186,7 @@ def test_a_finished_run_skips_every_stage(demo_run, tmp_path):
     assert [(r["status"], r["next"]) for r in status["stages"]] == [("done", "skip")] * len(STAGES)
 
 
+@pytest.mark.slow
 def test_a_changed_section_reruns_that_stage_and_every_stage_that_reads_it(demo_run, tmp_path):
     spec, run = _copy(demo_run, tmp_path)
     data = yaml.safe_load(spec.read_text())
@@ -204,6 +207,7 @@ def test_a_changed_section_reruns_that_stage_and_every_stage_that_reads_it(demo_
     assert [rows[s]["next"] for s in ("grpo", "evaluation", "report")] == ["wait"] * 3
 
 
+@pytest.mark.slow
 def test_a_damaged_output_makes_its_stage_run_again(demo_run, tmp_path):
     spec, run = _copy(demo_run, tmp_path)
     (run / "report" / "report.md").write_text("edited by hand\n")
@@ -217,6 +221,7 @@ def test_a_damaged_output_makes_its_stage_run_again(demo_run, tmp_path):
 # --------------------------------------------------------------------------- what the run wrote
 
 
+@pytest.mark.slow
 def test_the_report_opens_with_table1_and_has_the_figures(demo_run):
     run = demo_run["run"]
     md = (run / "report" / "report.md").read_text()
@@ -236,6 +241,7 @@ def test_the_report_opens_with_table1_and_has_the_figures(demo_run):
     assert len(table) == 1 + 4
 
 
+@pytest.mark.slow
 def test_the_evaluation_plays_every_policy_under_one_budget(demo_run):
     from hydroagent_hpc.campaign import expand, load_campaign
 
@@ -251,6 +257,7 @@ def test_the_evaluation_plays_every_policy_under_one_budget(demo_run):
     assert [Path(b).name for b in grpo_cfg["basins"]] == ["syn_teach1", "syn_teach2"]
 
 
+@pytest.mark.slow
 def test_the_run_folder_keeps_the_file_the_commit_and_each_stages_checksums(demo_run):
     run = demo_run["run"]
     record = json.loads((run / "pipeline.json").read_text())
@@ -296,18 +303,19 @@ def test_the_grpo_stage_job_runs_simulation_ranks_when_the_site_asks(tmp_path):
 
 
 @pytest.mark.parametrize("text, says", [
-    ("gpus: 2\n", "one GPU each"),
+    ("gpus: 2\n", "gpus: must be at most 1, got 2"),
     ("grpo_sim_ranks: -1\n", "grpo_sim_ranks"),
     ("partitoin: gpu\n", "unknown key"),
     ("time_min: {sft: 0}\n", "time_min"),
     ("time_min: {trian: 10}\n", "time_min"),
 ])
 def test_site_file_errors_name_the_line(tmp_path, text, says):
-    from hydroagent_hpc.pipeline.submit import SiteError, load_site
+    from hydroagent_hpc.errors import ConfigError
+    from hydroagent_hpc.pipeline.submit import load_site
 
     site = tmp_path / "site.yaml"
     site.write_text("partition: cpu\n" + text)
-    with pytest.raises(SiteError) as err:
+    with pytest.raises(ConfigError) as err:
         load_site(site)
     assert err.value.message.startswith(f"{site}:2:") and says in err.value.message
 

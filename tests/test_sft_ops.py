@@ -388,7 +388,7 @@ def test_the_trainer_loads_the_shipped_configs(name):
 # --------------------------------------------------------------------------- benchmarks
 
 def test_the_gpu_benchmark_refuses_clearly_without_cuda():
-    from hydroagent_hpc.train.throughput import cuda_device_count
+    from hydroagent_hpc.train.measure.throughput import cuda_device_count
 
     if cuda_device_count():
         pytest.skip("this machine has CUDA: the refusal cannot be observed here")
@@ -401,7 +401,7 @@ def test_the_4b_shape_and_its_flop_count():
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from hydroagent_hpc.train.throughput import flops_per_token, matmul_params, qwen3_config
+    from hydroagent_hpc.train.measure.throughput import flops_per_token, matmul_params, qwen3_config
 
     cfg = qwen3_config()
     with torch.device("meta"):
@@ -418,7 +418,7 @@ def test_the_4b_shape_and_its_flop_count():
 def test_cpu_sft_steps_report_tokens_and_flops():
     import torch
 
-    from hydroagent_hpc.train.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
+    from hydroagent_hpc.train.measure.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
 
     cfg = qwen3_config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        head_dim=16, intermediate_size=128, vocab_size=256, tie_word_embeddings=False)

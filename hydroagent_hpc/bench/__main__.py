@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out("\n## SFT steps on the CPU, tiny Qwen3 (`python -m hydroagent_hpc.bench.train`; `--gpu` for the 4B shape)\n\n")
     out(tbench.markdown(tbench.cpu_rows()))
-    from hydroagent_hpc.train.grpo_throughput import EpisodeShape
+    from hydroagent_hpc.train.measure.grpo_throughput import EpisodeShape
 
     out("\n## A GRPO step's parts on the CPU, tiny Qwen3 (`python -m hydroagent_hpc.bench.train --grpo`; "
         "`--gpu --grpo` for the 4B shape and the paper-sized step)\n\n")

@@ -3,7 +3,7 @@
 * CPU (the default; a section of ``make bench``): tokens/s and peak memory of full-parameter SFT
   steps (forward, weighted assistant-only loss, backward, clip, AdamW) of the tiny offline Qwen3
   (:mod:`hydroagent_hpc.train.tiny`, fp32) at a few sequence lengths.
-* ``--gpu``: a Qwen3-4B-shaped model (:data:`hydroagent_hpc.train.throughput.QWEN3_4B_SHAPE`) with
+* ``--gpu``: a Qwen3-4B-shaped model (:data:`hydroagent_hpc.train.measure.throughput.QWEN3_4B_SHAPE`) with
   random weights on one CUDA device, held as the SFT trainer holds it in one process (fp32 master
   weights, bf16 autocast compute, the trainer's own AdamW), 8,192-token sequences with activation
   checkpointing (``--no-activation-checkpointing`` turns it off; the result records which ran),
@@ -12,12 +12,12 @@
   memory beside the memory plan's (:mod:`hydroagent_hpc.train.memory_plan`). The plan is checked
   against the device's free memory before the model is built: a size that does not fit is refused
   with the number of layers that would (``--layers``). The FLOP count and its formula are in
-  :mod:`hydroagent_hpc.train.throughput`. Without CUDA it refuses with exit status 2.
+  :mod:`hydroagent_hpc.train.measure.throughput`. Without CUDA it refuses with exit status 2.
 
 * ``--grpo`` (with or without ``--gpu``): the parts of a GRPO step measured with the trainer's own
   code (prefill, decode through the rollout sampler, one GRPO optimizer step with the reference
   model, activation checkpointing on unless ``--no-activation-checkpointing``;
-  :mod:`hydroagent_hpc.train.grpo_throughput`) and the step they add up to for the paper's
+  :mod:`hydroagent_hpc.train.measure.grpo_throughput`) and the step they add up to for the paper's
   setting (4 prompts x K=8 episodes of up to 50 turns), on 1 GPU and on 4, the assumptions printed
   with it. On the CPU it runs the tiny model with small sizes (seconds), which checks the code, not
   the GPU figure.
@@ -52,7 +52,7 @@ CPU_SEQ_LENS = (256, 1024)
 
 def cpu_rows(seq_lens: tuple[int, ...] = CPU_SEQ_LENS, steps: int = 5, batch: int = 4) -> list[dict[str, Any]]:
     """Timed SFT steps of the tiny Qwen3 on the CPU, one row per sequence length."""
-    from hydroagent_hpc.train.throughput import measure_sft_steps
+    from hydroagent_hpc.train.measure.throughput import measure_sft_steps
     from hydroagent_hpc.train.tiny import build_tiny
 
     rows = []
@@ -86,7 +86,7 @@ def bench_sft_config(seq_len: int, batch: int, activation_checkpointing: bool) -
 
 def bench_shape(layers: int | None = None) -> Any:
     """The benchmark's model shape (Qwen3-4B, or fewer layers)."""
-    from hydroagent_hpc.train.throughput import qwen3_config
+    from hydroagent_hpc.train.measure.throughput import qwen3_config
 
     return ModelShape.from_config(qwen3_config(**({"num_hidden_layers": layers} if layers else {})),
                                   name="Qwen3-4B shape" + (f", {layers} layers" if layers else ""))
@@ -114,8 +114,8 @@ def gpu_result(seconds: float, seq_len: int, batch: int, activation_checkpointin
     trainer holds it in one process (fp32 master weights, bf16 autocast, the trainer's AdamW). The memory
     plan is checked against the device's free memory first (a :class:`MemoryPlanError` names the
     ``--layers`` that would fit)."""
+    from hydroagent_hpc.train.measure.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
     from hydroagent_hpc.train.sft import sft_optimizer
-    from hydroagent_hpc.train.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
 
     free = free_device_memory("cuda:0")
     assert free is not None
@@ -145,10 +145,10 @@ def grpo_result(gpu: bool, shape: Any, *, sim_s: float, sim_slots: int, layers: 
                 activation_checkpointing: bool = False, decode_ctx: int | None = None) -> dict[str, Any]:
     """Measure a GRPO step's parts (4B shape in BF16 on CUDA device 0 with ``gpu``, else the tiny model on
     the CPU at small sizes) and estimate ``shape``'s step for each of :data:`GRPO_LAYOUTS`."""
-    from hydroagent_hpc.train.grpo_throughput import estimate_step, measure_parts
+    from hydroagent_hpc.train.measure.grpo_throughput import estimate_step, measure_parts
 
     if gpu:
-        from hydroagent_hpc.train.throughput import build_random_qwen3, qwen3_config
+        from hydroagent_hpc.train.measure.throughput import build_random_qwen3, qwen3_config
 
         cfg = qwen3_config(**({"num_hidden_layers": layers} if layers else {}))
         model = build_random_qwen3(cfg, "cuda", "bfloat16", seed=0)
@@ -199,7 +199,8 @@ def grpo_markdown(r: dict[str, Any]) -> str:
     for e in r["estimates"]:
         lines.append(f"| {e['gpus']} | {e['engines']} | {e['prefill_s']:.1f} | {e['decode_s']:.1f} | "
                      f"{e['train_s']:.1f} | {e['simulate_s']:.1f} | {e['step_s']:.1f} | {e['step_s'] / 60:.2f} |")
-    lines += ["", "Formula and assumptions: hydroagent_hpc/train/grpo_throughput.py (a lower bound: FSDP's gathers "
+    lines += ["", "Formula and assumptions: hydroagent_hpc/train/measure/grpo_throughput.py "
+              "(a lower bound: FSDP's gathers "
               "and the weight sync to an engine are not counted; the decode time of several generating GPUs is the "
               "one measured at this batch). Issue 15's goal: a paper-sized step in <= 3 minutes on 4 H100s.", ""]
     return "\n".join(lines)
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = cpu_rows()
         sys.stdout.write(json.dumps(rows) + "\n" if args.json else markdown(rows))
         return 0
-    from hydroagent_hpc.train.throughput import cuda_device_count
+    from hydroagent_hpc.train.measure.throughput import cuda_device_count
 
     if cuda_device_count() == 0:
         print("error: --gpu needs a CUDA device and a CUDA build of torch; this machine has none "
@@ -272,13 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{r['peak_memory_mb'] / 1024:.1f} (plan {r['plan_peak_mb'] / 1024:.1f}) |\n\n"
         f"Model FLOPs per token = 6 x matmul params + 12 x layers x "
         f"(heads x head_dim) x seq_len = {r['flops_per_token'] / 1e9:.2f} GFLOP "
-        "(hydroagent_hpc/train/throughput.py).\n")
+        "(hydroagent_hpc/train/measure/throughput.py).\n")
     return 0
 
 
 def _grpo_main(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.train.grpo_throughput import EpisodeShape
-    from hydroagent_hpc.train.throughput import cuda_device_count
+    from hydroagent_hpc.train.measure.grpo_throughput import EpisodeShape
+    from hydroagent_hpc.train.measure.throughput import cuda_device_count
 
     try:
         shape = EpisodeShape(episodes=args.episodes, prompt=args.prompt_tokens, turn=args.turn_tokens,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from hydroagent_hpc.cli.argtypes import nonnegative_int, nse_target, positive_float, positive_int, seed
 from hydroagent_hpc.errors import UsageError
+from hydroagent_hpc.hpc.slurm import SITE_OPTIONS, SiteSettings
+from hydroagent_hpc.settings import add_arguments, arguments_given
 from hydroagent_hpc.sim.errors import HydroAgentError
 
 log = logging.getLogger("hydroagent")
@@ -158,12 +160,8 @@ def cmd_campaign_status(args: argparse.Namespace) -> int:
 
 def cmd_submit_campaign(args: argparse.Namespace) -> int:
     from hydroagent_hpc.campaign.submit import submit_campaign
-    from hydroagent_hpc.hpc.slurm import SiteSettings
 
-    site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
-                                 constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
-                                 ntasks=args.ntasks, mem_gb=args.mem_gb, array_parallelism=args.array_parallelism,
-                                 modules=tuple(args.module) if args.module else None)
+    site = site_from_args(args, CAMPAIGN_SITE_OPTIONS)
     out = submit_campaign(args.file, args.run_dir, args.array, site, cluster=args.cluster, wait=args.wait,
                           pool=args.pool, workers=args.workers, max_in_flight=args.max_in_flight,
                           timeout_s=args.timeout, report=not args.no_report)
@@ -193,16 +191,22 @@ def cmd_report(args: argparse.Namespace) -> int:
           f"{len(report.tables)} tables in {out / 'tables'}; {report.seconds:.1f} s)")
     return 0
 
-def add_site_options(p: argparse.ArgumentParser, *, local: str, time: str, cpus: str, module: str) -> None:
-    """The Slurm site options every ``submit`` subcommand takes (read by ``hpc.slurm.SiteSettings``)."""
+#: The Slurm fields ``campaign submit`` takes besides :data:`SITE_OPTIONS`: MPI ranks and parallel shards.
+CAMPAIGN_SITE_OPTIONS = ("ntasks", "array_parallelism")
+
+
+def add_site_options(p: argparse.ArgumentParser, *, local: str, extra: tuple[str, ...] = ()) -> None:
+    """The Slurm site options every ``submit`` subcommand takes, generated from the fields of
+    :class:`hydroagent_hpc.hpc.slurm.SiteSettings` (:data:`~hydroagent_hpc.hpc.slurm.SITE_OPTIONS` plus
+    ``extra``): the same help text, limits and checks as the pipeline's site file."""
     p.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
                    help=f"auto: Slurm when sbatch is here, else {local}")
-    for name in ("--partition", "--account", "--qos", "--constraint"):
-        p.add_argument(name)
-    p.add_argument("--time", type=positive_int, help=time)
-    p.add_argument("--cpus-per-task", type=positive_int, help=cpus)
-    p.add_argument("--mem-gb", type=positive_float)
-    p.add_argument("--module", action="append", help=module)
+    add_arguments(p, SiteSettings, (*SITE_OPTIONS, *extra))
+
+
+def site_from_args(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> SiteSettings:
+    """The :class:`SiteSettings` the options of :func:`add_site_options` give (then the environment, then defaults)."""
+    return SiteSettings.from_env(**arguments_given(args, (*SITE_OPTIONS, *extra)))
 
 
 def pool_choices() -> tuple[str, ...]:
@@ -224,11 +228,7 @@ def add_campaign_submit(sub: argparse._SubParsersAction, name: str = "submit") -
     sc.add_argument("file", help="campaign YAML")
     sc.add_argument("--run-dir", required=True, help="run folder: shards/, campaign.h5, logs/, report/")
     sc.add_argument("--array", type=positive_int, default=4, help="number of shard jobs (default 4)")
-    add_site_options(sc, local="local processes", time="minutes per shard job (default 60)",
-                     cpus="CPUs per shard job (default 1); local processes use them",
-                     module="environment module to load in each job (repeatable)")
-    sc.add_argument("--ntasks", type=positive_int, help="MPI ranks per shard job (srun --mpi=pmi2; default 1)")
-    sc.add_argument("--array-parallelism", type=positive_int, help="shard jobs running at once (default 64)")
+    add_site_options(sc, local="local processes", extra=CAMPAIGN_SITE_OPTIONS)
     sc.add_argument("--pool", choices=pool_choices(), default="auto")
     sc.add_argument("--workers", type=positive_int, help="worker processes per shard job (default: its CPUs)")
     sc.add_argument("--max-in-flight", type=positive_int, default=32)

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, probability, seed
-from hydroagent_hpc.cli.runs import add_site_options
+from hydroagent_hpc.cli.runs import add_site_options, site_from_args
 from hydroagent_hpc.errors import UsageError, one_line
 
 log = logging.getLogger("hydroagent")
@@ -67,12 +67,9 @@ def cmd_grpo(args: argparse.Namespace) -> int:
 
 
 def cmd_submit_sft(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.hpc.slurm import SiteSettings
     from hydroagent_hpc.train.submit import submit_sft
 
-    site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
-                                 constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
-                                 mem_gb=args.mem_gb, modules=tuple(args.module) if args.module else None)
+    site = site_from_args(args)
     out = submit_sft(args.config, args.run_dir, site, gpus=args.gpus, nodes=args.nodes, cluster=args.cluster,
                      wait=args.wait, max_requeues=args.max_requeues, save_wait_s=args.save_wait)
     print(json.dumps(out, default=str))
@@ -80,12 +77,9 @@ def cmd_submit_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_submit_grpo(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.hpc.slurm import SiteSettings
     from hydroagent_hpc.train.submit import submit_grpo
 
-    site = SiteSettings.from_env(partition=args.partition, account=args.account, qos=args.qos,
-                                 constraint=args.constraint, time_min=args.time, cpus_per_task=args.cpus_per_task,
-                                 mem_gb=args.mem_gb, modules=tuple(args.module) if args.module else None)
+    site = site_from_args(args)
     out = submit_grpo(args.config, args.run_dir, site, gpus=args.gpus, cluster=args.cluster, wait=args.wait,
                       max_requeues=args.max_requeues, save_wait_s=args.save_wait, sim_ranks=args.sim_ranks,
                       trainers=args.trainers)
@@ -173,8 +167,7 @@ def add_submit_sft(sub: argparse._SubParsersAction, name: str = "sft") -> argpar
     sf.add_argument("--run-dir", required=True, help="run folder: checkpoints/, final/, logs/, submit.json")
     sf.add_argument("--gpus", type=nonnegative_int, default=0, help="GPUs per node (default 0: one CPU process)")
     sf.add_argument("--nodes", type=positive_int, default=1, help="nodes (default 1)")
-    add_site_options(sf, local="a local process", time="minutes per attempt (default 60)",
-                     cpus="CPUs per node (default 1)", module="environment module to load in the job (repeatable)")
+    add_site_options(sf, local="a local process")
     sf.add_argument("--max-requeues", type=nonnegative_int, default=3, help="time-limit requeues (default 3)")
     sf.add_argument("--save-wait", type=positive_float, default=240.0,
                     help="seconds to wait for the checkpoint after SIGUSR1, then for the exit after SIGTERM "
@@ -208,9 +201,7 @@ def add_submit_grpo(sub: argparse._SubParsersAction, name: str = "grpo") -> argp
     sg.add_argument("--trainers", type=positive_int, default=None,
                     help="training processes (default: one per GPU, 1 on CPU; at most --gpus; more than 1 needs "
                          "generator: engine)")
-    add_site_options(sg, local="a local process", time="minutes per attempt (default 60)",
-                     cpus="CPUs for the trainer and its simulation threads (default 1)",
-                     module="environment module to load in the job (repeatable)")
+    add_site_options(sg, local="a local process")
     sg.add_argument("--max-requeues", type=nonnegative_int, default=3, help="time-limit requeues (default 3)")
     sg.add_argument("--save-wait", type=positive_float, default=540.0,
                     help="seconds to wait for the checkpoint after SIGUSR1 (the trainer saves at the end of its "

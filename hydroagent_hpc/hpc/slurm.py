@@ -19,35 +19,55 @@ import logging
 import os
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hydroagent_hpc.settings import Settings, invalid, setting
+
 log = logging.getLogger(__name__)
 
-__all__ = ["SiteSettings", "make_executor", "slurm_available", "array_id", "allocation_cpus", "CLUSTERS"]
+__all__ = ["SlurmFields", "SiteSettings", "SITE_OPTIONS", "make_executor", "slurm_available", "array_id",
+           "allocation_cpus", "CLUSTERS"]
 
 CLUSTERS = ("auto", "slurm", "local", "debug")
 
 
 @dataclass(frozen=True)
-class SiteSettings:
-    """What differs between clusters; ``None`` leaves the choice to the site's defaults."""
+class SlurmFields(Settings):
+    """The Slurm options every job shares, defined once: :class:`SiteSettings` (one job's request, the
+    command line's ``--partition``, ``--time``, ...) and the pipeline's site file
+    (:class:`hydroagent_hpc.pipeline.submit.Site`) both take them from here. ``None`` leaves the choice
+    to the site's defaults."""
 
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    time_min: int = 60
-    cpus_per_task: int = 1
-    ntasks: int = 1
-    mem_gb: float | None = None
-    gpus_per_node: int = 0
-    array_parallelism: int = 64
-    modules: tuple[str, ...] = ()
-    setup: tuple[str, ...] = field(default_factory=tuple)
+    partition: str | None = setting(None, nonempty=True, help="Slurm partition (default: $SBATCH_PARTITION, else "
+                                                              "the site's)")
+    account: str | None = setting(None, nonempty=True, help="Slurm account (default: $SBATCH_ACCOUNT)")
+    qos: str | None = setting(None, nonempty=True, help="Slurm QOS (default: $SBATCH_QOS)")
+    constraint: str | None = setting(None, nonempty=True, help="Slurm node constraint (--constraint)")
+    cpus_per_task: int = setting(1, ge=1, help="CPUs per task")
+    mem_gb: float | None = setting(None, gt=0, help="memory per node in GB (null: the site's default)")
+    array_parallelism: int = setting(64, ge=1, help="array tasks running at once")
+    modules: tuple[str, ...] = setting((), flag="--module", help="environment modules to load before the job "
+                                                                 "(default: $HYDROAGENT_MODULES)")
+    setup: tuple[str, ...] = setting((), flag="--setup", help="shell lines run before the job (default: "
+                                                              "$HYDROAGENT_SETUP, ';'-separated)")
+
+    def check(self) -> None:
+        for name in ("modules", "setup"):
+            if any(not v for v in getattr(self, name)):
+                raise invalid(name, "holds an empty entry")
+
+
+@dataclass(frozen=True)
+class SiteSettings(SlurmFields):
+    """One job's request: the shared Slurm fields plus its time, tasks and GPUs."""
+
+    time_min: int = setting(60, ge=1, flag="--time", help="time limit per job in minutes")
+    ntasks: int = setting(1, ge=1, help="tasks per job (MPI ranks; srun --mpi=pmi2)")
+    gpus_per_node: int = setting(0, ge=0, help="GPUs per node")
     #: the names whose values were given (command line or environment), not defaults: see :meth:`has`
-    given: tuple[str, ...] = ()
+    given: tuple[str, ...] = setting((), help="(internal) the settings given rather than defaulted")
 
     @classmethod
     def from_env(cls, **given: Any) -> SiteSettings:
@@ -62,21 +82,12 @@ class SiteSettings:
         }
         values.update({k: v for k, v in given.items() if v is not None})
         values["given"] = tuple(sorted(k for k, v in values.items() if v not in (None, ())))
-        site = cls(**values)
-        site.check()
-        return site
+        return cls(**values)
 
     def has(self, name: str) -> bool:
         """Whether ``name`` was given rather than left at its default: named in ``given`` (what
         :meth:`from_env` saw), or, for settings built directly, different from the default."""
         return name in self.given or getattr(self, name) != getattr(type(self)(), name)
-
-    def check(self) -> None:
-        for name in ("time_min", "cpus_per_task", "ntasks", "array_parallelism"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
-        if self.mem_gb is not None and self.mem_gb <= 0:
-            raise ValueError(f"mem_gb={self.mem_gb}: must be positive")
 
     def setup_lines(self) -> list[str]:
         lines = [f"module load {' '.join(self.modules)}"] if self.modules else []
@@ -87,6 +98,10 @@ class SiteSettings:
 
     def with_(self, **changes: Any) -> SiteSettings:
         return replace(self, **changes)
+
+
+#: The fields of :class:`SiteSettings` the ``submit`` commands take as options (``--partition``, ``--time``, ...).
+SITE_OPTIONS = ("partition", "account", "qos", "constraint", "time_min", "cpus_per_task", "mem_gb", "modules")
 
 
 def slurm_available() -> bool:

@@ -28,7 +28,8 @@ import logging
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,52 +37,57 @@ from hydroagent_hpc.campaign.submit import ShardJob
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.hpc.jobs import CheckpointedCommand
 from hydroagent_hpc.hpc.jobs import slurm_active_jobs as _active
-from hydroagent_hpc.hpc.slurm import SiteSettings, array_id, make_executor
+from hydroagent_hpc.hpc.slurm import SiteSettings, SlurmFields, array_id, make_executor
 from hydroagent_hpc.pipeline import stages as st
 from hydroagent_hpc.pipeline.runner import RUN_SPEC, adopt_spec, load_run_spec
 from hydroagent_hpc.pipeline.spec import STAGES, load_pipeline
 from hydroagent_hpc.pipeline.state import read_record, utc_now, write_json_atomic
+from hydroagent_hpc.settings import dump, from_mapping, invalid, setting
 from hydroagent_hpc.yamlio import brief, load_strict
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Site", "SiteError", "load_site", "StageJob", "StageShardJob", "TrainStageJob", "submit_pipeline",
+__all__ = ["Site", "load_site", "StageJob", "StageShardJob", "TrainStageJob", "submit_pipeline",
            "SUBMIT_RECORD"]
 
 SUBMIT_RECORD = "submit.json"
 
 
-class SiteError(ConfigError):
-    """A site file that cannot be used (names FILE:LINE and the fix)."""
+def _stage_minutes(value: Any) -> dict[str, int]:
+    """``time_min`` of a site file: minutes for every stage, or a mapping of stage (or ``default``) to minutes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = {"default": value}
+    if not isinstance(value, Mapping) or any(k not in (*STAGES, "default") or isinstance(v, bool) or
+                                             not isinstance(v, int) or v < 1 for k, v in value.items()):
+        raise invalid((), f"minutes, or a mapping of stage (or default) to minutes, got {brief(value)}",
+                      f"stages: {', '.join(STAGES)}")
+    return {"default": 60, **value}
 
 
 @dataclass(frozen=True)
-class Site:
+class Site(SlurmFields):
     """Where the jobs run: ``partition`` for CPU stages, ``gpu_partition`` and ``gpus`` for SFT and GRPO
-    (``gpus: 0`` trains on CPU), ``time_min`` per stage (``default`` for the rest)."""
+    (``gpus: 0`` trains on CPU), ``time_min`` per stage (``default`` for the rest). The Slurm fields
+    every job shares (partition, account, qos, constraint, cpus_per_task, mem_gb, array_parallelism,
+    modules, setup) are :class:`~hydroagent_hpc.hpc.slurm.SlurmFields`, as on the command line."""
 
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    gpu_partition: str | None = None
-    gpus: int = 0
-    grpo_sim_ranks: int = 0  # MPI simulation ranks beside the GRPO trainer (0: its threads)
-    cpus_per_task: int = 1
-    train_cpus_per_task: int | None = None
-    mem_gb: float | None = None
-    time_min: dict[str, int] = field(default_factory=lambda: {"default": 60})
-    array_parallelism: int = 64
-    modules: tuple[str, ...] = ()
-    setup: tuple[str, ...] = ()
-    source: str = "<defaults>"
+    gpu_partition: str | None = setting(None, nonempty=True, help="partition of the SFT, GRPO and policy-evaluation "
+                                                                  "jobs (null: partition)")
+    gpus: int = setting(0, ge=0, le=1, help="GPUs of the SFT and GRPO jobs (0 trains on CPU)",
+                        fix="give 1 (or 0 to train on CPU); multi-GPU SFT: `hydroagent train submit sft --gpus N`")
+    grpo_sim_ranks: int = setting(0, ge=0, help="MPI simulation ranks beside the GRPO trainer (0: its threads)")
+    train_cpus_per_task: int | None = setting(None, ge=1, help="CPUs of the training jobs (null: cpus_per_task)")
+    time_min: dict[str, int] = setting(factory=lambda: {"default": 60}, convert=_stage_minutes,
+                                       help="minutes per job: a number, or a mapping of stage (or default) to minutes")
+    source: str = setting("<defaults>", help="(internal) the site file")
 
     def settings(self, stage: str, shards: bool = False) -> SiteSettings:
         """The SLURM settings of ``stage``'s jobs: SFT, GRPO and the evaluation's shards (LLM policies)
         on the GPU partition with ``gpus`` GPUs, the rest on ``partition``."""
         train = stage in st.TRAINER_STAGES or (stage == "evaluation" and shards)
         base = SiteSettings.from_env(partition=(self.gpu_partition or self.partition) if train else self.partition,
-                                     account=self.account, qos=self.qos, mem_gb=self.mem_gb,
-                                     modules=self.modules or None, setup=self.setup or None)
+                                     account=self.account, qos=self.qos, constraint=self.constraint,
+                                     mem_gb=self.mem_gb, modules=self.modules or None, setup=self.setup or None)
         cpus = (self.train_cpus_per_task or self.cpus_per_task) if train else self.cpus_per_task
         if stage == "grpo" and self.grpo_sim_ranks:
             cpus = max(cpus, self.grpo_sim_ranks + 1)  # the trainer and its simulation ranks share the task
@@ -90,58 +96,20 @@ class Site:
                           gpus_per_node=self.gpus if train else 0, array_parallelism=self.array_parallelism, ntasks=1)
 
     def as_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
-
-
-_SITE_KEYS = {"partition", "account", "qos", "gpu_partition", "gpus", "grpo_sim_ranks", "cpus_per_task",
-              "train_cpus_per_task", "mem_gb",
-              "time_min", "array_parallelism", "modules", "setup"}
+        out: dict[str, Any] = dump(self)
+        return out
 
 
 def load_site(path: str | Path | None) -> Site:
     """Read a site file strictly (None: the defaults, with $SBATCH_PARTITION etc. from the environment)."""
     if path is None:
         return Site()
-    doc = load_strict(path, error=SiteError, what="site file")
-    data = doc.data or {}
-    if not isinstance(data, dict):
-        raise SiteError(f"{doc.source}: expected a mapping of site settings, got {brief(data)}")
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        at = doc.where([key])
-        if key not in _SITE_KEYS:
-            raise SiteError(f"{at}: {key}: unknown key", f"use one of {', '.join(sorted(_SITE_KEYS))}")
-        if key in ("partition", "account", "qos", "gpu_partition"):
-            if value is not None and (not isinstance(value, str) or not value):
-                raise SiteError(f"{at}: {key}: expected a name or null, got {brief(value)}")
-        elif key in ("gpus", "grpo_sim_ranks", "cpus_per_task", "train_cpus_per_task", "array_parallelism"):
-            least = 0 if key in ("gpus", "grpo_sim_ranks") else 1
-            if value is None and key == "train_cpus_per_task":
-                pass
-            elif isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise SiteError(f"{at}: {key}: expected a whole number >= {least}, got {brief(value)}")
-            if key == "gpus" and value > 1:
-                raise SiteError(f"{at}: gpus: {value}; the pipeline's SFT and GRPO jobs use one GPU each",
-                                "give 1 (or 0 to train on CPU); multi-GPU SFT: `hydroagent train submit sft --gpus N`")
-        elif key == "mem_gb":
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-                raise SiteError(f"{at}: mem_gb: expected a positive number or null, got {brief(value)}")
-        elif key == "time_min":
-            if isinstance(value, int) and not isinstance(value, bool):
-                value = {"default": value}
-            if not isinstance(value, dict) or any(k not in (*STAGES, "default") or isinstance(v, bool) or
-                                                  not isinstance(v, int) or v < 1 for k, v in value.items()):
-                raise SiteError(f"{at}: time_min: minutes, or a mapping of stage (or default) to minutes, got "
-                                f"{brief(value)}", f"stages: {', '.join(STAGES)}")
-            value = {"default": 60, **value}
-        elif key in ("modules", "setup"):
-            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-                raise SiteError(f"{at}: {key}: expected a list of text, got {brief(value)}")
-            value = tuple(value)
-        values[key] = value
-    return Site(**values, source=doc.source)
+    doc = load_strict(path, what="site file")
+    data = {} if doc.data is None else doc.data
+    if isinstance(data, Mapping) and "source" in data:
+        raise ConfigError(f"{doc.where(('source',))}: source: unknown key", "remove it")
+    return from_mapping(Site, {**data, "source": doc.source} if isinstance(data, Mapping) else data,
+                        where=doc.where)
 
 
 # --------------------------------------------------------------------------- the jobs

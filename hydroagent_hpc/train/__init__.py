@@ -15,7 +15,7 @@
   :mod:`~hydroagent_hpc.train.grpo` (the trainer) and :mod:`~hydroagent_hpc.train.grpo_launch`
   (its command line and MPI rank split).
 - Cluster jobs: :mod:`~hydroagent_hpc.train.submit` (submitit); throughput:
-  :mod:`~hydroagent_hpc.train.throughput`.
+  :mod:`~hydroagent_hpc.train.measure.throughput`.
 - :mod:`~hydroagent_hpc.train.tiny` builds a tiny random Qwen3 causal LM, a byte-level BPE
   tokenizer trained in milliseconds on synthetic calibration text, and a Qwen-style chat template
   with Hermes tool calls, so tests exercise the real Hugging Face code paths offline on a CPU.

@@ -68,7 +68,7 @@ __all__ = ["CheckResult", "run_checks", "main", "PAPER_CONFIGS"]
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 #: The paper configs the plan is made for: (file, kind, training GPUs, the GPU the file names).
 PAPER_CONFIGS = (("data/train/sft-qwen3-4b.yaml", "sft", 4, "H100-80GB"),
                  ("data/train/grpo-qwen3-4b.yaml", "grpo", 3, "H100-80GB"),
@@ -174,7 +174,7 @@ def check_memory_plan(device: torch.device, nominal: str) -> dict[str, Any]:
 
 
 def _qwen3(device: torch.device, cpu: bool, layers: int | None = None) -> Any:
-    from hydroagent_hpc.train.throughput import build_random_qwen3, qwen3_config
+    from hydroagent_hpc.train.measure.throughput import build_random_qwen3, qwen3_config
 
     overrides = dict(CPU_SHAPE) if cpu else {}
     if layers is not None:
@@ -221,7 +221,7 @@ def _fitting_size(kind: str, device: torch.device, nominal: str, seq_len: int | 
 
 def check_sft_step(device: torch.device, cpu: bool, seconds: float, seq_len: int | None,
                    nominal: str) -> dict[str, Any]:
-    from hydroagent_hpc.train.throughput import measure_sft_steps
+    from hydroagent_hpc.train.measure.throughput import measure_sft_steps
 
     tokens, layers, planned = _fitting_size("sft", device, nominal, seq_len)
     model = _qwen3(device, cpu, layers)
@@ -242,7 +242,7 @@ def check_sft_step(device: torch.device, cpu: bool, seconds: float, seq_len: int
 def check_grpo_step(device: torch.device, cpu: bool, seq_len: int | None, nominal: str) -> dict[str, Any]:
     import copy
 
-    from hydroagent_hpc.train.grpo_throughput import measure_decode, measure_train
+    from hydroagent_hpc.train.measure.grpo_throughput import measure_decode, measure_train
 
     seq_len, layers, planned = _fitting_size("grpo", device, nominal, seq_len)
     model = _qwen3(device, cpu, layers)

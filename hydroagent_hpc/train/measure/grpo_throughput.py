@@ -33,7 +33,7 @@ with ``decode_s(c)`` the decode step time at batch ``episodes / engines`` (each 
 devices decodes its share of the rollouts at once), interpolated linearly between the two measured
 context lengths (attention's cost grows about linearly with the context), and ``train_s(L)`` the
 measured seconds per trained token scaled to the episode's length by the model FLOPs per token
-(:func:`~hydroagent_hpc.train.throughput.flops_per_token`).
+(:func:`~hydroagent_hpc.train.measure.throughput.flops_per_token`).
 The simulation overlaps generation (the asynchronous rollout engine: a rollout's simulation runs
 while the others generate), so only the part longer than generation adds to the step. Training on
 ``gpus`` devices is taken as ideally parallel (FSDP's gathers are not counted): the estimate is a
@@ -105,9 +105,9 @@ class GRPOStepParts:
 
     def train_at(self, seq_len: int) -> float:
         """Seconds per trained token at ``seq_len``: the measured value scaled by the model FLOPs per
-        token (:func:`~hydroagent_hpc.train.throughput.flops_per_token`: its attention term grows with
+        token (:func:`~hydroagent_hpc.train.measure.throughput.flops_per_token`: its attention term grows with
         the length)."""
-        from hydroagent_hpc.train.throughput import flops_per_token
+        from hydroagent_hpc.train.measure.throughput import flops_per_token
 
         def f(s: int) -> float:
             return flops_per_token(self.matmul_params, self.layers, 1, self.attn_width, s)
@@ -219,7 +219,7 @@ def measure_parts(model: PreTrainedModel, reference: PreTrainedModel, *, prefill
                   decode_batch: int, decode_ctx: tuple[int, int], decode_tokens: int, train_seq_len: int,
                   train_micro: int = 1, repeats: int = 2) -> GRPOStepParts:
     """Measure the three parts on ``model``'s device (``reference``: a frozen copy, on the same device)."""
-    from hydroagent_hpc.train.throughput import matmul_params, peak_rss_mb
+    from hydroagent_hpc.train.measure.throughput import matmul_params, peak_rss_mb
 
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
