@@ -18,7 +18,7 @@ help:
 	@echo "make demo   build the four synthetic demo basins and simulate each (no network, no GPU)"
 	@echo "make train-demo  the whole recipe (basins, teacher, SFT, GRPO, evaluation, report) with the tiny model on CPU"
 	@echo "make train-bench  does the recipe learn? 3 model x 3 data seeds, 12 held-out basins, resumable -> results/learning/report.md"
-	@echo "make test   run the test suite"
+	@echo "make test   the test suite without the tests marked slow (minutes); make test TESTS=all runs every test"
 	@echo "make lint   ruff (lint + import order) and mypy (strict for core, env, store, train)"
 	@echo "make bench  run the simulator, metrics, report and HPC benchmarks"
 	@echo "make gpu-check  on a GPU node: memory plan, one SFT and one GRPO step, the F1/F2 checks -> results/gpu-check.json"
@@ -41,8 +41,21 @@ train-demo: $(STAMP)
 train-bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m hydroagent_hpc.bench.learning --out $(TRAIN_BENCH_DIR) --jobs 2
 
+# make test leaves out the tests marked `slow` (multi-process and distributed training, Slurm and MPI round
+# trips, learning runs, long fuzzing): a few minutes on 2 cores. make test TESTS=all runs every test (.ci/run does).
+TESTS ?= fast
+ifeq ($(TESTS),all)
+PYTEST_SELECT :=
+else ifeq ($(TESTS),fast)
+PYTEST_SELECT := -m "not slow"
+else
+$(error TESTS=$(TESTS): use TESTS=fast (the default, without the tests marked slow) or TESTS=all)
+endif
+
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_SELECT) tests; rc=$$?; \
+	if [ "$(TESTS)" = fast ]; then echo "make test: the tests marked slow (training processes, Slurm, MPI, learning runs," \
+	"long fuzzing) were left out; run every test with: make test TESTS=all  (as .ci/run does)"; fi; exit $$rc
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

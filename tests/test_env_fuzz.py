@@ -64,6 +64,7 @@ def env_and_control(small_basin_dir, small_sim):
     return env, parse_control(small_basin_dir / "control.txt")
 
 
+@pytest.mark.slow
 def test_ten_thousand_messages(env_and_control):
     env, cf = env_and_control
     seen = {"messages": 0, "parse_failures": 0, "calls": 0}

@@ -320,6 +320,7 @@ def _bandit(seed: int, lr: float) -> tuple[float, float, list[float]]:
     return before, evaluate(), adv_std
 
 
+@pytest.mark.slow
 def test_grpo_learns_an_easy_task():
     """Six GRPO steps raise the mean reward of the easy task by more than ``BANDIT_THRESHOLD`` (the
     measured mean gain less three standard deviations over 20 runs, 0.36; seed 0 gained 0.81).

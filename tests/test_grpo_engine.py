@@ -174,6 +174,7 @@ def basins(grpo_basins: Path) -> Path:
     return grpo_basins  # tests/conftest.py
 
 
+@pytest.mark.slow
 def test_a_grpo_run_generates_through_the_engine_and_keeps_its_weights_in_step(basins, model_dir, tmp_path,
                                                                                 monkeypatch, caplog):
     monkeypatch.setenv(KEY_ENV, SECRET)
@@ -210,6 +211,7 @@ def test_a_grpo_run_generates_through_the_engine_and_keeps_its_weights_in_step(b
             assert SECRET.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.slow
 def test_the_launcher_restarts_an_engine_without_live_reload_on_each_checkpoint(tiny, stops, tmp_path,
                                                                                   monkeypatch):
     model, tok = tiny

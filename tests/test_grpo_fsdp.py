@@ -96,6 +96,7 @@ def one(basins, server, tmp_path_factory) -> Path:
     return tmp / "run"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "ddp"])
 def test_two_processes_train_what_one_process_trains(basins, server, one, tmp_path, fsdp):
     cfg = _config(tmp_path / "grpo.yaml", basins, server.url, fsdp=str(fsdp).lower())
@@ -157,6 +158,7 @@ def _batch(seed: int = 3) -> list[_Sequence]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_the_loss_of_a_batch_split_over_ranks_has_the_one_process_gradient(aggregation):
     """The denominators summed over the ranks (what the all-reduce does) and the backward of

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.mpi
 SCRIPT = ROOT / "tests" / "scripts" / "grpo_mpi_rollouts.py"
 
 
+@pytest.mark.slow
 def test_rollout_simulations_on_worker_ranks_equal_local_ones_under_the_cap(small_basin_dir):
     mpiexec = mpiexec_or_skip()
     p = subprocess.run([mpiexec, "-n", "3", str(BIN / "python"), str(SCRIPT), str(small_basin_dir), "2"],
@@ -32,6 +33,7 @@ def test_rollout_simulations_on_worker_ranks_equal_local_ones_under_the_cap(smal
     assert mpi["misses"] == 3 and mpi["runs"] == 3 and mpi["hits"] == 5
 
 
+@pytest.mark.slow
 def test_train_grpo_with_the_mpi_pool_runs_a_step_on_rank_0(tmp_path, small_basin_dir):
     """`hydroagent train grpo --pool mpi` under mpiexec: rank 0 trains, the other rank serves
     simulations and leaves when training is done; one result line, from rank 0 only."""

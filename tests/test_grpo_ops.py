@@ -237,6 +237,7 @@ def test_mpi_ranks_need_mpi4py(tmp_path):
     assert not (tmp_path / "run").exists() and not (tmp_path / "srun.log").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ntasks", [1, 4], ids=["torchrun", "mpi"])
 def test_two_trainers_all_get_sigusr1_and_the_simulation_ranks_do_not(tmp_path, ntasks):
     """HYDROAGENT_GRPO_TRAINERS=2: with MPI ranks (--ntasks=4) srun starts every rank with --trainers 2, ranks
@@ -338,6 +339,7 @@ def _sbatch(tmp_path: Path, *args: str) -> str:
     return p.stdout.strip().split(";")[0]
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.mpi
 def test_sbatch_trains_a_tiny_run_with_simulations_on_mpi_ranks(tmp_path):
@@ -363,6 +365,7 @@ def _release_requeued(job: str, timeout: float = 120) -> None:
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.mpi
 def test_the_time_limit_warning_checkpoints_on_rank_0_requeues_and_the_run_resumes(tmp_path):
@@ -423,6 +426,7 @@ def _sbatch_two_trainers(tmp_path: Path, *args: str) -> str:
     return p.stdout.strip().split(";")[0]
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.mpi
 def test_sbatch_trains_with_two_trainer_ranks_beside_a_simulation_rank(tmp_path, grpo_basins, engine_url):
@@ -457,6 +461,7 @@ def _cancel_and_wait(job: str, timeout: float = 120) -> None:
     wait_until(gone, timeout, f"job {job} to leave the queue", interval=0.5, max_interval=2.0)
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.mpi
 def test_the_time_limit_warning_reaches_both_trainer_ranks_and_they_save(tmp_path, grpo_basins, engine_url):
@@ -584,6 +589,7 @@ def test_the_grpo_job_with_simulation_ranks_is_an_mpiexec_of_the_mpi_pool(tmp_pa
         grpo_argv("c.yaml", "R", python=str(empty / "python"), sim_ranks=1)
 
 
+@pytest.mark.slow
 def test_submit_grpo_with_simulation_ranks_signals_rank_0_only_and_resumes(tmp_path, monkeypatch):
     """--sim-ranks 1 on submitit's local backend: mpiexec starts the trainer (rank 0) and a simulation
     rank; on preemption only rank 0 gets SIGUSR1 and SIGTERM (a worker would die of SIGUSR1), the job
@@ -603,6 +609,7 @@ def test_submit_grpo_with_simulation_ranks_signals_rank_0_only_and_resumes(tmp_p
     assert "signal 10" not in logs and "User defined signal 1" not in logs  # no worker died of SIGUSR1
 
 
+@pytest.mark.slow
 def test_submit_grpo_with_two_trainers_and_a_simulation_rank_signals_rank_0_and_resumes(tmp_path, monkeypatch):
     """--trainers 2 --sim-ranks 1 on submitit's local backend: one mpiexec of 3 ranks (2 trainers, 1
     simulation rank) with --trainers 2; on preemption rank 0 alone gets SIGUSR1 and SIGTERM, the job
@@ -653,6 +660,7 @@ def test_submit_grpo_arguments_and_errors_name_the_problem(tmp_path):
     assert not (tmp_path / "r").exists()  # nothing submitted, nothing written
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_submit_grpo_trains_a_tiny_run_on_slurm(tmp_path):
     if not slurm_available():

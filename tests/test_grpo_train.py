@@ -116,6 +116,7 @@ def test_prompts_walk_seeded_epochs_and_seeds_differ_per_member():
     assert len(seeds) == 12
 
 
+@pytest.mark.slow
 def test_a_run_writes_metrics_episodes_checkpoints_and_a_loadable_policy(basins, tmp_path):
     cfg = load_grpo_config(_config(basins, tmp_path, validation_basins=f"[{basins / 'v1'}]", validate_every=1,
                                    max_steps=1))
@@ -154,6 +155,7 @@ def _module(cfg: Path, out: Path, *args: str, faults: str = "") -> subprocess.Co
 RESUME_RUN = {"group_size": 4, "max_new_tokens": 18, "temperature": 1.2, "lr": "1.0e-5", "seed": 1}
 
 
+@pytest.mark.slow
 def test_resume_after_sigusr1_and_a_kill_mid_step_equals_an_uninterrupted_run(basins, caller, tmp_path):
     cfg_path = _config(basins, tmp_path, model=caller, **RESUME_RUN)
     whole = train_grpo(load_grpo_config(cfg_path), tmp_path / "whole")

@@ -15,6 +15,7 @@ TOY = dataclasses.replace(QUICK, heldout=1, teach=1, max_turns=2, max_simulation
                           max_new_tokens=16, ablation=0)
 
 
+@pytest.mark.slow
 def test_the_bench_scores_every_row_and_resumes(tmp_path):
     out = tmp_path / "bench"
     result = run(out, TOY, jobs=2, progress=False)

@@ -56,6 +56,7 @@ def test_mpi_pool_failures_are_results_not_hangs(mpiexec):
     assert [ok[i][2] for i in (0, 1, 4, 6, 7)] == [0, 1, 16, 36, 49]
 
 
+@pytest.mark.slow
 def test_serial_processes_and_mpi_give_identical_episodes(mpiexec, tmp_path, small_basin_dir):
     camp = write_campaign(tmp_path, small_basin_dir, seeds=2, sims=20)
     spec = load_campaign(camp)

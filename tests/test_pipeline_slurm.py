@@ -23,7 +23,7 @@ from hydroagent_hpc.pipeline.spec import STAGES
 from hydroagent_hpc.pipeline.state import read_record
 from hydroagent_hpc.pipeline.submit import load_site, submit_pipeline
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]  # real jobs through the queue: minutes
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -216,6 +216,7 @@ def test_accumulating_four_micro_batches_equals_one_big_batch(tmp_path, trajs):
     _assert_same_params(_params(tmp_path / "big"), _params(tmp_path / "accum"), atol=SHAPE_ATOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "ddp"])
 def test_two_processes_on_gloo_follow_the_one_process_curve(reference, tmp_path, fsdp):
     """torchrun, 2 processes x accumulation 1 (FSDP2 fully_shard with activation checkpointing, or DDP)
@@ -249,6 +250,7 @@ def _assert_continues(reference: dict, run: Path) -> None:
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in want], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_during_a_save_at_an_epoch_boundary(reference, tmp_path):
     run = tmp_path / "run"
     proc = _run_module(reference["cfg"], run, faults="kill_in_save:4")
@@ -263,6 +265,7 @@ def test_resume_after_sigkill_during_a_save_at_an_epoch_boundary(reference, tmp_
     _assert_continues(reference, run)
 
 
+@pytest.mark.slow
 def test_resume_after_sigusr1_checkpoint_and_sigkill(reference, tmp_path):
     cfg = _cfg(tmp_path / "usr1.yaml", reference["data"], max_steps=6, micro_batch_size=1, grad_accum=2, save_every=0)
     run = tmp_path / "run"
@@ -332,6 +335,7 @@ def test_sigterm_saves_and_exits_143_then_the_cli_resumes(reference, tmp_path, m
 # Learning on the heuristic's teacher set
 
 
+@pytest.mark.slow
 def test_loss_falls_on_a_small_teacher_set(tmp_path, small_basin_dir):
     from hydroagent_hpc.campaign import load_campaign, run_campaign
     from hydroagent_hpc.train.sft_data import build_sft_data

@@ -20,7 +20,7 @@ from hydroagent_hpc.campaign.shards import shard_path
 from hydroagent_hpc.hpc.slurm import SiteSettings, slurm_available
 from hydroagent_hpc.store import stored_ids
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]  # real jobs through the queue: minutes
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
             "DEADLINE"}

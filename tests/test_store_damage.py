@@ -352,6 +352,7 @@ def measure(root: Path, seed: int = 13, n_trunc: int = 40, n_flip: int = 80, n_m
 # The tests.
 
 
+@pytest.mark.slow
 def test_generated_damage_never_hangs_never_lies(tmp_path: Path) -> None:
     n = prepare(ROOT, tmp_path, seed=13, n_trunc=24, n_flip=40, n_meta=12)
     assert n >= 90, n  # truncations, flips in every dataset and the metadata, overwritten rows and values

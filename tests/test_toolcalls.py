@@ -430,6 +430,7 @@ _fragments = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_fragments, max_size=8).map("".join), st.integers(0, 12))
 def test_parse_never_raises_and_only_bounded_floats_pass(text, max_calls):
