@@ -87,12 +87,16 @@ def test_a_rows_sample_does_not_depend_on_its_batch_and_logprobs_match_the_model
 def test_rows_stop_at_their_first_stop_id_and_keep_it(tiny, ids_of):
     model, tok = tiny
     stop, pad = ids_of
-    sampler = BatchedSampler(model, stop, pad, Sampling(max_new_tokens=200))
-    out = sampler.sample([_prompt(tok, "hello")] * 4, [1, 2, 3, 4])
+    # seeds chosen so that two rows stop mid-batch (after 24 and 29 tokens) and two run to the cap: each row
+    # draws its own stream, so 40 new tokens show both cases in a fifth of the time 200 tokens took
+    sampler = BatchedSampler(model, stop, pad, Sampling(max_new_tokens=40))
+    out = sampler.sample([_prompt(tok, "hello")] * 4, [12, 1, 43, 2])
     for s in out:
         assert len(s.ids) == len(s.logprobs)
         hits = [i for i, t in enumerate(s.ids) if t in stop]
-        assert hits == [] and len(s.ids) == 200 or hits == [len(s.ids) - 1]
+        assert hits == [] and len(s.ids) == 40 or hits == [len(s.ids) - 1]
+    lengths = [len(s.ids) for s in out]
+    assert min(lengths) < 40 and max(lengths) == 40, lengths  # both a stopped row and a row that ran to the cap
 
 
 def test_the_server_batches_waiting_requests_and_answers_each(tiny, ids_of):
