@@ -75,6 +75,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
 
 
+@pytest.mark.slow
 def test_the_grpo_benchmark_measures_the_tiny_model_on_the_cpu():
     """The real code paths (prefill, the rollout sampler's decode, a GRPO optimizer step with a reference
     model) on the tiny model: every part is a positive, finite measurement, the estimate is printed for the

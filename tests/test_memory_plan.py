@@ -215,6 +215,7 @@ def test_the_audit_probe_figures_follow_from_the_formula():
     assert layer_saved_bytes(Q, "bf16") / 1024 == pytest.approx(166.3, abs=0.1)  # per layer in a 36-layer model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ac", [False, True])
 def test_the_plan_bounds_a_real_sft_and_grpo_step(ac):
     """Real steps on the CPU as the trainers run them on a GPU in one process (fp32 weights under bf16 autocast,
@@ -279,6 +280,7 @@ def test_the_plan_bounds_a_real_sft_and_grpo_step(ac):
     assert 0.8 * (planned - grads) <= measured <= planned, ("grpo", ac, measured, planned)
 
 
+@pytest.mark.slow
 def test_the_plan_bounds_in_process_generation_and_its_cache_copies():
     """The rollout sampler on a reduced Qwen3 under bf16 autocast over fp32 weights, rows of different
     lengths (left padding): the allocator's peak of a turn is at most the generation phase's planned peak

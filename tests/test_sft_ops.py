@@ -196,6 +196,7 @@ def test_several_nodes_start_one_launcher_per_node_with_the_rendezvous(tmp_path)
 
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_TRAINER, reason="needs hydroagent_hpc.train.sft (the trainer branch, t1-sft)")
 def test_the_cpu_path_runs_the_real_trainer_through_a_requeue(tmp_path):
     """sft.sbatch with the real trainer on one CPU process: SIGUSR1 -> checkpoint -> requeue; the next
