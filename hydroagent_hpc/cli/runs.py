@@ -11,7 +11,8 @@ import logging
 import sys
 from pathlib import Path
 
-from hydroagent_hpc.cli.argtypes import nonnegative_int, nse_target, positive_float, positive_int, seed
+from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, seed
+from hydroagent_hpc.config import EnvConfig
 from hydroagent_hpc.errors import UsageError
 from hydroagent_hpc.hpc.slurm import SITE_OPTIONS, SiteSettings
 from hydroagent_hpc.settings import add_arguments, arguments_given
@@ -20,16 +21,15 @@ from hydroagent_hpc.sim.errors import HydroAgentError
 log = logging.getLogger("hydroagent")
 
 
+#: The environment settings ``calibrate`` takes as options, generated from :class:`EnvConfig`'s fields
+#: (``--max-turns`` with 0 for off and ``--no-patience`` are the command line's own spellings).
+CALIBRATE_ENV_OPTIONS = ("protocol", "max_simulations", "target_nse")
+
+
 def _env_overrides(args: argparse.Namespace) -> dict:
-    over: dict = {}
-    if args.max_simulations is not None:
-        over["max_simulations"] = args.max_simulations
-    if args.protocol:
-        over["protocol"] = args.protocol
+    over: dict = arguments_given(args, CALIBRATE_ENV_OPTIONS)
     if args.max_turns is not None:
         over["max_turns"] = None if args.max_turns <= 0 else args.max_turns
-    if args.target_nse is not None:
-        over["target_nse"] = args.target_nse
     if args.no_patience:
         over["patience"] = None
     return over
@@ -261,10 +261,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--model", help="model name from the models file for --agent openai")
     c.add_argument("--path", help="checkpoint folder for --agent hf_local")
     c.add_argument("--backend", choices=SIM_BACKENDS.names(), default="embedded")
-    c.add_argument("--protocol", choices=("turns", "rounds"))
-    c.add_argument("--max-simulations", type=nonnegative_int)
+    add_arguments(c, EnvConfig, CALIBRATE_ENV_OPTIONS)
     c.add_argument("--max-turns", type=nonnegative_int, help="tool-call cap (0 = off)")
-    c.add_argument("--target-nse", type=nse_target)
     c.add_argument("--no-patience", action="store_true",
                    help="switch off the stop after evaluations without improvement")
     c.add_argument("--episode-id")
