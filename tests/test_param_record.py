@@ -73,10 +73,10 @@ def test_the_c_struct_matches_the_record_and_a_permuted_one_is_refused(tmp_path)
     permuted = tmp_path / "permuted.c"
     permuted.write_text(src.replace("X(wm) X(b) X(im)", "X(b) X(wm) X(im)"))
     so = tmp_path / "permuted.so"
-    cmd = [ckernel._compiler(), *ckernel.FLAGS, "-o", str(so), str(permuted), "-lm"]
+    cmd = [ckernel.compiler(), *ckernel.FLAGS, "-o", str(so), str(permuted), "-lm"]
     subprocess.run(cmd, check=True, capture_output=True)
     with pytest.raises(ckernel.KernelRecordMismatch, match=r"is \('b', 'wm'"):  # C permuted
-        ckernel._declare(ctypes.CDLL(str(so)))
+        ckernel.declare(ctypes.CDLL(str(so)))
 
 
 @needs_c

@@ -15,14 +15,13 @@ reported as such (exit status 1).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import logging
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,23 +71,13 @@ def _source(spec: str, workdir: Path) -> Path:
 def build(source: Path, out: Path) -> ctypes.CDLL:
     """Compile ``source`` as the library is compiled (same compiler and flags) and load it."""
 
-    cmd = [ckernel._compiler(), *ckernel.FLAGS, ckernel.NATIVE, "-o", str(out), str(source), "-lm"]
+    cmd = [ckernel.compiler(), *ckernel.FLAGS, ckernel.NATIVE, "-o", str(out), str(source), "-lm"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"kernel_ab: {' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
     lib = ctypes.CDLL(str(out))
-    ckernel._declare(lib)
+    ckernel.declare(lib)
     return lib
-
-
-@contextlib.contextmanager
-def _using_library(lib: ctypes.CDLL) -> Iterator[None]:
-    saved = ckernel._LIB
-    ckernel._LIB = lib
-    try:
-        yield
-    finally:
-        ckernel._LIB = saved
 
 
 def _capture(control: Path, batch: int) -> tuple[Any, list[tuple[Any, ...]]]:
@@ -129,7 +118,7 @@ def compare(old: ctypes.CDLL, new: ctypes.CDLL, control: Path, repeats: int = 7,
     with kernels.thread_cap(1):
         for _ in range(repeats):
             for key, lib in (("old", old), ("new", new)):
-                with _using_library(lib):
+                with ckernel.using_library(lib):
                     t0 = time.perf_counter()
                     outs[key] = [fn(*args) for args in calls]
                     times[key].append(time.perf_counter() - t0)

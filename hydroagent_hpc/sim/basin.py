@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from hydroagent_hpc.sim.controlfile import parse_control
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import InputError
+from hydroagent_hpc.sim.grids import read_grid
 from hydroagent_hpc.types import Basin
 
 __all__ = ["load_basin", "default_target", "CANONICAL_GAUGE", "CANONICAL_TARGET", "DEFAULT_TARGET"]
@@ -47,15 +49,11 @@ def load_basin(folder: str | Path, control: str = "control.txt") -> Basin:
     start = warm or task.time_begin
     area = meta.get("area_km2", g.basinarea)
     if area is None:
-        from hydroagent_hpc.sim.embedded import EmbeddedSimulator
-
         sim = EmbeddedSimulator(cfile)
         area = float(sim.net.area[_upstream(sim, primary)].sum())
     lat, lon = meta.get("lat", g.lat), meta.get("lon", g.lon)
     if lat is None or lon is None:
         if g.cellx is not None and g.celly is not None:  # the centre of the gauge's cell
-            from hydroagent_hpc.sim.grids import read_grid
-
             dem = read_grid(cf.basic.dem)
             x, y = dem.cell_corners(np.array([g.cellx]), np.array([g.celly]))
             lon, lat = float(x[0]) + dem.cellsize / 2, float(y[0]) - dem.cellsize / 2

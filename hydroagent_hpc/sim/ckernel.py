@@ -33,17 +33,20 @@ import hashlib
 import logging
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.sim.cache import cache_root
 from hydroagent_hpc.sim.record import N_FIELDS, NODE_FIELDS
 
 __all__ = ["SOURCE", "FLAGS", "CKernelUnavailable", "KernelRecordMismatch", "NodeParamsStruct", "load",
-           "library_path", "interflow_targets", "run_kernel", "run_batch_kernel", "fpow_array", "dpow_array",
-           "fpow_lanes", "check_record"]
+           "compiler", "declare", "using_library", "library_path", "interflow_targets", "run_kernel",
+           "run_batch_kernel", "fpow_array", "dpow_array", "fpow_lanes", "check_record"]
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +99,8 @@ def check_record(lib: ctypes.CDLL, names: tuple[str, ...] = NODE_FIELDS) -> None
                                        "hydroagent_hpc.sim.record.NODE_FIELDS")
 
 
-def _compiler() -> str:
+def compiler() -> str:
+    """The C compiler the kernel is built with: ``$CC``, else ``cc`` (a command, found on ``PATH``)."""
     return os.environ.get("CC") or "cc"
 
 
@@ -106,8 +110,6 @@ def library_path(cache: Path | None = None) -> Path:
     Nothing is run to find it: the compiler is known by its resolved path and its file's identity
     (size, inode, modification time), which an upgrade changes, so a process start pays no
     ``cc --version`` (a few milliseconds of a drop-in run)."""
-    from hydroagent_hpc.sim.cache import cache_root
-
     h = hashlib.blake2b(digest_size=12)
     for part in (SOURCE.read_bytes(), " ".join((*FLAGS, NATIVE)).encode(), _compiler_identity().encode(),
                  _cpu_identity().encode()):
@@ -117,7 +119,7 @@ def library_path(cache: Path | None = None) -> Path:
 
 def _compiler_identity() -> str:
     """``$CC`` resolved on ``PATH`` to its file, with that file's size, inode and modification time."""
-    cc = _compiler()
+    cc = compiler()
     found = shutil.which(cc)
     if found is None:
         raise CKernelUnavailable(f"C kernel: the compiler {cc!r} cannot be run (not found on PATH)",
@@ -154,7 +156,7 @@ def _build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
-    cmd = [_compiler(), *FLAGS, NATIVE, "-o", tmp, str(SOURCE), "-lm"]
+    cmd = [compiler(), *FLAGS, NATIVE, "-o", tmp, str(SOURCE), "-lm"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:  # a compiler without -march=native (some clang targets): the portable build
@@ -171,9 +173,10 @@ def _build(target: Path) -> None:
             os.unlink(tmp)
 
 
-def _declare(lib: ctypes.CDLL) -> None:
+def declare(lib: ctypes.CDLL) -> None:
     """Check the library's parameter record (:func:`check_record`) and set the argument and result types of its
-    functions."""
+    functions: what :func:`load` does to the library it builds, for a library built elsewhere (another source or
+    other flags: a benchmark's or a test's build, used with :func:`using_library`)."""
     check_record(lib)
     lib.hak_interflow_targets.restype = None
     lib.hak_interflow_targets.argtypes = [_L, _I64, _F64, _F64, _F64, _U8, _D, _I64, _I64, _F64, _F64]
@@ -206,9 +209,22 @@ def load(cache: Path | None = None) -> ctypes.CDLL:
     except OSError as exc:
         raise CKernelUnavailable(f"C kernel: {path} does not load ({exc})",
                                  fix=f"delete {path} to rebuild it, or set HYDROAGENT_KERNEL=numba") from None
-    _declare(lib)
+    declare(lib)
     _LIB = lib
     return lib
+
+
+@contextmanager
+def using_library(lib: ctypes.CDLL) -> Iterator[ctypes.CDLL]:
+    """Run the block's kernel calls (this module's functions, on every thread) on ``lib``, a library
+    :func:`declare` has checked, instead of the one :func:`load` builds; the previous one is back after it."""
+    global _LIB
+    saved = _LIB
+    _LIB = lib
+    try:
+        yield lib
+    finally:
+        _LIB = saved
 
 
 def _f64(a: Any) -> np.ndarray:

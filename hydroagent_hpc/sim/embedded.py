@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+import hydroagent_hpc.sim.cache as fcache
+import hydroagent_hpc.sim.snow as snow17
 from hydroagent_hpc.params import PARAM_NAMES, SNOW_NAMES, ParamValues, check_values
-from hydroagent_hpc.sim import cache as fcache
-from hydroagent_hpc.sim import snow as snow17
 from hydroagent_hpc.sim.controlfile import (
     CREST_PARAMS,
     KW_PARAMS,

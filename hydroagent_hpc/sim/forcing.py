@@ -42,8 +42,9 @@ from hydroagent_hpc.sim.controlfile import (
     parse_unit,
 )
 from hydroagent_hpc.sim.errors import InputError
-from hydroagent_hpc.sim.grids import Grid, read_grid, untagged_sentinel_error
+from hydroagent_hpc.sim.grids import Grid, read_grid, read_tif, untagged_sentinel_error
 from hydroagent_hpc.sim.limits import current_limits
+from hydroagent_hpc.sim.snow import lapse_temperature
 
 log = logging.getLogger(__name__)
 
@@ -255,8 +256,6 @@ def _sample_temperature(grid: Grid, dem: Grid, rows: np.ndarray, cols: np.ndarra
     the temperature grid's shape. Nodata and cells outside the grid read 0 degC. A non-finite value
     that is not the nodata value is an error (EF5 would carry NaN into the snowpack).
     """
-    from hydroagent_hpc.sim.snow import lapse_temperature
-
     data = grid.data.astype(np.float32)
     nodata = np.float32(grid.nodata)
     if grid.same_shape(dem):
@@ -300,8 +299,6 @@ def load_temperature(f: Forcing, steps: list[datetime], begin: datetime, dem: Gr
         if not f.dem.exists():
             raise InputError(f"[TempForcing {f.name}] DEM={f.dem} does not exist (EF5 would warn and drop the "
                              "lapse rate)", fix="check DEM= or remove it")
-        from hydroagent_hpc.sim.grids import read_tif
-
         grid_dem = read_tif(f.dem)
     warned = False
 

@@ -28,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
+import hydroagent_hpc.sim.ckernel as ckernel
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.registry import Registry
+from hydroagent_hpc.sim.ckernel import CKernelUnavailable
 
 __all__ = ["Kernel", "KERNELS", "kernel", "using", "threads", "set_threads", "thread_cap"]
 
@@ -49,7 +51,7 @@ class Kernel:
 def _numba() -> Kernel:
     import numba
 
-    from hydroagent_hpc.sim import kernel as k
+    import hydroagent_hpc.sim.kernel as k  # numba: compiled and cached on first use
 
     if _THREADS is not None:
         numba.set_num_threads(min(_THREADS, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
@@ -66,9 +68,7 @@ BATCH_CELLS = 4_096
 
 
 def _c() -> Kernel:
-    from hydroagent_hpc.sim import ckernel as c
-
-    c.load()  # build now: an unavailable compiler is found here, not in the middle of a run
+    ckernel.load()  # build now: an unavailable compiler is found here, not in the middle of a run
 
     def run_batch_kernel(precip, pet, dt_hours, par, channel, pq0, po0, down, dx, area, t0, t1, s0, s1, gauge_nodes,
                          weights):
@@ -88,8 +88,8 @@ def _c() -> Kernel:
             chunks += [list(part) for part in np.array_split(np.asarray(members), parts)]
 
         def one(ks: list[int]):
-            return c.run_batch_kernel(precip, pet, dt_hours, par[:, ks, :], channel[ks[0]], pq0, po0, down, dx, area,
-                                      t0[ks], t1[ks], s0[ks], s1[ks], gauge_nodes, weights)
+            return ckernel.run_batch_kernel(precip, pet, dt_hours, par[:, ks, :], channel[ks[0]], pq0, po0, down, dx,
+                                            area, t0[ks], t1[ks], s0[ks], s1[ks], gauge_nodes, weights)
 
         if n_threads > 1 and len(chunks) > 1:
             with ThreadPoolExecutor(min(n_threads, len(chunks))) as ex:
@@ -99,7 +99,7 @@ def _c() -> Kernel:
         order = np.argsort(np.concatenate([np.asarray(ks) for ks in chunks]), kind="stable")
         return tuple(np.concatenate([r[j] for r in res])[order] for j in range(4))
 
-    return Kernel("c", c.interflow_targets, c.run_kernel, run_batch_kernel)
+    return Kernel("c", ckernel.interflow_targets, ckernel.run_kernel, run_batch_kernel)
 
 
 #: The kernel implementations by name (``$HYDROAGENT_KERNEL``).
@@ -119,8 +119,6 @@ def kernel() -> Kernel:
         return _CHOSEN
     want = os.environ.get("HYDROAGENT_KERNEL", "auto").strip().lower() or "auto"
     if want == "auto":
-        from hydroagent_hpc.sim.ckernel import CKernelUnavailable
-
         try:
             _CHOSEN = _c()
         except CKernelUnavailable as exc:

@@ -45,6 +45,7 @@ from numpy.typing import ArrayLike
 from hydroagent_hpc.metrics import nse
 from hydroagent_hpc.params import DEFAULTS
 from hydroagent_hpc.sim.controlfile import Forcing
+from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.forcing import forcing_file_names, step_times
 from hydroagent_hpc.sim.grids import Grid, write_asc, write_tif
 from hydroagent_hpc.sim.manifest import MANIFEST_NAME, write_manifest
@@ -59,7 +60,7 @@ from hydroagent_hpc.sim.templates import basin_control_text
 log = logging.getLogger(__name__)
 
 __all__ = ["GENERATOR_VERSION", "SynthSettings", "DemoBasin", "DEMO_BASINS", "synthesize_basin", "build_demo_basins",
-           "read_truth", "auto_cellsize", "estimate_cells", "draw_truth", "TRUTH_RANGES"]
+           "read_truth", "auto_cellsize", "estimate_cells", "draw_truth", "TRUTH_RANGES", "synth_control_text"]
 
 GENERATOR_VERSION = "1"
 CONTROL_NAME = "control.txt"
@@ -261,8 +262,12 @@ def _num(v: float) -> str:
     return repr(float(v))
 
 
-def _control_text(s: SynthSettings, gauge: str, cell: tuple[int, int], temp: Forcing | None = None,
-                  snow: Mapping[str, float] | None = None, snow_grids: Mapping[str, str] | None = None) -> str:
+def synth_control_text(s: SynthSettings, gauge: str, cell: tuple[int, int], temp: Forcing | None = None,
+                       snow: Mapping[str, float] | None = None, snow_grids: Mapping[str, str] | None = None) -> str:
+    """The ``control.txt`` of a synthetic basin made with ``s``: its header, the gauge ``gauge`` at ``cell``
+    (row, column), hourly rain and daily PET from the basin folder, the parameter grids and default multipliers;
+    with ``temp`` (the temperature forcing), ``snow`` (Snow-17 values) and ``snow_grids`` (their grids) the
+    snow sections too (:mod:`hydroagent_hpc.sim.synth.snow`)."""
     return basin_control_text(
         header=[f"{s.name}: {s.description or 'synthetic basin'}",
                 f"written by hydroagent_hpc.sim.synth.basins v{GENERATOR_VERSION}, seed {s.seed}; "
@@ -317,7 +322,7 @@ def _write_inputs(folder: Path, s: SynthSettings, rngs: Sequence[np.random.Gener
                     [float(wet[day_of == k].sum()) for k in days])
     for fname, grid in zip(pet_files, pets):
         _tif(folder / "pet" / fname, terrain, grid, compress=True)
-    (folder / CONTROL_NAME).write_text(_control_text(s, s.name, terrain.gauge))
+    (folder / CONTROL_NAME).write_text(synth_control_text(s, s.name, terrain.gauge))
     # One missing value (-999) until the truth has been simulated: a header-only file would be
     # reported (rightly, for a user's basin) as an observation file with nothing to score against.
     _write_obs(folder / "obs" / "obs.csv", steps[:1], [-999.0])
@@ -328,8 +333,6 @@ def _write_inputs(folder: Path, s: SynthSettings, rngs: Sequence[np.random.Gener
 def _write_truth(folder: Path, s: SynthSettings, r_truth: np.random.Generator,
                  r_noise: np.random.Generator) -> dict[str, Any]:
     """Simulate the hidden truth, write obs.csv and truth.json; return network facts."""
-    from hydroagent_hpc.sim.embedded import EmbeddedSimulator  # the compiled engine, only when writing
-
     sim = EmbeddedSimulator(folder / CONTROL_NAME, cache_dir=False)
     keep = ~sim.warmup
     area = float(sim.net.area.sum())

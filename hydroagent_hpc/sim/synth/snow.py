@@ -37,7 +37,7 @@ from hydroagent_hpc.sim.controlfile import Forcing
 from hydroagent_hpc.sim.forcing import forcing_file_names, step_times
 from hydroagent_hpc.sim.grids import Grid, read_grid, read_tif, write_asc, write_tif
 from hydroagent_hpc.sim.manifest import write_manifest
-from hydroagent_hpc.sim.synth.basins import CONTROL_NAME, SynthSettings, _control_text, synthesize_basin
+from hydroagent_hpc.sim.synth.basins import CONTROL_NAME, SynthSettings, synth_control_text, synthesize_basin
 
 __all__ = ["SnowCase", "make_snow_case", "SNOW_CASES"]
 
@@ -168,8 +168,8 @@ def make_snow_case(out_dir: str | Path, case: SnowCase = SnowCase()) -> Path:
         write_tif(folder / "params" / "snow_mfmax.tif", Grid(field_, dem_grid.xll, dem_grid.yll, dem_grid.cellsize,
                                                              NODATA))
         snow_grids["mfmax"] = "snow_mfmax.tif"
-    text = _control_text(settings, settings.name, (meta["gauge_cell"]["celly"], meta["gauge_cell"]["cellx"]),
-                         temp=tf, snow=case.snow_values(), snow_grids=snow_grids)
+    text = synth_control_text(settings, settings.name, (meta["gauge_cell"]["celly"], meta["gauge_cell"]["cellx"]),
+                              temp=tf, snow=case.snow_values(), snow_grids=snow_grids)
     if case.time_state:
         end_line = f"TIME_END={settings.end:%Y%m%d%H%M}"
         text = text.replace(end_line, f"{end_line}\nSTATES=output\nTIME_STATE={case.time_state}")
