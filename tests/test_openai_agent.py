@@ -26,7 +26,7 @@ pytest.importorskip("openai")
 
 from hydroagent_hpc.agents.base import Policy
 from hydroagent_hpc.agents.llm.client import ChatClient, LLMRequestError, RateLimiter, parse_retry_after
-from hydroagent_hpc.agents.llm.models_file import MissingAPIKeyError, ModelsFileError, ModelSpec, get_model, load_models
+from hydroagent_hpc.agents.llm.models_file import MissingAPIKeyError, ModelSpec, get_model, load_models
 from hydroagent_hpc.agents.llm.openai_api import OpenAIAgent, make_openai_agent, native_calls_to_text, with_changes
 from hydroagent_hpc.agents.llm.replay_server import ReplayServer, check_tool_messages
 from hydroagent_hpc.config import preset
@@ -39,6 +39,7 @@ from hydroagent_hpc.env.toolcalls import (
     render_tool_response,
     tool_schemas,
 )
+from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.types import ToolCall
 
@@ -112,7 +113,8 @@ def test_models_file_lists_the_nine_frontier_models():
      "    api_key_required: false\n    temprature: 0.1\n", ":7:", "models.m.temprature: unknown key"),
     ("models:\n  m:\n    provider: vllm\n    model: x\n    base_url: http://localhost:8000/v1\n"
      "    api_key_required: false\n    sampling: {temperature: 0, topp: 1}\n", ":7:", "models.m.sampling.topp"),
-    ("models:\n  m:\n    provider: vllm\n    model: x\n    model: y\n", ":5:", "models.m.model: duplicate key"),
+    ("models:\n  m:\n    provider: vllm\n    model: x\n    model: y\n", ":5:",
+     "model: duplicate key (first given on line 4)"),
     ("models:\n  m:\n    provider: vllm\n    model: x\n    base_url: http://localhost:8000/v1\n"
      "    api_key_required: false\n    tool_mode: json\n", ":7:", "models.m.tool_mode"),
     ("modles: {}\n", ":1:", "modles: unknown key"),
@@ -122,12 +124,18 @@ def test_models_file_lists_the_nine_frontier_models():
      "    api_key_required: false\n    limits: {max_retries: two}\n", ":7:", "whole number"),
     ("models:\n  m:\n    provider: vllm\n    model: x\n    base_url: http://localhost:8000/v1\n"
      "    api_key_required: false\n    limits: {max_reply_chars: 10}\n", ":7:",
-     "models.m.limits.max_reply_chars: must be >= 1000"),
+     "models.m.limits.max_reply_chars: must be at least 1000, got 10"),
+    ("defaults:\n  limits: {timeout_s: 0}\nmodels:\n  m:\n    provider: vllm\n    model: x\n"
+     "    base_url: http://localhost:8000/v1\n    api_key_required: false\n", ":2:",
+     "defaults.limits.timeout_s: must be positive, got 0"),
+    ("models:\n  m:\n    name: other\n    provider: vllm\n", ":3:", "models.m.name: is the entry's key"),
+    ("models:\n  m:\n    provider: vllm\n    model: x\n    base_url: localhost:8000\n"
+     "    api_key_required: false\n", ":5:", "models.m.base_url: 'localhost:8000' must start with http://"),
 ])
 def test_models_file_is_strict(tmp_path, text, where, what):
     path = tmp_path / "models.yaml"
     path.write_text(text)
-    with pytest.raises(ModelsFileError) as err:
+    with pytest.raises(ConfigError) as err:
         load_models(path)
     msg = str(err.value)
     assert str(path) + where in msg and what in msg
@@ -410,9 +418,9 @@ def test_make_openai_agent_from_campaign_options():
                               timeout_s=0.25, tool_mode="hermes", max_cost_usd=1.0, backend="embedded")
     assert (agent.name, agent.seed, agent.max_cost_usd, agent.spec.tool_mode) == ("replay-a", 4, 1.0, "hermes")
     assert agent.spec.limits.timeout_s == 0.25 and agent.spec.base_url == "http://127.0.0.1:9/v1"
-    with pytest.raises(ModelsFileError, match="temprature"):
+    with pytest.raises(ConfigError, match="temprature"):
         make_openai_agent(model="replay", temprature=0.1)
-    with pytest.raises(ModelsFileError, match="unknown model 'nope'.*gpt-5"):
+    with pytest.raises(ConfigError, match="unknown model 'nope'.*gpt-5"):
         make_openai_agent(model="nope")
 
 

@@ -16,7 +16,7 @@ from hydroagent_hpc.agents.base import DirectPolicy, MetersUsage, Policy, StopsW
 from hydroagent_hpc.agents.factory import AgentOptionError
 from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
 from hydroagent_hpc.agents.llm.client import LLMError, LLMRequestError
-from hydroagent_hpc.agents.llm.models_file import MissingAPIKeyError, ModelsFileError
+from hydroagent_hpc.agents.llm.models_file import MissingAPIKeyError
 from hydroagent_hpc.agents.optimizers.policy import make_optimizer_policy
 from hydroagent_hpc.campaign import CampaignError
 from hydroagent_hpc.campaign.shards import IncompleteMergeError
@@ -137,7 +137,7 @@ def test_the_episode_keeps_the_observed_series_of_the_first_run(basin, small_sim
 @pytest.mark.parametrize("cls,code", [
     (ConfigError, 2), (UsageError, 2), (UnknownNameError, 2), (AgentOptionError, 2), (CampaignError, 2),
     (InputError, 2), (ControlFileError, 2), (SimulationError, 2), (StoreError, 2), (MergeError, 1),
-    (IncompleteMergeError, 1), (PoolError, 2), (ModelsFileError, 2), (MissingAPIKeyError, 2), (LLMError, 1),
+    (IncompleteMergeError, 1), (PoolError, 2), (MissingAPIKeyError, 2), (LLMError, 1),
     (LLMRequestError, 1),
 ])
 def test_every_deliberate_error_is_a_hydroagent_error(cls, code):

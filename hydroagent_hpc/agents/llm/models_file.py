@@ -21,24 +21,26 @@ merged under every entry section by section::
         send_seed: false               # true: send the episode seed with every request
         notes: ""
 
-Loading is strict: an unknown key, a duplicate key, a wrong type or a bad value is a
-:class:`ModelsFileError` naming the file, the line and the dotted key. A ``null`` sampling value
-is not sent (the provider's default applies). Keys are never stored here: only the name of the
-environment variable that holds one.
+Loading is strict (:func:`hydroagent_hpc.settings.load_file`): an unknown key, a duplicate key, a
+wrong type or a bad value is a :class:`~hydroagent_hpc.errors.ConfigError` naming the file, the line,
+the dotted key and the fix (a key taken from ``defaults`` is placed at its line under ``defaults``).
+A ``null`` sampling value is not sent (the provider's default applies). Keys are never stored here:
+only the name of the environment variable that holds one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hydroagent_hpc.errors import ConfigError, HydroAgentError
+from hydroagent_hpc.settings import KeyPath, Settings, from_mapping, invalid, load_file, setting
+from hydroagent_hpc.yamlio import brief
 
-__all__ = ["ModelSpec", "Sampling", "Prices", "Limits", "ModelsFileError", "MissingAPIKeyError", "PROVIDERS",
+__all__ = ["ModelSpec", "ModelsFile", "Sampling", "Prices", "Limits", "MissingAPIKeyError", "PROVIDERS",
            "TOOL_MODES", "MAX_RESPONSE_BYTES", "MAX_REPLY_CHARS", "default_models_file", "load_models", "get_model",
            "resolve_api_key"]
 
@@ -58,36 +60,38 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 MAX_REPLY_CHARS = 200_000
 
 
-class ModelsFileError(ConfigError):
-    """A models file that cannot be used; the message names the file, line, key and fix."""
-
-
 class MissingAPIKeyError(HydroAgentError, RuntimeError):
     """The environment variable that should hold a model's API key is not set."""
 
 
 @dataclass(frozen=True)
-class Sampling:
+class Sampling(Settings):
     """Sampling defaults; ``None`` leaves a value to the provider."""
 
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    max_tokens_param: str = "max_tokens"  # OpenAI reasoning models want "max_completion_tokens"
+    section: ClassVar[str] = "sampling"
+
+    temperature: float | None = setting(None, ge=0, help="sampling temperature (null: the provider's default)")
+    top_p: float | None = setting(None, gt=0, le=1, help="nucleus sampling mass (null: the provider's default)")
+    max_tokens: int | None = setting(None, ge=1, help="most tokens per reply (null: the provider's default)")
+    max_tokens_param: str = setting("max_tokens", choices=MAX_TOKENS_PARAMS,
+                                    help="the request field that carries max_tokens (OpenAI reasoning models want "
+                                         "max_completion_tokens)")
 
 
 @dataclass(frozen=True)
-class Prices:
+class Prices(Settings):
     """USD per million input (prompt) and output (completion) tokens; ``assumed`` marks guesses."""
 
-    input_usd_per_mtok: float = 0.0
-    output_usd_per_mtok: float = 0.0
-    as_of: str = ""
-    assumed: bool = True
+    section: ClassVar[str] = "prices"
+
+    input_usd_per_mtok: float = setting(0.0, ge=0, help="USD per million input (prompt) tokens")
+    output_usd_per_mtok: float = setting(0.0, ge=0, help="USD per million output (completion) tokens")
+    as_of: str = setting("", help="when the prices were read (free text, e.g. 2026-11)")
+    assumed: bool = setting(True, help="true: the prices are remembered list prices, not checked")
 
 
 @dataclass(frozen=True)
-class Limits:
+class Limits(Settings):
     """Per-request deadline, retries with exponential backoff, a client-side request rate, size caps.
 
     ``timeout_s`` bounds one attempt by the wall clock, from sending the request to the last byte
@@ -95,62 +99,52 @@ class Limits:
     the text kept per message (see :data:`MAX_RESPONSE_BYTES`, :data:`MAX_REPLY_CHARS`).
     """
 
-    timeout_s: float = 120.0
-    max_retries: int = 5
-    requests_per_minute: float | None = None
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 60.0
-    retry_after_max_s: float = 600.0  # a longer Retry-After is capped (and logged)
-    max_response_bytes: int = MAX_RESPONSE_BYTES
-    max_reply_chars: int = MAX_REPLY_CHARS
+    section: ClassVar[str] = "limits"
+
+    timeout_s: float = setting(120.0, gt=0, help="seconds one attempt may take, request to last byte")
+    max_retries: int = setting(5, ge=0, help="retries of a failed request (exponential backoff)")
+    requests_per_minute: float | None = setting(None, gt=0, help="client-side request rate (null: no limit)")
+    backoff_base_s: float = setting(1.0, ge=0, help="first backoff before a retry, doubled each time")
+    backoff_max_s: float = setting(60.0, ge=0, help="longest backoff before a retry")
+    retry_after_max_s: float = setting(600.0, ge=0, help="a longer Retry-After from the server is capped (and logged)")
+    max_response_bytes: int = setting(MAX_RESPONSE_BYTES, ge=1024,
+                                      help="a longer response body is not read; the turn is a parse failure")
+    max_reply_chars: int = setting(MAX_REPLY_CHARS, ge=1000,
+                                   help="reply text (and each call's arguments) kept; the rest is cut and marked")
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """One chat model behind an OpenAI-compatible endpoint (an entry of the models file)."""
+class ModelSpec(Settings):
+    """One chat model behind an OpenAI-compatible endpoint (an entry of the models file; ``name`` is its key)."""
 
-    name: str
-    provider: str
-    model: str
-    base_url: str
-    api_key_env: str | None = None
-    api_key_required: bool = True
-    tool_mode: str = "native"
-    observation_role: str = "tool"
-    sampling: Sampling = field(default_factory=Sampling)
-    prices: Prices = field(default_factory=Prices)
-    limits: Limits = field(default_factory=Limits)
-    extra_body: Mapping[str, Any] = field(default_factory=dict)
-    send_seed: bool = False  # send the episode seed (vLLM/SGLang sample reproducibly with it)
-    notes: str = ""
+    name: str = setting(help="the entry's name (its key under models)", nonempty=True)
+    provider: str = setting(help="who serves the model", choices=PROVIDERS)
+    model: str = setting(help="the model id the endpoint expects", nonempty=True,
+                         fix="give the model id the endpoint expects")
+    base_url: str = setting(help="the endpoint (http:// or https://)")
+    api_key_env: str | None = setting(None, help="the environment variable holding the API key (the only place a "
+                                                 "key is read from)")
+    api_key_required: bool = setting(True, help="false: a local server that may run without a key")
+    tool_mode: str = setting("native", choices=TOOL_MODES,
+                             help="native function calling, or hermes <tool_call> blocks in the text")
+    observation_role: str = setting("tool", choices=OBSERVATION_ROLES,
+                                    help="hermes mode: observations as tool or user messages")
+    sampling: Sampling = setting(factory=Sampling, help="sampling defaults")
+    prices: Prices = setting(factory=Prices, help="prices, for the cost estimate and max_cost_usd")
+    limits: Limits = setting(factory=Limits, help="deadline, retries, request rate and size caps")
+    extra_body: Mapping[str, Any] = setting(factory=dict, help="provider-specific request fields, sent as they are")
+    send_seed: bool = setting(False, help="send the episode seed (vLLM/SGLang sample reproducibly with it)")
+    notes: str = setting("", help="free text")
 
-    def __post_init__(self) -> None:
-        for label, value, allowed in (("provider", self.provider, PROVIDERS), ("tool_mode", self.tool_mode, TOOL_MODES),
-                                      ("observation_role", self.observation_role, OBSERVATION_ROLES),
-                                      ("sampling.max_tokens_param", self.sampling.max_tokens_param,
-                                       MAX_TOKENS_PARAMS)):
-            if value not in allowed:
-                raise ModelsFileError(f"{label}: {value!r} is not one of {', '.join(allowed)}")
-        if not self.model:
-            raise ModelsFileError("model: give the model id the endpoint expects")
+    def check(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
-            raise ModelsFileError(f"base_url: {self.base_url!r} must start with http:// or https://")
+            raise invalid("base_url", f"{brief(self.base_url)} must start with http:// or https://")
+        if self.api_key_env is not None and not self.api_key_env.isidentifier():
+            raise invalid("api_key_env", f"expected an environment variable name (or null), got "
+                                         f"{brief(self.api_key_env)}")
         if self.api_key_required and not self.api_key_env:
-            raise ModelsFileError("api_key_env: name the environment variable holding the key "
-                                  "(or set api_key_required: false for a local server)")
-        lim = self.limits
-        if lim.timeout_s <= 0 or lim.max_retries < 0 or lim.backoff_base_s < 0 or lim.backoff_max_s < 0:
-            raise ModelsFileError("limits: timeout_s must be > 0; max_retries and backoff times >= 0")
-        if lim.max_response_bytes < 1024:
-            raise ModelsFileError(f"limits.max_response_bytes: must be >= 1024 bytes, got {lim.max_response_bytes}")
-        if lim.max_reply_chars < 1000:
-            raise ModelsFileError(f"limits.max_reply_chars: must be >= 1000 characters, got {lim.max_reply_chars}")
-        if lim.requests_per_minute is not None and lim.requests_per_minute <= 0:
-            raise ModelsFileError("limits.requests_per_minute: must be > 0 or null (no limit)")
-        if self.prices.input_usd_per_mtok < 0 or self.prices.output_usd_per_mtok < 0:
-            raise ModelsFileError("prices: must be >= 0")
-        if self.sampling.max_tokens is not None and self.sampling.max_tokens < 1:
-            raise ModelsFileError("sampling.max_tokens: must be >= 1 or null")
+            raise invalid("api_key_env", "missing: name the environment variable holding the key",
+                          "add api_key_env: NAME, or api_key_required: false for a local server")
 
     def describe(self) -> dict[str, Any]:
         """Everything about the model that may be recorded (never a key)."""
@@ -158,7 +152,49 @@ class ModelSpec:
                 "tool_mode": self.tool_mode, "api_key_env": self.api_key_env}
 
 
-_SECTIONS = {"sampling": Sampling, "prices": Prices, "limits": Limits}
+_SECTIONS = ("sampling", "prices", "limits")
+
+
+@dataclass(frozen=True)
+class ModelsFile(Settings):
+    """A whole models file: ``models`` by name, each read over ``defaults`` (sections merged key by key)."""
+
+    models: Mapping[str, Any] = setting(help="the models by name (ModelSpec keys)", nonempty=True)
+    defaults: Mapping[str, Any] = setting(factory=dict, help="keys of a model entry given to every entry "
+                                                             "(sections merged key by key)")
+    version: int = setting(1, choices=(1,), help="the format's version")
+
+    def check(self) -> None:
+        """Every entry (with the defaults under it) becomes a :class:`ModelSpec`; an error names its key."""
+        out: dict[str, ModelSpec] = {}
+        for name, entry in self.models.items():
+            if isinstance(entry, ModelSpec):
+                out[name] = entry
+                continue
+            if isinstance(entry, Mapping) and "name" in entry:
+                raise invalid(("models", name, "name"), "is the entry's key under models, not a setting",
+                              "remove it; the entry's key is its name")
+            merged = dict(self.defaults)
+            for k, v in (entry.items() if isinstance(entry, Mapping) else ()):
+                both = k in _SECTIONS and isinstance(v, Mapping) and isinstance(merged.get(k), Mapping)
+                merged[k] = {**merged[k], **v} if both else v
+            data = {"name": name, **merged} if isinstance(entry, Mapping) else entry
+            try:
+                out[name] = from_mapping(ModelSpec, data, at=("models", name))
+            except ConfigError as exc:
+                raise invalid(_written_at(exc.at[2:], name, entry, self.defaults), exc.problem or exc.message,
+                              exc.fix) from None
+        object.__setattr__(self, "models", out)
+
+
+def _written_at(key: KeyPath, name: str, entry: Any, defaults: Mapping[str, Any]) -> KeyPath:
+    """Where ``key`` (a path within entry ``name`` merged over ``defaults``) is written in the file."""
+    section = entry.get(key[0]) if key and isinstance(entry, Mapping) else None
+    in_entry = bool(key) and isinstance(entry, Mapping) and key[0] in entry and not (
+        len(key) > 1 and isinstance(section, Mapping) and key[1] not in section)
+    if key and not in_entry and key[0] in defaults:
+        return ("defaults", *key)
+    return ("models", name, *key)
 
 
 def default_models_file() -> Path:
@@ -186,149 +222,18 @@ def resolve_api_key(spec: ModelSpec, environ: Mapping[str, str] | None = None) -
     return PLACEHOLDER_KEY
 
 
-# ---------------------------------------------------------------------------------------------
-# Strict loading
-
-
 def load_models(path: str | Path | None = None) -> dict[str, ModelSpec]:
     """Read a models file strictly; returns ``{name: ModelSpec}`` in file order."""
-    import yaml
-
     p = Path(path) if path is not None else default_models_file()
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ModelsFileError(f"{p}: models file not found (set HYDROAGENT_MODELS or pass a path)") from None
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ModelsFileError(f"{p}: not valid YAML: {exc}") from None
-    lines: dict[str, int] = {}
-    _index_lines(root, "", lines, p)
-
-    def fail(key: str, msg: str) -> ModelsFileError:
-        line = lines.get(key) or lines.get(key.rsplit(".", 1)[0])
-        return ModelsFileError(f"{p}{':' + str(line) if line else ''}: {key}: {msg}")
-
-    if not isinstance(data, Mapping):
-        raise ModelsFileError(f"{p}: the top level must be a mapping with a 'models' key")
-    for key in data:
-        if key not in ("version", "defaults", "models"):
-            raise fail(str(key), "unknown key; valid top-level keys: version, defaults, models")
-    defaults = data.get("defaults") or {}
-    models = data.get("models")
-    if not isinstance(models, Mapping) or not models:
-        raise fail("models", "expected a non-empty mapping of model names to entries")
-    if not isinstance(defaults, Mapping):
-        raise fail("defaults", "expected a mapping")
-    out: dict[str, ModelSpec] = {}
-    for name, entry in models.items():
-        where = f"models.{name}"
-        if not isinstance(entry, Mapping):
-            raise fail(where, "expected a mapping of keys")
-        merged = dict(defaults)
-        for k, v in entry.items():
-            if k in _SECTIONS and isinstance(v, Mapping) and isinstance(merged.get(k), Mapping):
-                merged[k] = {**merged[k], **v}
-            else:
-                merged[k] = v
-        try:
-            out[str(name)] = _spec(str(name), merged, where, fail)
-        except ModelsFileError as exc:
-            if str(exc).startswith(str(p)):
-                raise
-            raise fail(where + "." + str(exc).split(":")[0], str(exc).split(":", 1)[-1].strip()) from None
-    return out
+    if not p.exists():
+        raise ConfigError(f"models file not found: {p}", "check the path, or set HYDROAGENT_MODELS")
+    return dict(load_file(ModelsFile, p, what="models file").models)
 
 
 def get_model(name: str, path: str | Path | None = None) -> ModelSpec:
     """One entry of the models file, with the known names in the error if it is missing."""
     models = load_models(path)
     if name not in models:
-        raise ModelsFileError(f"unknown model {name!r}; the models file lists: {', '.join(models)}")
+        raise ConfigError(f"unknown model {name!r}; the models file lists: {', '.join(models)}",
+                          "use one of those names, or add an entry to the models file")
     return models[name]
-
-
-def _spec(name: str, data: Mapping[str, Any], where: str, fail) -> ModelSpec:
-    known = {f.name for f in dataclasses.fields(ModelSpec)} - {"name"}
-    values: dict[str, Any] = {"name": name}
-    for key, value in data.items():
-        sub = f"{where}.{key}"
-        if key not in known:
-            raise fail(sub, f"unknown key; valid keys: {', '.join(sorted(known))}")
-        if key in _SECTIONS:
-            values[key] = _section(_SECTIONS[key], value, sub, fail)
-        elif key == "extra_body":
-            if not isinstance(value, Mapping):
-                raise fail(sub, "expected a mapping of request fields")
-            values[key] = dict(value)
-        elif key in ("api_key_required", "send_seed"):
-            if not isinstance(value, bool):
-                raise fail(sub, f"expected true or false, got {value!r}")
-            values[key] = value
-        elif key == "api_key_env":
-            if value is not None and not (isinstance(value, str) and value.isidentifier()):
-                raise fail(sub, f"expected an environment variable name (or null), got {value!r}")
-            values[key] = value
-        else:
-            if not isinstance(value, str):
-                raise fail(sub, f"expected text, got {value!r}")
-            values[key] = value
-    for required in ("provider", "model", "base_url"):
-        if required not in values:
-            raise fail(where, f"missing key {required!r}")
-    return ModelSpec(**values)
-
-
-def _section(cls: type, data: Any, where: str, fail) -> Any:
-    if not isinstance(data, Mapping):
-        raise fail(where, "expected a mapping of keys")
-    hints = {f.name: f.type for f in dataclasses.fields(cls)}
-    values = {}
-    for key, value in data.items():
-        sub = f"{where}.{key}"
-        if key not in hints:
-            raise fail(sub, f"unknown key; valid keys: {', '.join(hints)}")
-        values[key] = _typed(value, str(hints[key]), sub, fail)
-    return cls(**values)
-
-
-def _typed(value: Any, hint: str, where: str, fail) -> Any:
-    if value is None:
-        if "None" in hint:
-            return None
-        raise fail(where, "must not be null")
-    if hint.startswith("bool"):
-        if not isinstance(value, bool):
-            raise fail(where, f"expected true or false, got {value!r}")
-        return value
-    if hint.startswith("int"):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise fail(where, f"expected a whole number, got {value!r}")
-        return value
-    if hint.startswith("float"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise fail(where, f"expected a number, got {value!r}")
-        return float(value)
-    if not isinstance(value, str):
-        raise fail(where, f"expected text, got {value!r}")
-    return value
-
-
-def _index_lines(node: Any, prefix: str, lines: dict[str, int], path: Path) -> None:
-    """Record the 1-based line of every mapping key by dotted path; duplicate keys are errors."""
-    import yaml
-
-    if not isinstance(node, yaml.MappingNode):
-        return
-    seen: set[str] = set()
-    for k, v in node.value:
-        key = str(getattr(k, "value", k))
-        dotted = f"{prefix}.{key}" if prefix else key
-        line = k.start_mark.line + 1
-        if key in seen:
-            raise ModelsFileError(f"{path}:{line}: {dotted}: duplicate key; give each key once")
-        seen.add(key)
-        lines[dotted] = line
-        _index_lines(v, dotted, lines, path)

@@ -52,8 +52,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hydroagent_hpc.agents.llm.client import ChatClient, Completion
-from hydroagent_hpc.agents.llm.models_file import Limits, ModelsFileError, ModelSpec, Prices, Sampling, get_model
+from hydroagent_hpc.agents.llm.models_file import Limits, ModelSpec, Prices, Sampling, get_model
 from hydroagent_hpc.env import toolcalls
+from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.params import ParameterSet
 from hydroagent_hpc.types import ToolCall
 
@@ -79,7 +80,8 @@ def with_changes(spec: ModelSpec, **changes: Any) -> ModelSpec:
             direct[section] = dataclasses.replace(direct.get(section, getattr(spec, section)), **sub)
     unknown = set(changes) - top - {n for c in _SECTIONS.values() for n in (f.name for f in dataclasses.fields(c))}
     if unknown:
-        raise ModelsFileError(f"unknown model setting(s) {sorted(unknown)}")
+        raise ConfigError(f"unknown model setting(s) {sorted(unknown)}",
+                          "use the names of the models file's keys (sections' keys by their own name)")
     return dataclasses.replace(spec, **direct)
 
 
