@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers.waiting import wait_until
-from hydroagent_hpc.campaign import CampaignError, expand, load_campaign, run_campaign
+from hydroagent_hpc.campaign import CampaignNotReadyError, expand, load_campaign, run_campaign
+from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.store import read_episodes, read_sims, stored_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,14 +35,14 @@ def test_expand_and_strictness(tmp_path, small_basin_dir):
     assert ids == ["t/syn_small/heuristic/0", "t/syn_small/heuristic/1", "t/syn_small/slow/0", "t/syn_small/slow/1"]
     assert spec.env.max_simulations == 12 and spec.env.patience is None
     bad = _write(tmp_path, small_basin_dir, HEUR, extra="colour: red\n")
-    with pytest.raises(CampaignError, match=r"c.yaml:\d+: colour: unknown key"):
+    with pytest.raises(ConfigError, match=r"c.yaml:\d+: colour: unknown key"):
         load_campaign(bad)
     bad = _write(tmp_path, small_basin_dir, "  - {name: x, kind: oracle}")
-    with pytest.raises(CampaignError, match=r"c.yaml:\d+: kind: agents\[0\] has unknown kind 'oracle'"):
+    with pytest.raises(ConfigError, match=r"c.yaml:4: agents\[0\]\.kind: unknown kind 'oracle'"):
         load_campaign(bad)
     bad = _write(tmp_path, small_basin_dir, HEUR).read_text().replace("max_simulations: 12", "max_simulations: many")
     (tmp_path / "d.yaml").write_text(bad)
-    with pytest.raises(CampaignError, match="env.max_simulations: expected a whole number"):
+    with pytest.raises(ConfigError, match=r"d.yaml:\d+: env.max_simulations: expected a whole number, got 'many'"):
         load_campaign(tmp_path / "d.yaml")
 
 
@@ -90,7 +91,7 @@ def test_paper_frontier_says_what_is_missing(monkeypatch):
     spec = load_campaign(ROOT / "data" / "campaigns" / "paper_frontier.yaml")
     assert len(spec.agents) == 9 and len(spec.basins) == 4 and spec.seeds == (0, 1, 2, 3)
     assert spec.env.protocol == "rounds" and spec.env.max_rounds == 20 and spec.env.candidates_per_round == 10
-    with pytest.raises(CampaignError) as ei:
+    with pytest.raises(CampaignNotReadyError) as ei:
         run_campaign(spec, "/nonexistent/never.h5", progress=False)
     msg = str(ei.value)
     assert "ANTHROPIC_API_KEY" in msg and "GEMINI_API_KEY" in msg and "02338660" in msg and "control.txt" in msg
@@ -105,6 +106,7 @@ def test_a_changed_basin_file_stops_the_campaign_before_it_starts(tmp_path, smal
     spec = load_campaign(_write(tmp_path, basin, HEUR))
     obs = next(p for p in basin.rglob("*.csv") if "obs" in p.name.lower())
     obs.write_text(obs.read_text().replace("\n", "\n", 1) + "\n")  # one extra byte
-    with pytest.raises(CampaignError, match=rf"(?s)cannot start:.*{obs.name}.*changed after the basin was prepared"):
+    with pytest.raises(CampaignNotReadyError,
+                       match=rf"(?s)cannot start:.*{obs.name}.*changed after the basin was prepared"):
         run_campaign(spec, tmp_path / "x.h5", progress=False)
     assert not (tmp_path / "x.h5").exists()

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
-from hydroagent_hpc.campaign.spec import CampaignError, expand
+from hydroagent_hpc.campaign.spec import expand
+from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.store import read_episodes, read_turns
 from hydroagent_hpc.train.evaluation import evaluate_policy
 
@@ -57,8 +58,9 @@ def test_an_agents_own_seeds_replace_the_campaigns(small_basin_dir):
     ids = [t.episode_id for t in expand(spec)]
     assert [i for i in ids if "/dds/" in i] == [f"c/syn_small/dds/{s}" for s in (0, 1, 2)]
     assert [i for i in ids if "/once/" in i] == ["c/syn_small/once/5"]
-    with pytest.raises(CampaignError, match=r"agents\[0\]\.seeds\[1\]: seed 3 is repeated"):
+    with pytest.raises(ConfigError, match=r"agents\[0\]\.seeds\[1\]: 3 is listed twice") as err:
         campaign_from_mapping({"name": "c", "basins": [str(small_basin_dir)],
                                "agents": [{"kind": "dds", "seeds": [3, 3]}]})
-    with pytest.raises(CampaignError, match=r"agents\[0\]\.seeds: a non-empty list"):
+    assert err.value.at == ("agents", 0, "seeds", 1) and "each listed once" in err.value.fix
+    with pytest.raises(ConfigError, match=r"agents\[0\]\.seeds: must not be empty"):
         campaign_from_mapping({"name": "c", "basins": [str(small_basin_dir)], "agents": [{"kind": "dds", "seeds": []}]})

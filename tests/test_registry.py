@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from hydroagent_hpc.agents.factory import AGENT_KINDS, AgentKind, AgentOptionError, make_agent
-from hydroagent_hpc.campaign import AgentSpec, CampaignError, load_campaign, run_campaign
+from hydroagent_hpc.campaign import AgentSpec, load_campaign, run_campaign
 from hydroagent_hpc.cli import build_parser, main
 from hydroagent_hpc.config import PRESETS, EnvConfig, preset
 from hydroagent_hpc.env.toolcalls import render_hermes
@@ -149,9 +149,10 @@ def test_a_new_kinds_options_are_checked_when_the_campaign_is_read(toy_kind, sma
     path = _campaign(tmp_path, small_basin_dir, f"  - {{name: toy-a, kind: {toy_kind}}}\n"
                                                 f"  - {{name: toy-b, kind: {toy_kind},\n      wn: 3.5}}")
     where = r"c\.yaml:6: agents\[1\]\.wn: agent kind 'toy' takes no option 'wn'; its options: wm \(and backend\)"
-    with pytest.raises(CampaignError, match=where):
+    with pytest.raises(ConfigError, match=where):
         load_campaign(path)
-    with pytest.raises(CampaignError, match=r"unknown kind 'oracle'; use one of heuristic, .*, scripted, toy"):
+    with pytest.raises(ConfigError, match=r"c\.yaml:\d+: agents\[0\]\.kind: unknown kind 'oracle'; "
+                                          r"use one of heuristic, .*, scripted, toy"):
         load_campaign(_campaign(tmp_path, small_basin_dir, "  - {name: x, kind: oracle}"))
 
 

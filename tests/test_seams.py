@@ -18,7 +18,7 @@ from hydroagent_hpc.agents.heuristic import HeuristicHydrologist
 from hydroagent_hpc.agents.llm.client import LLMError, LLMRequestError
 from hydroagent_hpc.agents.llm.models_file import MissingAPIKeyError
 from hydroagent_hpc.agents.optimizers.policy import make_optimizer_policy
-from hydroagent_hpc.campaign import CampaignError
+from hydroagent_hpc.campaign import CampaignNotReadyError
 from hydroagent_hpc.campaign.shards import IncompleteMergeError
 from hydroagent_hpc.config import preset
 from hydroagent_hpc.env.environment import CalibrationEnv
@@ -135,7 +135,7 @@ def test_the_episode_keeps_the_observed_series_of_the_first_run(basin, small_sim
 
 
 @pytest.mark.parametrize("cls,code", [
-    (ConfigError, 2), (UsageError, 2), (UnknownNameError, 2), (AgentOptionError, 2), (CampaignError, 2),
+    (ConfigError, 2), (UsageError, 2), (UnknownNameError, 2), (AgentOptionError, 2), (CampaignNotReadyError, 2),
     (InputError, 2), (ControlFileError, 2), (SimulationError, 2), (StoreError, 2), (MergeError, 1),
     (IncompleteMergeError, 1), (PoolError, 2), (MissingAPIKeyError, 2), (LLMError, 1),
     (LLMRequestError, 1),
@@ -146,7 +146,7 @@ def test_every_deliberate_error_is_a_hydroagent_error(cls, code):
 
 def test_one_line():
     assert one_line(HydroAgentError("bad value", fix="give a number")) == "bad value; fix: give a number"
-    wrapped = CampaignError("c.yaml:3: " + str(HydroAgentError("x: no", fix="yes")))
+    wrapped = ConfigError("c.yaml:3: " + str(HydroAgentError("x: no", fix="yes")))
     assert one_line(wrapped) == "c.yaml:3: x: no; fix: yes"
     assert one_line(ValueError("")) == "ValueError"
     assert one_line(LLMRequestError("gave up after 3 attempts", kind="timeout", attempts=3)) == \

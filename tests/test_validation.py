@@ -450,9 +450,10 @@ def test_deep_nesting_is_refused_without_a_recursion_error(depth, tmp_path, caps
                                                                    HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_value_anywhere_gives_a_located_error_or_a_valid_campaign(data, tmp_path_factory, small_basin_dir):
-    """Random JSON-like values at random fields: load_campaign either accepts them or raises CampaignError
+    """Random JSON-like values at random fields: load_campaign either accepts them or raises ConfigError
     with file:line, never another exception (the oracle for *which* values are valid is the cases above)."""
-    from hydroagent_hpc.campaign import CampaignError, load_campaign
+    from hydroagent_hpc.campaign import load_campaign
+    from hydroagent_hpc.errors import ConfigError
 
     doc = valid_campaign(small_basin_dir)
     paths = list(mapping_paths(doc)) + [m[1] for m in campaign_mutations(small_basin_dir)]
@@ -470,7 +471,7 @@ def test_any_value_anywhere_gives_a_located_error_or_a_valid_campaign(data, tmp_
     cfile.write_text(dump(doc))
     try:
         load_campaign(cfile)
-    except CampaignError as exc:
+    except ConfigError as exc:
         assert "c.yaml" in str(exc)
 
 

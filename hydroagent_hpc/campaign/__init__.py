@@ -10,15 +10,17 @@ from hydroagent_hpc.campaign.run import run_campaign, run_task, worker_init
 from hydroagent_hpc.campaign.spec import (
                                           AGENT_KINDS,
                                           AgentSpec,
-                                          CampaignError,
+                                          CampaignNotReadyError,
                                           CampaignSpec,
                                           Task,
                                           campaign_from_mapping,
                                           check_requirements,
+                                          ensure_ready,
                                           expand,
                                           load_campaign,
                                           shard_of,
 )
 
-__all__ = ["AGENT_KINDS", "AgentSpec", "CampaignError", "CampaignSpec", "Task", "campaign_from_mapping",
-           "check_requirements", "expand", "load_campaign", "shard_of", "run_campaign", "run_task", "worker_init"]
+__all__ = ["AGENT_KINDS", "AgentSpec", "CampaignNotReadyError", "CampaignSpec", "Task", "campaign_from_mapping",
+           "check_requirements", "ensure_ready", "expand", "load_campaign", "shard_of", "run_campaign", "run_task",
+           "worker_init"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydroagent_hpc.agents.factory import make_agent
-from hydroagent_hpc.campaign.spec import CampaignError, CampaignSpec, Task, check_requirements, expand, shard_of
+from hydroagent_hpc.campaign.spec import CampaignSpec, Task, ensure_ready, expand, shard_of
 from hydroagent_hpc.hpc.pool import open_pool
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
@@ -75,9 +75,7 @@ def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress
     """
     from hydroagent_hpc.store import EpisodeWriter, stored_ids
 
-    problems = check_requirements(spec)
-    if problems:
-        raise CampaignError(f"campaign {spec.name!r} cannot start:\n  - " + "\n  - ".join(problems))
+    ensure_ready(spec)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tasks = shard_of(expand(spec), shard)

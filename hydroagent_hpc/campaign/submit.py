@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from hydroagent_hpc.campaign import (
-    CampaignError,
     CampaignSpec,
-    check_requirements,
+    ensure_ready,
     load_campaign,
     run_campaign,
     worker_init,
@@ -217,9 +216,7 @@ def submit_campaign(campaign: str | Path, run_dir: str | Path, array: int, site:
     """
     campaign = Path(campaign).resolve()
     spec = load_campaign(campaign)
-    problems = check_requirements(spec)
-    if problems:
-        raise CampaignError(f"campaign {spec.name!r} cannot start:\n  - " + "\n  - ".join(problems))
+    ensure_ready(spec)
     if array < 1:
         raise ValueError(f"--array {array}: need at least 1 task")
     run_dir = Path(run_dir).resolve()
