@@ -21,7 +21,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from hydroagent_hpc.train.config import SFTConfig, load_sft_config
 from hydroagent_hpc.train.grpo_config import GRPOConfig, load_grpo_config
 from hydroagent_hpc.train.memory_plan import (
     GPUS,
@@ -40,6 +39,7 @@ from hydroagent_hpc.train.memory_plan import (
     require_fits,
     shape_for_model,
 )
+from hydroagent_hpc.train.sft.config import SFTConfig, load_sft_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
@@ -224,7 +224,7 @@ def test_the_plan_bounds_a_real_sft_and_grpo_step(ac):
     AdamW state, reference) and at least 80 % of it without the gradients (the plan counts them as resident,
     as they are from a step's second pass on; a single pass allocates them as its backward goes)."""
     from hydroagent_hpc.train.grpo_loss import LogprobModel, grpo_loss
-    from hydroagent_hpc.train.sft import weighted_token_loss
+    from hydroagent_hpc.train.sft.trainer import weighted_token_loss
 
     cfg = _reduced(layers=2, hidden_size=128, intermediate_size=512, num_attention_heads=4, head_dim=32,
                    vocab_size=8192)
@@ -530,9 +530,9 @@ def test_the_gpu_benchmarks_checkpoint_by_default_and_say_so():
 def test_the_sft_benchmark_runs_the_trainers_precision_and_records_it():
     """On the CPU with the trainer's settings (fp32 weights, bf16 autocast, the SFT trainer's AdamW): the record
     says which compute dtype, optimizer and checkpointing ran."""
-    from hydroagent_hpc.train.config import SFTConfig as Cfg
     from hydroagent_hpc.train.measure.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
-    from hydroagent_hpc.train.sft import sft_optimizer
+    from hydroagent_hpc.train.sft.config import SFTConfig as Cfg
+    from hydroagent_hpc.train.sft.trainer import sft_optimizer
 
     cfg = qwen3_config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        head_dim=16, intermediate_size=128, vocab_size=256)

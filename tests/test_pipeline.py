@@ -125,7 +125,7 @@ def test_errors_name_the_file_line_and_key(tmp_path, change, where, says):
 def test_sft_data_recovery_reaches_build_sft_data(tmp_path, monkeypatch):
     """``sft_data: {recovery, recovery_seed}`` as ``train sft-data --recovery P --recovery-seed N``;
     left out, the section (and so the stage's input checksum) is the one it was before the keys existed."""
-    import hydroagent_hpc.train.sft_data as sft_data
+    import hydroagent_hpc.train.sft.data as sft_data
     from hydroagent_hpc.pipeline import stages
 
     data = yaml.safe_load(DEMO.read_text())

@@ -1,4 +1,4 @@
-"""The SFT trainer (train/sft.py): weighted loss, accumulation, ranks, exact resume, errors.
+"""The SFT trainer (train/sft/trainer.py): weighted loss, accumulation, ranks, exact resume, errors.
 
 Real parts throughout: the tiny offline Qwen3, real HDF5 data files (short conversations tokenised
 by the real trajectory builder, and one teacher set from a real heuristic campaign), real
@@ -28,7 +28,8 @@ from helpers.sft import short_trajectories, write_sft_data  # noqa: E402
 from hydroagent_hpc.errors import ConfigError  # noqa: E402
 from hydroagent_hpc.train import tiny  # noqa: E402
 from hydroagent_hpc.train.checkpoint import FAULT_ENV  # noqa: E402
-from hydroagent_hpc.train.sft import (  # noqa: E402
+from hydroagent_hpc.train.sft.data import SFTDataset  # noqa: E402
+from hydroagent_hpc.train.sft.trainer import (  # noqa: E402
     METRICS_COLUMNS,
     collate,
     load_sft_config,
@@ -38,7 +39,6 @@ from hydroagent_hpc.train.sft import (  # noqa: E402
     train_sft,
     weighted_token_loss,
 )
-from hydroagent_hpc.train.sft_data import SFTDataset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"model": "tiny", "lr": 3.0e-3, "warmup_steps": 1, "max_grad_norm": 1.0, "seed": 0}
@@ -338,7 +338,7 @@ def test_sigterm_saves_and_exits_143_then_the_cli_resumes(reference, tmp_path, m
 @pytest.mark.slow
 def test_loss_falls_on_a_small_teacher_set(tmp_path, small_basin_dir):
     from hydroagent_hpc.campaign import load_campaign, run_campaign
-    from hydroagent_hpc.train.sft_data import build_sft_data
+    from hydroagent_hpc.train.sft.data import build_sft_data
 
     spec = tmp_path / "teach.yaml"
     spec.write_text(f"name: teach\nbasins: [{small_basin_dir}]\nagents:\n  - {{name: heuristic, kind: heuristic}}\n"

@@ -1,4 +1,4 @@
-"""Teacher data (train/sft_data.py, ``hydroagent train sft-data``) from real campaign stores.
+"""Teacher data (train/sft/data.py, ``hydroagent train sft-data``) from real campaign stores.
 
 A small real campaign on the session's synthetic basin: the heuristic hydrologist (two step
 sizes), a scripted agent that ruins the fit (text, final NSE far below 0.6) and DDS (no text).
@@ -23,7 +23,7 @@ from hydroagent_hpc.agents.llm.trajectory import TrajectoryBuilder  # noqa: E402
 from hydroagent_hpc.campaign import load_campaign, run_campaign  # noqa: E402
 from hydroagent_hpc.store import read_episodes, read_turns  # noqa: E402
 from hydroagent_hpc.train import tiny  # noqa: E402
-from hydroagent_hpc.train.sft_data import SFTDataError, SFTDataset, build_sft_data, episode_messages, paper_weights  # noqa: E402
+from hydroagent_hpc.train.sft.data import SFTDataError, SFTDataset, build_sft_data, episode_messages, paper_weights  # noqa: E402
 
 ENV = "env: {preset: paper, max_simulations: 3, max_turns: null, patience: null, target_nse: 0.99}\n"
 
@@ -320,7 +320,7 @@ def test_cli_augment_option(stores, tmp_path, capsys):
 def test_the_cli_choices_match_the_library():
     """cli/train.py keeps torch-free copies of the preset and augment names: they must not drift."""
     from hydroagent_hpc.cli import train as cli_train
-    from hydroagent_hpc.train.sft_data import AUGMENT_MODES, RENDERERS, SFT_PRESETS
+    from hydroagent_hpc.train.sft.data import AUGMENT_MODES, RENDERERS, SFT_PRESETS
 
     assert cli_train._SFT_PRESETS == SFT_PRESETS and cli_train._AUGMENT_MODES == AUGMENT_MODES
     assert cli_train._RENDERERS == RENDERERS
@@ -331,7 +331,7 @@ def test_the_calls_renderer_turns_optimizer_episodes_into_the_calls_they_made(st
     is exactly one Hermes block that parses back to the call the environment recorded."""
     from hydroagent_hpc.env.toolcalls import parse_message
     from hydroagent_hpc.store import iter_episodes
-    from hydroagent_hpc.train.sft_data import episode_messages, render_calls
+    from hydroagent_hpc.train.sft.data import episode_messages, render_calls
 
     with pytest.raises(SFTDataError, match="--render calls"):
         build_sft_data([stores["optim"]], tmp_path / "none.h5", preset="released", tokenizer=tok)
@@ -396,7 +396,7 @@ def test_every_corruption_fails_the_real_parser(stores, live_env, kind, reason):
     """Each kind, on every teacher message of the store (calls with and without arguments), is one
     parse failure in the real environment, and the builder's reply is that environment's reply."""
     from hydroagent_hpc.env.toolcalls import render_tool_response
-    from hydroagent_hpc.train.sft_data import RECOVERY_KINDS, corrupt_call, failure_replies
+    from hydroagent_hpc.train.sft.data import RECOVERY_KINDS, corrupt_call, failure_replies
 
     assert kind in RECOVERY_KINDS and len(RECOVERY_KINDS) == 4
     rng = np.random.default_rng(0)
@@ -419,7 +419,7 @@ def test_recovery_turns_mask_the_corrupted_call_and_show_the_environments_reply(
     """recovery=1: before every teacher message a mask-0 corrupted copy, then the real environment's
     reply to it, then the teacher's message with mask 1; the teacher's turns are unchanged."""
     from hydroagent_hpc.env.toolcalls import parse_message, render_tool_response
-    from hydroagent_hpc.train.sft_data import RECOVERY_KINDS
+    from hydroagent_hpc.train.sft.data import RECOVERY_KINDS
 
     report = build_sft_data([stores["mixed"]], tmp_path / "rec.h5", preset="released", tokenizer=tok,
                             max_tokens=100_000, recovery=1.0)
@@ -455,7 +455,7 @@ def test_recovery_turns_mask_the_corrupted_call_and_show_the_environments_reply(
 
 def test_recovery_is_seeded_and_p0_writes_the_datasets_of_a_build_without_it(stores, tok, tmp_path):
     from hydroagent_hpc.store import load_episode
-    from hydroagent_hpc.train.sft_data import episode_tools
+    from hydroagent_hpc.train.sft.data import episode_tools
 
     def build(name: str, **kw) -> tuple[dict[str, bytes], dict[str, object]]:
         build_sft_data([stores["mixed"]], tmp_path / name, preset="released", tokenizer=tok, max_tokens=100_000, **kw)

@@ -1,7 +1,7 @@
 """SFT on a cluster (issue 14, items 5-6): slurm/sft.sbatch, `hydroagent train submit sft`, the teacher and
 evaluation campaign files, the SFT configs and the throughput benchmark.
 
-The trainer (hydroagent_hpc.train.sft) is its own branch: nothing here imports it at module level.
+The trainer (hydroagent_hpc.train.sft.trainer) is its own branch: nothing here imports it at module level.
 The signal and requeue plumbing is checked with a stand-in trainer written by the test (a real
 process that saves a checkpoint folder on SIGUSR1, saves and exits 143 on SIGTERM, and finishes when
 it finds a checkpoint, as the real trainer's --resume does), behind real bash, submitit and signals.
@@ -25,7 +25,7 @@ from helpers.waiting import wait_until
 from hydroagent_hpc.campaign import check_requirements, load_campaign
 
 SBATCH = ROOT / "slurm" / "sft.sbatch"
-HAVE_TRAINER = importlib.util.find_spec("hydroagent_hpc.train.sft") is not None
+HAVE_TRAINER = importlib.util.find_spec("hydroagent_hpc.train.sft.trainer") is not None
 CONTRACT_KEYS = {"data", "model", "lr", "weight_decay", "warmup_steps", "max_steps", "micro_batch_size", "grad_accum",
                  "max_grad_norm", "seed", "dtype", "fsdp", "activation_checkpointing", "save_every", "log_every",
                  "bucket_by_length"}
@@ -197,7 +197,7 @@ def test_several_nodes_start_one_launcher_per_node_with_the_rendezvous(tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_TRAINER, reason="needs hydroagent_hpc.train.sft (the trainer branch, t1-sft)")
+@pytest.mark.skipif(not HAVE_TRAINER, reason="needs hydroagent_hpc.train.sft.trainer (the trainer branch, t1-sft)")
 def test_the_cpu_path_runs_the_real_trainer_through_a_requeue(tmp_path):
     """sft.sbatch with the real trainer on one CPU process: SIGUSR1 -> checkpoint -> requeue; the next
     attempt resumes from it and continues the step count; SIGTERM saves and the script exits 143."""
@@ -374,10 +374,10 @@ def test_the_sft_configs_use_the_trainer_keys_and_the_papers_values(name):
         assert doc["activation_checkpointing"] is True
 
 
-@pytest.mark.skipif(not HAVE_TRAINER, reason="needs hydroagent_hpc.train.sft (the trainer branch, t1-sft)")
+@pytest.mark.skipif(not HAVE_TRAINER, reason="needs hydroagent_hpc.train.sft.trainer (the trainer branch, t1-sft)")
 @pytest.mark.parametrize("name", ["sft-tiny.yaml", "sft-qwen3-4b.yaml"])
 def test_the_trainer_loads_the_shipped_configs(name):
-    from hydroagent_hpc.train.config import load_sft_config
+    from hydroagent_hpc.train.sft.config import load_sft_config
 
     cfg = load_sft_config(ROOT / "data" / "train" / name)
     doc = yaml.safe_load((ROOT / "data" / "train" / name).read_text())

@@ -199,7 +199,7 @@ def test_a_snow_episode_round_trips_through_the_store(snow_dir, snow_sim, tmp_pa
 def test_sft_data_renders_a_snow_episode_with_the_snow_prompt_and_tools(snow_dir, snow_sim, small_basin_dir,
                                                                           small_sim):
     pytest.importorskip("torch")
-    from hydroagent_hpc.train.sft_data import episode_messages, episode_tools
+    from hydroagent_hpc.train.sft.data import episode_messages, episode_tools
 
     snowy = run_episode(HeuristicHydrologist(seed=1), env_of(snow_dir, snow_sim, max_simulations=3, max_turns=None))
     plain = run_episode(HeuristicHydrologist(seed=1), env_of(small_basin_dir, small_sim, max_simulations=2))

@@ -59,8 +59,8 @@ from typing import Any
 import numpy as np
 
 from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
-from hydroagent_hpc.train.config import config_from_mapping
 from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+from hydroagent_hpc.train.sft.config import config_from_mapping
 
 __all__ = ["BenchPlan", "QUICK", "units", "run", "summarise", "main"]
 
@@ -229,7 +229,7 @@ def _base(out: Path, plan: BenchPlan, folder: Path, model_seed: int) -> dict[str
 
 
 def _data(out: Path, plan: BenchPlan, folder: Path, data_seed: int) -> dict[str, Any]:
-    from hydroagent_hpc.train.sft_data import build_sft_data
+    from hydroagent_hpc.train.sft.data import build_sft_data
 
     basins = _basin_set(folder / "basins", teach_names(plan, data_seed))
     teacher = campaign_from_mapping({
@@ -243,7 +243,7 @@ def _data(out: Path, plan: BenchPlan, folder: Path, data_seed: int) -> dict[str,
 
 
 def _sft(out: Path, plan: BenchPlan, folder: Path, data_seed: int, model_seed: int) -> dict[str, Any]:
-    from hydroagent_hpc.train.sft import train_sft
+    from hydroagent_hpc.train.sft.trainer import train_sft
 
     config = config_from_mapping({
         "data": _read(out, f"data{data_seed}")["sft_data"], "model": _read(out, f"base{model_seed}")["model"],

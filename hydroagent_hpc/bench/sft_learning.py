@@ -9,7 +9,7 @@ The whole first training stage, small enough for a laptop, measured the way issu
    ``clipped`` replies and how to go on; agents/heuristic.py explains why; ``--digits N``: values
    to N significant digits; ``--partial``: set_parameters sends only the values that change);
 3. ``train.sft_data.build_sft_data`` (``released`` weights, no augmentation: every episode kept;
-   ``--recovery P``: masked error-recovery turns, see train/sft_data.py);
+   ``--recovery P``: masked error-recovery turns, see train/sft/data.py);
 4. ``train.sft.train_sft`` of the tiny offline Qwen3 for ``--steps`` steps (fp32, CPU);
 5. the base (untrained) and the SFT'd model as ``hf_local`` agents on the held-out basin (greedy,
    at most ``--turns`` tool calls): the share of assistant messages that were valid tool calls,
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
-from hydroagent_hpc.train.config import load_sft_config
+from hydroagent_hpc.train.sft.config import load_sft_config
 
 __all__ = ["run", "main"]
 
@@ -40,8 +40,8 @@ def run(out: Path, steps: int = 120, seeds: int = 6, sims: int = 4, turns: int =
         lr: float = 3e-3, width: int | None = None, layers: int | None = None, heldout: int = 1,
         overshoot: float = 0.0, digits: int | None = None, recovery: float = 0.0,
         partial: bool = False) -> dict[str, Any]:
-    from hydroagent_hpc.train.sft import train_sft
-    from hydroagent_hpc.train.sft_data import build_sft_data
+    from hydroagent_hpc.train.sft.data import build_sft_data
+    from hydroagent_hpc.train.sft.trainer import train_sft
     from hydroagent_hpc.train.tiny import save_tiny
 
     out.mkdir(parents=True, exist_ok=True)
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="teacher: set_parameters sends only the values that change (agents/heuristic.py)")
     ap.add_argument("--recovery", type=float, default=0.0,
                     help="SFT data: probability of a masked error-recovery turn before each teacher call "
-                         "(train/sft_data.py)")
+                         "(train/sft/data.py)")
     ap.add_argument("--evaluate-only", action="store_true",
                     help="no training: evaluate the base and final models already in --out on --heldout basins "
                          "(--sims, --turns as the run's); writes eval-heldoutN.h5 and result-heldoutN.json")

@@ -39,8 +39,8 @@ import sys
 from typing import Any
 
 from hydroagent_hpc.errors import HydroAgentError, one_line
-from hydroagent_hpc.train.config import SFTConfig
 from hydroagent_hpc.train.memory_plan import MemoryPlanError, ModelShape, check_plan, free_device_memory, plan_sft
+from hydroagent_hpc.train.sft.config import SFTConfig
 
 __all__ = ["cpu_rows", "gpu_result", "markdown", "grpo_result", "grpo_markdown", "main", "build_parser",
            "bench_sft_config", "bench_shape", "bench_sft_plan"]
@@ -115,7 +115,7 @@ def gpu_result(seconds: float, seq_len: int, batch: int, activation_checkpointin
     plan is checked against the device's free memory first (a :class:`MemoryPlanError` names the
     ``--layers`` that would fit)."""
     from hydroagent_hpc.train.measure.throughput import build_random_qwen3, measure_sft_steps, qwen3_config
-    from hydroagent_hpc.train.sft import sft_optimizer
+    from hydroagent_hpc.train.sft.trainer import sft_optimizer
 
     free = free_device_memory("cuda:0")
     assert free is not None

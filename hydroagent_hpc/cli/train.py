@@ -1,5 +1,5 @@
-"""``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft_data.py);
-``hydroagent train sft CONFIG --out RUN_DIR [--resume]``: weighted SFT (see train/sft.py);
+"""``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft/data.py);
+``hydroagent train sft CONFIG --out RUN_DIR [--resume]``: weighted SFT (see train/sft/trainer.py);
 ``hydroagent train grpo CONFIG --out RUN_DIR [--resume]``: GRPO on the simulator's reward (train/grpo.py);
 ``hydroagent train plan CONFIG --gpu H100-80GB [--gpus N]``: the run's GPU memory plan (train/memory_plan.py);
 ``hydroagent train submit sft|grpo CONFIG ...``: those runs as requeueable submitit jobs (train/submit.py).
@@ -23,9 +23,9 @@ log = logging.getLogger("hydroagent")
 
 #: The SFT data presets (kept here too so building the parser does not import torch).
 _SFT_PRESETS = ("paper", "released")
-#: The augment modes (train/sft_data.py AUGMENT_MODES).
+#: The augment modes (train/sft/data.py AUGMENT_MODES).
 _AUGMENT_MODES = ("none", "stopping_points")
-#: The renderers for text-less episodes (train/sft_data.py RENDERERS).
+#: The renderers for text-less episodes (train/sft/data.py RENDERERS).
 _RENDERERS = ("none", "calls")
 #: The GPU kinds of train/memory_plan.py GPUS (kept here too so building the parser does not import it).
 _GPUS = ("H100-80GB", "H100-94GB", "H200", "A100-40GB", "A100-80GB", "L40S", "GH200", "B200")
@@ -34,7 +34,7 @@ _SHAPES = ("qwen3-4b",)
 
 
 def cmd_sft_data(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.train.sft_data import build_sft_data
+    from hydroagent_hpc.train.sft.data import build_sft_data
 
     report = build_sft_data(args.stores, args.out, preset=args.preset, tokenizer=args.tokenizer,
                             max_tokens=args.max_tokens, augment=args.augment, render=args.render,
@@ -48,7 +48,7 @@ def cmd_sft_data(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.train.sft import exit_status, result_line, run_cli
+    from hydroagent_hpc.train.sft.trainer import exit_status, result_line, run_cli
 
     summary = run_cli(args)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -94,8 +94,8 @@ def _load_run_config(path: str, gpus: int) -> tuple[str, object]:
     import yaml
 
     from hydroagent_hpc.errors import ConfigError
-    from hydroagent_hpc.train.config import load_sft_config
     from hydroagent_hpc.train.grpo_config import load_grpo_config
+    from hydroagent_hpc.train.sft.config import load_sft_config
 
     try:
         return "sft", load_sft_config(path)
@@ -249,7 +249,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                     "under torchrun with several processes). Writes RUN_DIR/config.yaml, metrics.csv, "
                                     "checkpoints/ (every save_every steps, on SIGUSR1, and on SIGTERM, which then "
                                     "exits 143) and final/ (a save_pretrained folder).")
-    s.add_argument("config", metavar="CONFIG", help="SFT config YAML (see hydroagent_hpc/train/config.py)")
+    s.add_argument("config", metavar="CONFIG", help="SFT config YAML (see hydroagent_hpc/train/sft/config.py)")
     s.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder")
     s.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest when there is one")
     s.set_defaults(func=cmd_sft)

@@ -48,7 +48,7 @@ def parse_failure_observation(reason: str, detail: str) -> dict[str, Any]:
     """The observation the environment answers one parse failure with (reason, detail, retry hint).
 
     A function, not only a method, so the SFT data builder's error-recovery turns
-    (:mod:`hydroagent_hpc.train.sft_data`) show a model exactly the reply inference shows it.
+    (:mod:`hydroagent_hpc.train.sft.data`) show a model exactly the reply inference shows it.
     """
     return {"status": "error", "error": "parse_failure", "reason": reason, "detail": detail,
             "hint": toolcalls.retry_hint([toolcalls.ParseFailure(reason, detail)])}

@@ -363,7 +363,7 @@ def _trainer_summary(run_dir: Path, stage: str) -> dict[str, Any]:
 
 
 def _sft_data(spec: PipelineSpec, run_dir: Path) -> dict[str, Any]:
-    from hydroagent_hpc.train.sft_data import build_sft_data
+    from hydroagent_hpc.train.sft.data import build_sft_data
 
     d = dict(spec.sft_data)
     report = build_sft_data([stage_dir(run_dir, "teacher") / "campaign.h5"], stage_dir(run_dir, "sft-data") / "sft.h5",

@@ -1,8 +1,8 @@
 """Training: supervised fine-tuning and GRPO on the simulator's reward, read top to bottom.
 
-- SFT: :mod:`~hydroagent_hpc.train.sft_data` (campaign stores -> weighted, token-exact
-  trajectories), :mod:`~hydroagent_hpc.train.config` (the strict SFT config),
-  :mod:`~hydroagent_hpc.train.sft` (the trainer), :mod:`~hydroagent_hpc.train.checkpoint` (exact
+- SFT: :mod:`~hydroagent_hpc.train.sft.data` (campaign stores -> weighted, token-exact
+  trajectories), :mod:`~hydroagent_hpc.train.sft.config` (the strict SFT config),
+  :mod:`~hydroagent_hpc.train.sft.trainer` (the trainer), :mod:`~hydroagent_hpc.train.checkpoint` (exact
   resume, shared with GRPO), :mod:`~hydroagent_hpc.train.distributed` (several processes: FSDP2
   sharding, all-reduces, signals agreed across ranks, gathered weights; shared with GRPO).
 - GRPO (docs/grpo.md): :mod:`~hydroagent_hpc.train.generation.sampler` (batched, seeded, prefix-cached

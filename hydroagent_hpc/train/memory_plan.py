@@ -8,7 +8,7 @@ refuses a plan that does not fit with one message: the phase, its peak against t
 largest term and the settings that would make it fit, each checked by planning again.
 ``hydroagent train plan CONFIG --gpu H100-80GB`` prints the table without a GPU.
 
-Everything here is arithmetic on what the trainers' code holds (``train/sft.py``, ``grpo.py``,
+Everything here is arithmetic on what the trainers' code holds (``train/sft/trainer.py``, ``grpo.py``,
 ``grpo_loss.py``, ``distributed.py``, ``sampler.py``, with the installed torch and transformers);
 each term names its formula. Notation: ``N`` parameters, ``N_mm`` the parameters of matrix
 products (every linear layer and the LM head; not the norms), ``P_l`` one decoder layer's, ``W``
@@ -862,7 +862,7 @@ def _capacity(gpu: str | GPU | None, free_bytes: int | None) -> tuple[int, str]:
 
 def plan_sft(config: Any, *, world: int = 1, gpu: str | GPU | None = None, free_bytes: int | None = None,
              shape: ModelShape | None = None, loss_tokens: int | None = None, suggest: bool = True) -> MemoryPlan:
-    """The memory plan of an SFT run (:class:`~hydroagent_hpc.train.config.SFTConfig`) on ``world``
+    """The memory plan of an SFT run (:class:`~hydroagent_hpc.train.sft.config.SFTConfig`) on ``world``
     GPUs of kind ``gpu`` (or ``free_bytes`` free on each).
 
     The longest micro-batch is ``micro_batch_size x max_seq_len`` tokens (the model's context when

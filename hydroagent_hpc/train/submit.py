@@ -17,7 +17,7 @@ Ranks on other nodes stop on Slurm's SIGTERM at the requeue; the trainer's own s
 keeps the ranks of one save together. ``slurm/sft.sbatch`` is the same protocol for ``sbatch``.
 
 Before submitting, the config is read with the trainer's strict loader
-(:func:`hydroagent_hpc.train.config.load_sft_config`), so a typo fails here, not in the queue; the
+(:func:`hydroagent_hpc.train.sft.config.load_sft_config`), so a typo fails here, not in the queue; the
 trainer itself (torch) is never imported by this module.
 
 :class:`GRPOJob` (``hydroagent train submit grpo CONFIG --out RUN``) is the same protocol for the GRPO
@@ -71,8 +71,8 @@ from typing import Any
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.hpc.jobs import CheckpointedCommand
 from hydroagent_hpc.hpc.slurm import SiteSettings, make_executor
-from hydroagent_hpc.train.config import load_sft_config
 from hydroagent_hpc.train.grpo_config import load_grpo_config
+from hydroagent_hpc.train.sft.config import load_sft_config
 
 log = logging.getLogger(__name__)
 

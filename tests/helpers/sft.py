@@ -5,7 +5,7 @@ of a Hermes tool call and its tool response, ending with an assistant turn) with
 tokenizer through :class:`~hydroagent_hpc.agents.llm.trajectory.TrajectoryBuilder` (no tools
 block, so sequences are 60-250 tokens instead of the thousands of a stored episode).
 :func:`write_sft_data` writes them in the ``train sft-data`` schema (same datasets and
-attributes :class:`~hydroagent_hpc.train.sft_data.SFTDataset` reads).
+attributes :class:`~hydroagent_hpc.train.sft.data.SFTDataset` reads).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from hydroagent_hpc.agents.llm.trajectory import Trajectory, TrajectoryBuilder
 from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response
-from hydroagent_hpc.train.sft_data import DATA_SCHEMA, DATA_VERSION
+from hydroagent_hpc.train.sft.data import DATA_SCHEMA, DATA_VERSION
 from hydroagent_hpc.types import ToolCall
 
 _TEXT = ("The peaks are too low, so I lower wm.", "Timing is late; I raise alpha.", "Baseflow is too small.",
@@ -46,7 +46,7 @@ def short_trajectories(tokenizer: Any, n: int, seed: int = 0) -> list[Trajectory
 
 
 def write_sft_data(path: Path, trajs: Sequence[Trajectory], weights: Sequence[float]) -> Path:
-    """An SFT data file of ``trajs`` with per-example ``weights`` (schema of train/sft_data.py)."""
+    """An SFT data file of ``trajs`` with per-example ``weights`` (schema of train/sft/data.py)."""
     lengths = np.array([len(t) for t in trajs], dtype=np.int64)
     n_spans = np.array([len(t.spans) for t in trajs], dtype=np.int64)
     string = h5py.string_dtype("utf-8")

@@ -30,7 +30,7 @@ mask-0 suffix. Trailing messages after the last assistant turn carry no loss and
 Untrained turns. An assistant message with the key ``"train": False`` is rendered and tokenised
 like any other (same ids, same span, so the exact-prefix property holds), but its ids get mask 0:
 the model reads it as context and is never taught to write it. The SFT data builder's
-error-recovery turns use it for a deliberately corrupted call (:mod:`hydroagent_hpc.train.sft_data`).
+error-recovery turns use it for a deliberately corrupted call (:mod:`hydroagent_hpc.train.sft.data`).
 The key is removed before the template sees the messages; absent or ``True`` it changes nothing.
 Any other value, or the key on a message that is not an assistant message, is refused.
 

@@ -60,9 +60,9 @@ from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 from hydroagent_hpc.provenance import git_commit
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
-from hydroagent_hpc.train.config import config_from_mapping, load_sft_config
 from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping, load_grpo_config
 from hydroagent_hpc.train.memory_plan import QWEN3_4B_INSTRUCT_2507, gpu_named, plan_grpo, plan_sft
+from hydroagent_hpc.train.sft.config import config_from_mapping, load_sft_config
 
 __all__ = ["CheckResult", "run_checks", "main", "PAPER_CONFIGS"]
 

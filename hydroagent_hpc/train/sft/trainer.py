@@ -3,8 +3,8 @@
 ``python -m hydroagent_hpc.train.sft CONFIG --out RUN_DIR [--resume]`` (or under
 ``torchrun``/``accelerate launch`` for several processes) runs :func:`train_sft`, top to bottom:
 
-1. **Check before writing.** The config (:mod:`hydroagent_hpc.train.config`), the data file
-   (:class:`~hydroagent_hpc.train.sft_data.SFTDataset`), the model and its tokenizer, and every
+1. **Check before writing.** The config (:mod:`hydroagent_hpc.train.sft.config`), the data file
+   (:class:`~hydroagent_hpc.train.sft.data.SFTDataset`), the model and its tokenizer, and every
    sequence length against ``max_seq_len`` (default: the model's context) are checked first;
    any problem is one :class:`ConfigError` and nothing is written.
 2. **Distribute.** An ``accelerate.Accelerator`` sets up the process group (gloo on CPU, NCCL on
@@ -58,7 +58,6 @@ import os
 import re
 import resource
 import shutil
-import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -77,7 +76,6 @@ from hydroagent_hpc.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from hydroagent_hpc.train.config import SFTConfig, load_sft_config
 from hydroagent_hpc.train.distributed import (
     Signals,
     agree,
@@ -90,7 +88,8 @@ from hydroagent_hpc.train.distributed import (
 )
 from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
-from hydroagent_hpc.train.sft_data import SFTDataError, SFTDataset
+from hydroagent_hpc.train.sft.config import SFTConfig, load_sft_config
+from hydroagent_hpc.train.sft.data import SFTDataError, SFTDataset
 from hydroagent_hpc.train.signals import early_usr1_ignored
 
 log = logging.getLogger(__name__)
@@ -460,7 +459,7 @@ def _save_final(final: Path, model: torch.nn.Module, tokenizer: Any, dtype: torc
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="python -m hydroagent_hpc.train.sft",
-                                          description="Weighted full-parameter SFT (see hydroagent_hpc/train/sft.py).")
+                                          description="Weighted full-parameter SFT (hydroagent_hpc/train/sft/).")
     p.add_argument("config", metavar="CONFIG", help="SFT config YAML")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (config, metrics, checkpoints, final)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest when there is one")
@@ -501,7 +500,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         log.info("result: %s", result_line(summary))
     return exit_status(summary)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
