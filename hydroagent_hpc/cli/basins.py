@@ -11,9 +11,12 @@ import time
 from pathlib import Path
 
 from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, seed
+from hydroagent_hpc.datasets.usgs import download_hourly
 from hydroagent_hpc.errors import UsageError
 from hydroagent_hpc.params import PARAM_NAMES, PARAMS, SNOW_NAMES, SNOW_PARAMS
 from hydroagent_hpc.sim.errors import HydroAgentError
+from hydroagent_hpc.sim.manifest import verify_manifest, write_manifest
+from hydroagent_hpc.sim.outputs import write_run
 
 log = logging.getLogger("hydroagent")
 
@@ -41,8 +44,6 @@ def _parse_set(items: list[str] | None) -> dict[str, float]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.sim.outputs import write_run
-
     overrides = _parse_set(args.set)
     t0 = time.perf_counter()
     if args.backend == "ef5":
@@ -108,8 +109,6 @@ def cmd_basin_from_camels(args: argparse.Namespace) -> int:
 
 
 def cmd_data_usgs(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.datasets.usgs import download_hourly
-
     meta = download_hourly(args.site, args.start, args.end, args.out, base_url=args.base_url)
     print(json.dumps({k: meta[k] for k in ("site", "start_utc", "end_utc", "hours", "missing_hours", "kept",
                                            "rejected_by_qualifier", "duplicate_rows")} | {"out": str(args.out)}))
@@ -117,7 +116,7 @@ def cmd_data_usgs(args: argparse.Namespace) -> int:
 
 
 def cmd_data_camels(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.datasets.download import OFFICIAL_BASE_URL, download_camels
+    from hydroagent_hpc.datasets.download import OFFICIAL_BASE_URL, download_camels  # ssl, http, email, zipfile
 
     sums: dict[str, str] = {}
     for item in args.sha256 or []:
@@ -137,8 +136,6 @@ def cmd_data_camels(args: argparse.Namespace) -> int:
 
 
 def cmd_data_verify(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.sim.manifest import verify_manifest, write_manifest
-
     if args.write:
         path = write_manifest(args.dir, source={"recorded_by": "hydroagent data verify --write"},
                               command=_command_line())

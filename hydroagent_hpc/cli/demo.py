@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
 from hydroagent_hpc.metrics import evaluate
 from hydroagent_hpc.params import TUNABLE
 from hydroagent_hpc.provenance import provenance
@@ -97,8 +98,6 @@ def format_table(rows: list[dict[str, object]]) -> str:
 
 
 def run_demo(out: Path, workers: int | None = None, campaign: bool = True) -> int:
-    from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
-
     out.mkdir(parents=True, exist_ok=True)
     controls = build_demo_basins(out / "basins")
     starts = default_rows(controls, out)

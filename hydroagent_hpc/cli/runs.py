@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, seed
-from hydroagent_hpc.config import EnvConfig
+from hydroagent_hpc.config import PRESETS, EnvConfig, load_config, preset
 from hydroagent_hpc.errors import UsageError
 from hydroagent_hpc.hpc.slurm import SITE_OPTIONS, SiteSettings
 from hydroagent_hpc.settings import add_arguments, arguments_given
+from hydroagent_hpc.sim import BACKENDS as SIM_BACKENDS
 from hydroagent_hpc.sim.errors import HydroAgentError
 
 log = logging.getLogger("hydroagent")
@@ -65,7 +66,6 @@ def _agent_options(args: argparse.Namespace) -> dict:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from hydroagent_hpc.campaign import AgentSpec, Task, run_task
-    from hydroagent_hpc.config import load_config, preset
     from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.store import EpisodeWriter
 
@@ -242,8 +242,6 @@ def add_campaign_submit(sub: argparse._SubParsersAction, name: str = "submit") -
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """The calibrate, campaign, demo and report subcommands."""
     from hydroagent_hpc.agents.factory import AGENT_KINDS
-    from hydroagent_hpc.config import PRESETS
-    from hydroagent_hpc.sim import BACKENDS as SIM_BACKENDS
 
     POOLS = pool_choices()
     c = sub.add_parser("calibrate", help="run one calibration episode and store it in HDF5",

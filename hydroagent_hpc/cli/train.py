@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, probability, seed
 from hydroagent_hpc.cli.runs import add_site_options, site_from_args
-from hydroagent_hpc.errors import UsageError, one_line
+from hydroagent_hpc.errors import ConfigError, UsageError, one_line
 
 log = logging.getLogger("hydroagent")
 
@@ -93,7 +93,6 @@ def _load_run_config(path: str, gpus: int) -> tuple[str, object]:
     (``data``: SFT, ``basins``: GRPO)."""
     import yaml
 
-    from hydroagent_hpc.errors import ConfigError
     from hydroagent_hpc.train.grpo_config import load_grpo_config
     from hydroagent_hpc.train.sft.config import load_sft_config
 
