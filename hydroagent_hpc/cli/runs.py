@@ -14,7 +14,7 @@ from pathlib import Path
 from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, seed
 from hydroagent_hpc.config import PRESETS, EnvConfig, load_config, preset
 from hydroagent_hpc.errors import UsageError
-from hydroagent_hpc.hpc.slurm import SITE_OPTIONS, SiteSettings
+from hydroagent_hpc.hpc.site import SITE_OPTIONS, SiteSettings
 from hydroagent_hpc.settings import add_arguments, arguments_given
 from hydroagent_hpc.sim import BACKENDS as SIM_BACKENDS
 from hydroagent_hpc.sim.errors import HydroAgentError
@@ -197,7 +197,7 @@ CAMPAIGN_SITE_OPTIONS = ("ntasks", "array_parallelism")
 
 def add_site_options(p: argparse.ArgumentParser, *, local: str, extra: tuple[str, ...] = ()) -> None:
     """The Slurm site options every ``submit`` subcommand takes, generated from the fields of
-    :class:`hydroagent_hpc.hpc.slurm.SiteSettings` (:data:`~hydroagent_hpc.hpc.slurm.SITE_OPTIONS` plus
+    :class:`hydroagent_hpc.hpc.site.SiteSettings` (:data:`~hydroagent_hpc.hpc.site.SITE_OPTIONS` plus
     ``extra``): the same help text, limits and checks as the pipeline's site file."""
     p.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
                    help=f"auto: Slurm when sbatch is here, else {local}")

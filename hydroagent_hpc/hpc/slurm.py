@@ -5,8 +5,8 @@ Generic: nothing here knows about campaigns. The backend is chosen once, by ``cl
 processes, for laptops), ``"debug"`` (in this process, for tests) or ``None``/``"auto"``
 (Slurm when ``sbatch`` is on PATH, local otherwise), as :class:`submitit.AutoExecutor` does.
 
-Site settings (partition, account, QOS, modules, time) come from the command line or, without
-editing anything, from the same environment variables ``sbatch`` itself reads
+Site settings (:mod:`hydroagent_hpc.hpc.site`: partition, account, QOS, modules, time) come from
+the command line or, without editing anything, from the same environment variables ``sbatch`` itself reads
 (``SBATCH_PARTITION``, ``SBATCH_ACCOUNT``, ``SBATCH_QOS``) plus ``HYDROAGENT_MODULES`` (modules to
 load, space-separated) and ``HYDROAGENT_SETUP`` (shell lines run before the job, ``;``-separated).
 :meth:`SiteSettings.has` tells a value the user gave from a default, so a job that knows better
@@ -19,11 +19,10 @@ import logging
 import os
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hydroagent_hpc.settings import Settings, invalid, setting
+from hydroagent_hpc.hpc.site import SITE_OPTIONS, SiteSettings, SlurmFields
 
 log = logging.getLogger(__name__)
 
@@ -31,77 +30,6 @@ __all__ = ["SlurmFields", "SiteSettings", "SITE_OPTIONS", "make_executor", "slur
            "allocation_cpus", "CLUSTERS"]
 
 CLUSTERS = ("auto", "slurm", "local", "debug")
-
-
-@dataclass(frozen=True)
-class SlurmFields(Settings):
-    """The Slurm options every job shares, defined once: :class:`SiteSettings` (one job's request, the
-    command line's ``--partition``, ``--time``, ...) and the pipeline's site file
-    (:class:`hydroagent_hpc.pipeline.submit.Site`) both take them from here. ``None`` leaves the choice
-    to the site's defaults."""
-
-    partition: str | None = setting(None, nonempty=True, help="Slurm partition (default: $SBATCH_PARTITION, else "
-                                                              "the site's)")
-    account: str | None = setting(None, nonempty=True, help="Slurm account (default: $SBATCH_ACCOUNT)")
-    qos: str | None = setting(None, nonempty=True, help="Slurm QOS (default: $SBATCH_QOS)")
-    constraint: str | None = setting(None, nonempty=True, help="Slurm node constraint (--constraint)")
-    cpus_per_task: int = setting(1, ge=1, help="CPUs per task")
-    mem_gb: float | None = setting(None, gt=0, help="memory per node in GB (null: the site's default)")
-    array_parallelism: int = setting(64, ge=1, help="array tasks running at once")
-    modules: tuple[str, ...] = setting((), flag="--module", help="environment modules to load before the job "
-                                                                 "(default: $HYDROAGENT_MODULES)")
-    setup: tuple[str, ...] = setting((), flag="--setup", help="shell lines run before the job (default: "
-                                                              "$HYDROAGENT_SETUP, ';'-separated)")
-
-    def check(self) -> None:
-        for name in ("modules", "setup"):
-            if any(not v for v in getattr(self, name)):
-                raise invalid(name, "holds an empty entry")
-
-
-@dataclass(frozen=True)
-class SiteSettings(SlurmFields):
-    """One job's request: the shared Slurm fields plus its time, tasks and GPUs."""
-
-    time_min: int = setting(60, ge=1, flag="--time", help="time limit per job in minutes")
-    ntasks: int = setting(1, ge=1, help="tasks per job (MPI ranks; srun --mpi=pmi2)")
-    gpus_per_node: int = setting(0, ge=0, help="GPUs per node")
-    #: the names whose values were given (command line or environment), not defaults: see :meth:`has`
-    given: tuple[str, ...] = setting((), help="(internal) the settings given rather than defaulted")
-
-    @classmethod
-    def from_env(cls, **given: Any) -> SiteSettings:
-        """Settings from ``given`` (None values ignored), then the environment, then the defaults."""
-        env = os.environ
-        values: dict[str, Any] = {
-            "partition": env.get("SBATCH_PARTITION") or None,
-            "account": env.get("SBATCH_ACCOUNT") or None,
-            "qos": env.get("SBATCH_QOS") or None,
-            "modules": tuple(env.get("HYDROAGENT_MODULES", "").split()),
-            "setup": tuple(s.strip() for s in env.get("HYDROAGENT_SETUP", "").split(";") if s.strip()),
-        }
-        values.update({k: v for k, v in given.items() if v is not None})
-        values["given"] = tuple(sorted(k for k, v in values.items() if v not in (None, ())))
-        return cls(**values)
-
-    def has(self, name: str) -> bool:
-        """Whether ``name`` was given rather than left at its default: named in ``given`` (what
-        :meth:`from_env` saw), or, for settings built directly, different from the default."""
-        return name in self.given or getattr(self, name) != getattr(type(self)(), name)
-
-    def setup_lines(self) -> list[str]:
-        lines = [f"module load {' '.join(self.modules)}"] if self.modules else []
-        return lines + list(self.setup)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def with_(self, **changes: Any) -> SiteSettings:
-        return replace(self, **changes)
-
-
-#: The fields of :class:`SiteSettings` the ``submit`` commands take as options (``--partition``, ``--time``, ...).
-SITE_OPTIONS = ("partition", "account", "qos", "constraint", "time_min", "cpus_per_task", "mem_gb", "modules")
 
 
 def slurm_available() -> bool:
