@@ -110,3 +110,19 @@ def test_a_changed_basin_file_stops_the_campaign_before_it_starts(tmp_path, smal
                        match=rf"(?s)cannot start:.*{obs.name}.*changed after the basin was prepared"):
         run_campaign(spec, tmp_path / "x.h5", progress=False)
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_a_campaign_built_in_code_is_checked_as_one_read_from_a_file(small_basin_dir):
+    from hydroagent_hpc.campaign import AgentSpec, CampaignSpec
+    from hydroagent_hpc.config import preset
+
+    good = CampaignSpec(name="c", basins=(str(small_basin_dir),), agents=(AgentSpec("h", "heuristic"),),
+                        env=preset("released"))
+    assert good.seeds == (0,) and good.agents[0].seeds is None and good.env.observation == "released"
+    with pytest.raises(ConfigError, match=r"^agents\[0\]\.colour: agent kind 'heuristic' takes no option") as err:
+        CampaignSpec(name="c", basins=(str(small_basin_dir),), agents=(AgentSpec("h", "heuristic", {"colour": 1}),))
+    assert err.value.at == ("agents", 0, "colour") and "remove 'colour'" in err.value.fix
+    with pytest.raises(ConfigError, match=r"^seeds\[0\]: must be at least 0, got -1"):
+        CampaignSpec(name="c", basins=(str(small_basin_dir),), agents=(AgentSpec("h", "heuristic"),), seeds=(-1,))
+    with pytest.raises(ConfigError, match=r"^name: 'a b' must be a non-empty word"):
+        AgentSpec("a b", "heuristic")
