@@ -390,7 +390,7 @@ def _dataclass_of(tp: Any) -> type | None:
 
 def _resolve(value: Any, spec: Setting, base_dir: Path) -> Any:
     def one(v: Any) -> Any:
-        if not isinstance(v, str) or not v or v in spec.keep or Path(v).is_absolute():
+        if not isinstance(v, str) or not v or "\0" in v or v in spec.keep or Path(v).is_absolute():
             return v
         return str((base_dir / v).resolve())
     if isinstance(value, (list, tuple)):

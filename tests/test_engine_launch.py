@@ -154,7 +154,7 @@ def test_the_engines_gpus_are_the_visible_ones_no_trainer_uses():
     assert parse_gpus([3]) == ("3",) and parse_gpus("2, 3") == ("2", "3") and parse_gpus(1) == ("1",)
     assert EngineSettings(api="sglang", url="http://h:1", gpus=[2, 3]).gpus == ("2", "3")
     for bad in ("x", [1, 1], [], [True], "1;2"):
-        with pytest.raises(ConfigError, match=r"^engine\.gpus: .*(is not a list of GPU ids|names no GPU or one GPU twice)"):
+        with pytest.raises(ConfigError, match=r"^engine\.gpus: .*(is not a list of GPU ids|no GPU or one GPU twice)"):
             EngineSettings(api="sglang", url="http://h:1", gpus=bad)
 
 
