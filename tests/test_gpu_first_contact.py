@@ -20,7 +20,9 @@ import pytest
 import torch
 
 from hydroagent_hpc.train.checkpoint import cuda_state_for, rank_rng_state
-from hydroagent_hpc.train.grpo import (
+from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
+from hydroagent_hpc.train.grpo.loss import LogprobModel
+from hydroagent_hpc.train.grpo.trainer import (
     Ranks,
     _accumulate,
     _Sequence,
@@ -30,8 +32,6 @@ from hydroagent_hpc.train.grpo import (
     train_grpo,
     training_batch,
 )
-from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
-from hydroagent_hpc.train.grpo_loss import LogprobModel
 from hydroagent_hpc.train.tiny import build_tiny
 
 

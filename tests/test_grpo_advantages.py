@@ -1,4 +1,4 @@
-"""Group-relative advantages (train/advantages.py): every mode against numbers worked out by hand.
+"""Group-relative advantages (train/grpo/advantages.py): every mode against numbers worked out by hand.
 
 The fixed group below has four rollouts with 2, 1, 2 and 1 assistant turns::
 
@@ -22,7 +22,7 @@ import math
 import numpy as np
 import pytest
 
-from hydroagent_hpc.train.advantages import (
+from hydroagent_hpc.train.grpo.advantages import (
     ADVANTAGE_MODES,
     group_advantages,
     group_normalise,

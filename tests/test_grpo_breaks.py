@@ -37,8 +37,8 @@ from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.train.generation.rollout import Rollout, RolloutPolicy, RolloutSpec, SimulationSlots, run_rollouts
 from hydroagent_hpc.train.generation.sampler import BatchedSampler, GenerationServer, Sample, Sampling
-from hydroagent_hpc.train.grpo import Ranks, _advantages, _Sequence, optimise, rollout_seed, training_batch
-from hydroagent_hpc.train.grpo_config import GRPOConfig, grpo_config_from_mapping
+from hydroagent_hpc.train.grpo.config import GRPOConfig, grpo_config_from_mapping
+from hydroagent_hpc.train.grpo.trainer import Ranks, _advantages, _Sequence, optimise, rollout_seed, training_batch
 from hydroagent_hpc.train.tiny import build_tiny
 from hydroagent_hpc.types import ToolCall
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hydroagent_hpc.errors import ConfigError
-from hydroagent_hpc.train.grpo_config import PRESET_DEFAULTS, load_grpo_config
+from hydroagent_hpc.train.grpo.config import PRESET_DEFAULTS, load_grpo_config
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -66,7 +66,7 @@ def test_a_run_started_before_a_key_existed_resumes_while_the_key_holds_its_defa
     resuming with those at their defaults is the same run; changing one is refused, naming it."""
     import yaml
 
-    from hydroagent_hpc.train.grpo_config import GRPOConfig
+    from hydroagent_hpc.train.grpo.config import GRPOConfig
     from hydroagent_hpc.train.rundir import field_defaults, prepare_run_dir, write_run_config
 
     cfg = tmp_path / "grpo.yaml"

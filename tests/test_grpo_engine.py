@@ -22,8 +22,8 @@ from hydroagent_hpc.train.generation.engine import EngineError, EngineSampler, E
 from hydroagent_hpc.train.generation.engine_process import EngineWeights
 from hydroagent_hpc.train.generation.engine_server import EngineServer, weights_digest
 from hydroagent_hpc.train.generation.sampler import BatchedSampler, Sampling
-from hydroagent_hpc.train.grpo import train_grpo
-from hydroagent_hpc.train.grpo_config import load_grpo_config
+from hydroagent_hpc.train.grpo.config import load_grpo_config
+from hydroagent_hpc.train.grpo.trainer import train_grpo
 from hydroagent_hpc.train.tiny import build_tiny
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,10 +24,10 @@ from safetensors.torch import load_file
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.train.checkpoint import FAULT_ENV
 from hydroagent_hpc.train.generation.engine_server import EngineServer
-from hydroagent_hpc.train.grpo import _accumulate, _local_counts, _Sequence, rank_passes, train_grpo
-from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping, load_grpo_config
-from hydroagent_hpc.train.grpo_launch import main as launch
-from hydroagent_hpc.train.grpo_loss import LogprobModel
+from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping, load_grpo_config
+from hydroagent_hpc.train.grpo.launch import main as launch
+from hydroagent_hpc.train.grpo.loss import LogprobModel
+from hydroagent_hpc.train.grpo.trainer import _accumulate, _local_counts, _Sequence, rank_passes, train_grpo
 from hydroagent_hpc.train.tiny import build_tiny, save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ def test_two_processes_train_what_one_process_trains(basins, server, one, tmp_pa
                HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     env.pop(FAULT_ENV, None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "hydroagent_hpc.train.grpo_launch", str(cfg), "--out", str(run)],
+                           "-m", "hydroagent_hpc.train.grpo", str(cfg), "--out", str(run)],
                           env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert ("2 process(es) FSDP2" if fsdp else "2 process(es) DDP") in proc.stderr

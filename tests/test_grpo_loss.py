@@ -1,4 +1,4 @@
-"""The GRPO loss (train/grpo_loss.py): each piece by hand, masking down to the gradient, chunked log-probs.
+"""The GRPO loss (train/grpo/loss.py): each piece by hand, masking down to the gradient, chunked log-probs.
 
 Log-probs are checked against a plain ``model(...).logits`` pass of a tiny random Qwen3 (2 layers,
 hidden 16, vocabulary 50), built in milliseconds.
@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from hydroagent_hpc.train.grpo_loss import (
+from hydroagent_hpc.train.grpo.loss import (
     AGGREGATIONS,
     aggregate,
     clipped_pg,

@@ -82,7 +82,7 @@ def test_grpo_launch_refuses_trainer_layouts_that_cannot_work(tmp_path, caplog):
     trainers (the config error of the torchrun path, at generator's file:line)."""
     import logging
 
-    from hydroagent_hpc.train.grpo_launch import main as launch
+    from hydroagent_hpc.train.grpo.launch import main as launch
 
     caplog.set_level(logging.ERROR)
     cfg = tmp_path / "local.yaml"

@@ -158,7 +158,7 @@ def test_the_grpo_script_launches_the_trainer_instead_of_refusing():
     text = SBATCH.read_text()
     assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True).returncode == 0
     assert "no hydroagent_hpc.grpo yet" not in text and "lands with the GRPO issue" not in text
-    assert "MODULE=${HYDROAGENT_GRPO_MODULE:-hydroagent_hpc.train.grpo_launch}" in text
+    assert "MODULE=${HYDROAGENT_GRPO_MODULE:-hydroagent_hpc.train.grpo}" in text
     for needed in ("srun --mpi=pmi2", "--pool mpi", "--pool threads", "--resume", "scontrol requeue",
                    "HYDROAGENT_MAX_REQUEUES", "trap on_usr1 USR1", "HYDROAGENT_GRPO_CPU"):
         assert needed in text, needed
@@ -493,7 +493,7 @@ def test_the_grpo_job_command_line():
     from hydroagent_hpc.train.submit import GRPOJob, grpo_argv
 
     py = "/venv/bin/python"
-    assert grpo_argv("c.yaml", "R", python=py) == [py, "-m", "hydroagent_hpc.train.grpo_launch", "c.yaml", "--out", "R",
+    assert grpo_argv("c.yaml", "R", python=py) == [py, "-m", "hydroagent_hpc.train.grpo", "c.yaml", "--out", "R",
                                                    "--resume", "--pool", "threads"]
     job = GRPOJob("c.yaml", "R")
     assert job.argv[1:] == grpo_argv("c.yaml", "R")[1:] and job.ranks_match is None  # the trainer gets the signals
@@ -508,16 +508,16 @@ def test_the_grpo_job_with_several_trainers_is_torchrun_or_an_mpiexec_with_train
     py = sys.executable
     argv = grpo_argv("c.yaml", "R", python=py, trainers=2)
     assert Path(argv[0]).name == "torchrun" and argv[1:5] == ["--standalone", "--nproc_per_node", "2", "-m"]
-    assert argv[5:] == ["hydroagent_hpc.train.grpo_launch", "c.yaml", "--out", "R", "--resume", "--pool", "threads"]
+    assert argv[5:] == ["hydroagent_hpc.train.grpo", "c.yaml", "--out", "R", "--resume", "--pool", "threads"]
     job = GRPOJob("c.yaml", "R", trainers=2)
-    assert job.ranks_match == "hydroagent_hpc.train.grpo_launch" and not job.rank0_only  # every trainer
+    assert job.ranks_match == "hydroagent_hpc.train.grpo" and not job.rank0_only  # every trainer
     mpiexec = mpiexec_or_skip()
     py = str(Path(mpiexec).parent / "python")
     argv = grpo_argv("c.yaml", "R", python=py, sim_ranks=3, trainers=2)
-    assert argv == [mpiexec, "-launcher", "fork", "-n", "5", py, "-m", "hydroagent_hpc.train.grpo_launch", "c.yaml",
+    assert argv == [mpiexec, "-launcher", "fork", "-n", "5", py, "-m", "hydroagent_hpc.train.grpo", "c.yaml",
                     "--out", "R", "--resume", "--pool", "mpi", "--trainers", "2"]
     job = GRPOJob("c.yaml", "R", sim_ranks=1, trainers=2)
-    assert job.ranks_match == "hydroagent_hpc.train.grpo_launch" and job.rank0_only
+    assert job.ranks_match == "hydroagent_hpc.train.grpo" and job.rank0_only
     with pytest.raises(SubmitError, match="--trainers 0"):
         grpo_argv("c.yaml", "R", trainers=0)
     empty = tmp_path / "venv" / "bin"
@@ -575,11 +575,11 @@ def test_the_grpo_job_with_simulation_ranks_is_an_mpiexec_of_the_mpi_pool(tmp_pa
     mpiexec = mpiexec_or_skip()
     py = str(Path(mpiexec).parent / "python")
     argv = grpo_argv("c.yaml", "R", python=py, sim_ranks=3)
-    assert argv == [mpiexec, "-launcher", "fork", "-n", "4", py, "-m", "hydroagent_hpc.train.grpo_launch", "c.yaml",
+    assert argv == [mpiexec, "-launcher", "fork", "-n", "4", py, "-m", "hydroagent_hpc.train.grpo", "c.yaml",
                     "--out", "R", "--resume", "--pool", "mpi"]
     job = GRPOJob("c.yaml", "R", sim_ranks=2)
     assert job.argv[4] == "3" and job.argv[-1] == "mpi"
-    assert job.ranks_match == "hydroagent_hpc.train.grpo_launch" and job.rank0_only  # signals: rank 0 only
+    assert job.ranks_match == "hydroagent_hpc.train.grpo" and job.rank0_only  # signals: rank 0 only
     with pytest.raises(SubmitError, match="--sim-ranks -1"):
         grpo_argv("c.yaml", "R", sim_ranks=-1)
     empty = tmp_path / "venv" / "bin"

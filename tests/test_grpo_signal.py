@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hydroagent_hpc.train.grpo import _Sequence, learning_signal
+from hydroagent_hpc.train.grpo.trainer import _Sequence, learning_signal
 
 
 def test_token_sign_shares_count_only_trained_tokens_of_each_turn():

@@ -19,8 +19,8 @@ import torch
 
 from hydroagent_hpc.store import read_episodes
 from hydroagent_hpc.train.checkpoint import FAULT_ENV
-from hydroagent_hpc.train.grpo import plan_prompts, rollout_seed, train_grpo
-from hydroagent_hpc.train.grpo_config import load_grpo_config
+from hydroagent_hpc.train.grpo.config import load_grpo_config
+from hydroagent_hpc.train.grpo.trainer import plan_prompts, rollout_seed, train_grpo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,9 +205,9 @@ def test_one_update_moves_log_probs_toward_positive_advantages(basins):
     from hydroagent_hpc.sim.basin import load_basin
     from hydroagent_hpc.train.generation.rollout import RolloutPolicy, RolloutSpec, SimulationSlots, run_rollouts
     from hydroagent_hpc.train.generation.sampler import BatchedSampler, GenerationServer, Sampling
-    from hydroagent_hpc.train.grpo import Ranks, optimise, training_batch
-    from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
-    from hydroagent_hpc.train.grpo_loss import token_logprobs
+    from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
+    from hydroagent_hpc.train.grpo.loss import token_logprobs
+    from hydroagent_hpc.train.grpo.trainer import Ranks, optimise, training_batch
     from hydroagent_hpc.train.tiny import build_tiny
 
     model, tok = build_tiny(seed=0)

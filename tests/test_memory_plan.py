@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from hydroagent_hpc.train.grpo_config import GRPOConfig, load_grpo_config
+from hydroagent_hpc.train.grpo.config import GRPOConfig, load_grpo_config
 from hydroagent_hpc.train.memory_plan import (
     GPUS,
     QWEN3_4B_INSTRUCT_2507,
@@ -223,7 +223,7 @@ def test_the_plan_bounds_a_real_sft_and_grpo_step(ac):
     allocator's peak during the step is at most the plan's training peak (less what existed before: weights,
     AdamW state, reference) and at least 80 % of it without the gradients (the plan counts them as resident,
     as they are from a step's second pass on; a single pass allocates them as its backward goes)."""
-    from hydroagent_hpc.train.grpo_loss import LogprobModel, grpo_loss
+    from hydroagent_hpc.train.grpo.loss import LogprobModel, grpo_loss
     from hydroagent_hpc.train.sft.trainer import weighted_token_loss
 
     cfg = _reduced(layers=2, hidden_size=128, intermediate_size=512, num_attention_heads=4, head_dim=32,

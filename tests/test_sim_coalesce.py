@@ -30,7 +30,7 @@ from hydroagent_hpc.train.generation.rollout import (
     SimulationSlots,
     run_rollouts,
 )
-from hydroagent_hpc.train.grpo_config import load_grpo_config
+from hydroagent_hpc.train.grpo.config import load_grpo_config
 from hydroagent_hpc.types import SimulationResult
 
 #: Makes the discharge non-finite (SimulationError from the run), a member's own failure.

@@ -68,7 +68,7 @@ def test_grpo_script_validates_its_arguments_before_starting_anything(tmp_path):
     script = SLURM / "grpo.sbatch"
     text = script.read_text()
     assert "no hydroagent_hpc.grpo yet" not in text
-    assert "MODULE=${HYDROAGENT_GRPO_MODULE:-hydroagent_hpc.train.grpo_launch}" in text
+    assert "MODULE=${HYDROAGENT_GRPO_MODULE:-hydroagent_hpc.train.grpo}" in text
     (tmp_path / "cfg.yaml").write_text("basins: [b]\n")
     env = {k: v for k, v in job_env().items() if not k.startswith("SLURM_")}
     env.update(HYDROAGENT_GRPO_GPUS="0")

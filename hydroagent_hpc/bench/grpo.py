@@ -41,7 +41,7 @@ from hydroagent_hpc.env.toolcalls import render_hermes
 from hydroagent_hpc.params import PARAMS
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
-from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
 from hydroagent_hpc.types import ToolCall
 
 __all__ = ["schedule_comparison", "step_breakdown", "markdown", "main"]
@@ -137,7 +137,7 @@ def schedule_comparison(basin_dirs: list[Path], k: int = 8, turns: int = 12, max
 def step_breakdown(workdir: Path, steps: int = 2) -> list[dict[str, Any]]:
     """A real ``train_grpo`` run of the tiny model; the per-step time split from its metrics."""
     from hydroagent_hpc.sim.synth.basins import synthesize_basin
-    from hydroagent_hpc.train.grpo import train_grpo
+    from hydroagent_hpc.train.grpo.trainer import train_grpo
 
     names = []
     for i, name in enumerate(("syn_g1", "syn_g2")):

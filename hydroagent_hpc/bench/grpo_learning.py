@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
 
 __all__ = ["run", "main"]
 
 
 def run(sft_dir: Path, out: Path, steps: int = 4, seeds: int = 2, k: int = 4, turns: int = 12,
         lr: float = 1e-5) -> dict[str, Any]:
-    from hydroagent_hpc.train.grpo import train_grpo
+    from hydroagent_hpc.train.grpo.trainer import train_grpo
 
     basins = sorted(str(p) for p in (sft_dir / "basins").iterdir() if p.name.startswith("syn_teach"))
     heldout = sorted(str(p) for p in (sft_dir / "basins").iterdir() if p.name.startswith("syn_heldout"))

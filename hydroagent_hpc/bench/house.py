@@ -29,7 +29,7 @@ PKG = Path(__file__).resolve().parents[1]
 ROOT = PKG.parent
 
 #: Modules that define a configuration and its checks (paths relative to the package); missing ones are skipped.
-CONFIG_MODULES = ("config.py", "settings.py", "yamlio.py", "train/sft/config.py", "train/grpo_config.py",
+CONFIG_MODULES = ("config.py", "settings.py", "yamlio.py", "train/sft/config.py", "train/grpo/config.py",
                   "train/sft_config.py", "train/generation/engine_config.py", "pipeline/submit.py", "pipeline/spec.py",
                   "pipeline/site.py", "campaign/spec.py", "agents/llm/models_file.py", "hpc/slurm.py")
 LOADER_SUFFIXES = ("_from_mapping",)

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
-from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
 from hydroagent_hpc.train.sft.config import config_from_mapping
 
 __all__ = ["BenchPlan", "QUICK", "units", "run", "summarise", "main"]
@@ -257,7 +257,7 @@ def _sft(out: Path, plan: BenchPlan, folder: Path, data_seed: int, model_seed: i
 
 
 def _grpo(out: Path, plan: BenchPlan, folder: Path, data_seed: int, model_seed: int, credit: str) -> dict[str, Any]:
-    from hydroagent_hpc.train.grpo import train_grpo
+    from hydroagent_hpc.train.grpo.trainer import train_grpo
 
     config = grpo_config_from_mapping({
         "preset": "paper", "model": _read(out, f"d{data_seed}m{model_seed}/sft")["model"],

@@ -1,6 +1,6 @@
 """``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft/data.py);
 ``hydroagent train sft CONFIG --out RUN_DIR [--resume]``: weighted SFT (see train/sft/trainer.py);
-``hydroagent train grpo CONFIG --out RUN_DIR [--resume]``: GRPO on the simulator's reward (train/grpo.py);
+``hydroagent train grpo CONFIG --out RUN_DIR [--resume]``: GRPO on the simulator's reward (train/grpo/trainer.py);
 ``hydroagent train plan CONFIG --gpu H100-80GB [--gpus N]``: the run's GPU memory plan (train/memory_plan.py);
 ``hydroagent train submit sft|grpo CONFIG ...``: those runs as requeueable submitit jobs (train/submit.py).
 :func:`add_submit_sft` and :func:`add_submit_grpo` also build the old spellings ``submit sft|grpo``
@@ -57,7 +57,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_grpo(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.train.grpo_launch import run  # torch-free: MPI simulation ranks never load torch
+    from hydroagent_hpc.train.grpo.launch import run  # torch-free: MPI simulation ranks never load torch
 
     summary = run(args)
     if not summary.get("worker"):
@@ -93,7 +93,7 @@ def _load_run_config(path: str, gpus: int) -> tuple[str, object]:
     (``data``: SFT, ``basins``: GRPO)."""
     import yaml
 
-    from hydroagent_hpc.train.grpo_config import load_grpo_config
+    from hydroagent_hpc.train.grpo.config import load_grpo_config
     from hydroagent_hpc.train.sft.config import load_sft_config
 
     try:
@@ -191,7 +191,7 @@ def add_submit_grpo(sub: argparse._SubParsersAction, name: str = "grpo") -> argp
                             "CONFIG RUN_DIR`. Before a time limit or preemption the trainer checkpoints at the end of "
                             "its step and the job requeues itself. Site settings default to $SBATCH_PARTITION, "
                             "$SBATCH_ACCOUNT, $SBATCH_QOS, $HYDROAGENT_MODULES."))
-    sg.add_argument("config", help="GRPO config YAML (see hydroagent_hpc/train/grpo_config.py)")
+    sg.add_argument("config", help="GRPO config YAML (see hydroagent_hpc/train/grpo/config.py)")
     sg.add_argument("--out", "--run-dir", dest="run_dir", required=True,
                     help="run folder: checkpoints/, metrics.csv, rollouts.h5, final/, logs/, submit.json")
     sg.add_argument("--gpus", type=nonnegative_int, default=0,
@@ -257,7 +257,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                     "a global cap on simulations in flight), advantages from the environment's "
                                     "ledger, clipped-ratio loss with k3 KL and entropy. Writes RUN_DIR/config.yaml, "
                                     "metrics.csv, rollouts.h5 (every episode), checkpoints/ and final/.")
-    g.add_argument("config", metavar="CONFIG", help="GRPO config YAML (see hydroagent_hpc/train/grpo_config.py)")
+    g.add_argument("config", metavar="CONFIG", help="GRPO config YAML (see hydroagent_hpc/train/grpo/config.py)")
     g.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder")
     g.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest when there is one")
     g.add_argument("--pool", choices=("threads", "mpi"), default="threads",

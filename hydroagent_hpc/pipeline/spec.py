@@ -240,7 +240,7 @@ def _campaign(where: Where, data: Any, key: str, agents_key: str,
 def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline>",
                           where: Where | None = None) -> PipelineSpec:
     """A :class:`PipelineSpec` from a parsed mapping; ``where(path)`` -> ``"file:line"``."""
-    from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+    from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
     from hydroagent_hpc.train.sft.config import config_from_mapping as sft_from_mapping
 
     w: Where = where or (lambda path: source)

@@ -10,9 +10,9 @@
   :mod:`~hydroagent_hpc.train.generation.engine_process` (its launcher and the weight push after each step),
   :mod:`~hydroagent_hpc.train.generation.engine_server` (a loopback engine of our own, for tests and small
   models), :mod:`~hydroagent_hpc.train.generation.rollout` (one thread per episode, the cap on
-  simulations in flight, shared runs), :mod:`~hydroagent_hpc.train.advantages`,
-  :mod:`~hydroagent_hpc.train.grpo_loss`, :mod:`~hydroagent_hpc.train.grpo_config`,
-  :mod:`~hydroagent_hpc.train.grpo` (the trainer) and :mod:`~hydroagent_hpc.train.grpo_launch`
+  simulations in flight, shared runs), :mod:`~hydroagent_hpc.train.grpo.advantages`,
+  :mod:`~hydroagent_hpc.train.grpo.loss`, :mod:`~hydroagent_hpc.train.grpo.config`,
+  :mod:`~hydroagent_hpc.train.grpo.trainer` (the trainer) and :mod:`~hydroagent_hpc.train.grpo.launch`
   (its command line and MPI rank split).
 - Cluster jobs: :mod:`~hydroagent_hpc.train.submit` (submitit); throughput:
   :mod:`~hydroagent_hpc.train.measure.throughput`.

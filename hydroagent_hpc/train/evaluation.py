@@ -1,7 +1,7 @@
 """Batched greedy evaluation of a policy checkpoint: the GRPO validation path as a function.
 
 :func:`evaluate_policy` plays one greedy episode per basin and seed with the trainer's own rollout
-machinery (:func:`hydroagent_hpc.train.grpo.play_episodes`: all episodes' model turns batched, the prompt
+machinery (:func:`hydroagent_hpc.train.grpo.trainer.play_episodes`: all episodes' model turns batched, the prompt
 prefix cached across turns, identical parameter sets on a basin simulated once) and stores them as
 ordinary episodes (agent ``agent``, episode id ``{agent}/{basin}/{seed}``) in an episode store that
 ``hydroagent report`` and the campaign tools read. Episodes already in the store are not played
@@ -26,7 +26,7 @@ import torch
 
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
-from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping
+from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def evaluate_policy(model: str | Path, basins: Sequence[str | Path], store: str 
                     simulator: str = "embedded") -> dict[str, Any]:
     """Play ``model`` greedily on every basin x seed not yet in ``store``; returns counts and the wall time."""
     from hydroagent_hpc.train.generation.rollout import RolloutSpec
-    from hydroagent_hpc.train.grpo import EpisodeStore, load_policy, play_episodes
+    from hydroagent_hpc.train.grpo.trainer import EpisodeStore, load_policy, play_episodes
 
     t0 = time.perf_counter()
     dirs = [str(Path(b).resolve()) for b in basins]

@@ -900,7 +900,7 @@ def plan_sft(config: Any, *, world: int = 1, gpu: str | GPU | None = None, free_
 def plan_grpo(config: Any, *, world: int = 1, gpu: str | GPU | None = None, free_bytes: int | None = None,
               shape: ModelShape | None = None, generation_mode: str | None = None,
               prefill_tokens: int = PREFIX_NEW_TOKENS, suggest: bool = True) -> MemoryPlan:
-    """The memory plan of a GRPO run (:class:`~hydroagent_hpc.train.grpo_config.GRPOConfig`) with
+    """The memory plan of a GRPO run (:class:`~hydroagent_hpc.train.grpo.config.GRPOConfig`) with
     ``world`` trainer GPUs of kind ``gpu`` (or ``free_bytes`` free on each).
 
     Training: one sequence per pass of up to ``max_context_tokens`` tokens, ``ceil(R / W)`` passes

@@ -21,13 +21,13 @@ Before submitting, the config is read with the trainer's strict loader
 trainer itself (torch) is never imported by this module.
 
 :class:`GRPOJob` (``hydroagent train submit grpo CONFIG --out RUN``) is the same protocol for the GRPO
-trainer, ``python -m hydroagent_hpc.train.grpo_launch CONFIG --out RUN --resume --pool threads``: one
+trainer, ``python -m hydroagent_hpc.train.grpo CONFIG --out RUN --resume --pool threads``: one
 process that trains (on its GPU, or on CPU with ``gpus == 0``) and runs the simulations in its own
 threads, so the job has one task and SIGUSR1/SIGTERM go to that process. The trainer acts on them
 at the end of its current step (a GRPO step is long: the default wait is 540 s and Slurm's warning
 comes 600 s before the limit). With ``sim_ranks = R > 0`` (``--sim-ranks R``) the simulations run
 on R MPI ranks beside the trainer instead of its threads: the job's one task gets ``R + 1`` CPUs and
-runs ``mpiexec -launcher fork -n R+1 python -m hydroagent_hpc.train.grpo_launch ... --pool mpi``
+runs ``mpiexec -launcher fork -n R+1 python -m hydroagent_hpc.train.grpo ... --pool mpi``
 (the environment's own MPICH Hydra, all ranks on the job's node: rank 0 trains and generates, the
 others simulate), and SIGUSR1/SIGTERM go to rank 0 only (the workers have nothing to save; they stop
 when the trainer closes the pool).
@@ -40,7 +40,7 @@ ranks, ``mpiexec -n T+R ... --pool mpi --trainers T`` (ranks 0..T-1 train, their
 up from the MPI world: :func:`hydroagent_hpc.hpc.mpi.split_trainers`) and the signals go to rank 0,
 whose trainers agree on them at the end of the step and save together. Across several nodes,
 ``sbatch --ntasks=N slurm/grpo.sbatch`` is the path (``srun --mpi=pmi2``). The config is read with
-:func:`hydroagent_hpc.train.grpo_config.load_grpo_config` (for T processes) before anything is queued.
+:func:`hydroagent_hpc.train.grpo.config.load_grpo_config` (for T processes) before anything is queued.
 When the config launches its own inference engine (``generator: engine`` with ``engine.launch``), the
 default is T = G - 1 trainers: the engine, started by trainer rank 0, takes the GPUs after the first T
 (:func:`grpo_trainers`; one GPU, or T >= G, is refused), as ``slurm/grpo.sbatch`` does.
@@ -71,7 +71,7 @@ from typing import Any
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.hpc.jobs import CheckpointedCommand
 from hydroagent_hpc.hpc.slurm import SiteSettings, make_executor
-from hydroagent_hpc.train.grpo_config import load_grpo_config
+from hydroagent_hpc.train.grpo.config import load_grpo_config
 from hydroagent_hpc.train.sft.config import load_sft_config
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ __all__ = ["TRAINER_MODULE", "GRPO_MODULE", "SFTJob", "GRPOJob", "SubmitError", 
 #: The trainer's entry point (``python -m``).
 TRAINER_MODULE = "hydroagent_hpc.train.sft"
 #: The GRPO trainer's entry point (``python -m``).
-GRPO_MODULE = "hydroagent_hpc.train.grpo_launch"
+GRPO_MODULE = "hydroagent_hpc.train.grpo"
 
 
 class SubmitError(HydroAgentError):

@@ -44,7 +44,7 @@ class EngineSettings(Settings):
     """The ``engine`` mapping of a GRPO config (``generator: engine``), and how a client reaches a server.
 
     A GRPO run also needs ``launch`` for an API that cannot reload weights while it runs (vLLM):
-    :meth:`hydroagent_hpc.train.grpo_config.GRPOConfig.check` asks for it.
+    :meth:`hydroagent_hpc.train.grpo.config.GRPOConfig.check` asks for it.
     """
 
     section: ClassVar[str] = "engine"

@@ -18,7 +18,7 @@ check              what it does, and what fails it
                    on H100), peak memory against the plan's for the same shape and length
 ``grpo_step``      one GRPO optimizer step of the same model with a bf16 reference (KL 0.2,
                    entropy 0.01, chunked fp32 log-probs): seconds per trained token, peak memory
-``tiny_grpo``      the trainer itself (:func:`~hydroagent_hpc.train.grpo.train_grpo`, the tiny
+``tiny_grpo``      the trainer itself (:func:`~hydroagent_hpc.train.grpo.trainer.train_grpo`, the tiny
                    Qwen3, a synthetic basin, ``dtype: bf16``, lr 1e-6): more than 90 % of the
                    policy's entries move in one step (F1), and the update after real rollouts
                    recomputes every checkpointed layer (F2)
@@ -60,7 +60,7 @@ from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 from hydroagent_hpc.provenance import git_commit
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
-from hydroagent_hpc.train.grpo_config import grpo_config_from_mapping, load_grpo_config
+from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping, load_grpo_config
 from hydroagent_hpc.train.memory_plan import QWEN3_4B_INSTRUCT_2507, gpu_named, plan_grpo, plan_sft
 from hydroagent_hpc.train.sft.config import config_from_mapping, load_sft_config
 
@@ -249,7 +249,7 @@ def check_grpo_step(device: torch.device, cpu: bool, seq_len: int | None, nomina
     reference = copy.deepcopy(model).to(torch.bfloat16).eval()
     for p in reference.parameters():
         p.requires_grad_(False)
-    from hydroagent_hpc.train.grpo import enable_checkpointing
+    from hydroagent_hpc.train.grpo.trainer import enable_checkpointing
 
     enable_checkpointing(model)
     if device.type == "cuda":
@@ -280,7 +280,7 @@ def check_tiny_grpo(device: torch.device, workdir: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     from hydroagent_hpc.train.generation.rollout import RolloutSpec
-    from hydroagent_hpc.train.grpo import (
+    from hydroagent_hpc.train.grpo.trainer import (
         Ranks,
         enable_checkpointing,
         optimise,

@@ -1,6 +1,6 @@
 """What a GRPO step costs: its parts measured on one device, and the step they add up to.
 
-A GRPO step (:mod:`hydroagent_hpc.train.grpo`) samples ``prompts x K`` episodes, each a chain of
+A GRPO step (:mod:`hydroagent_hpc.train.grpo.trainer`) samples ``prompts x K`` episodes, each a chain of
 assistant turns and tool replies, and then trains on every episode's tokens. Its device time has
 three parts, each measured here with the trainer's own code on random weights (the cost of a step
 does not depend on what the weights say, only on the token counts, which :class:`EpisodeShape`
@@ -15,9 +15,9 @@ fixes):
   (temperature 1.0, top-p 0.95, as the paper samples). Timed as the difference between
   ``new_tokens + 1`` and 1 sampled tokens, so the prompt's prefill cancels out.
 * **train** (:func:`measure_train`): one optimizer step of the GRPO loss on ``micro`` sequences: the
-  policy's token log-probs and entropy with gradient (:func:`~hydroagent_hpc.train.grpo_loss.token_logprobs`,
+  policy's token log-probs and entropy with gradient (:func:`~hydroagent_hpc.train.grpo.loss.token_logprobs`,
   chunked), the frozen reference's log-probs without, the loss (k3 KL, entropy bonus, token-mean,
-  :func:`~hydroagent_hpc.train.grpo_loss.grpo_loss`), backward, clipping at 1.0 and AdamW.
+  :func:`~hydroagent_hpc.train.grpo.loss.grpo_loss`), backward, clipping at 1.0 and AdamW.
 
 :func:`estimate_step` adds them up for a step of ``episodes`` rollouts of ``turns`` turns each::
 
@@ -189,7 +189,7 @@ def measure_train(model: PreTrainedModel, reference: PreTrainedModel, *, seq_len
                   lr: float = 1e-6) -> float:
     """Seconds per trained token of one GRPO optimizer step on ``micro`` sequences of ``seq_len`` tokens
     (module docstring); every token counts as an assistant token (mask 1), advantages are random."""
-    from hydroagent_hpc.train.grpo_loss import grpo_loss, token_logprobs
+    from hydroagent_hpc.train.grpo.loss import grpo_loss, token_logprobs
 
     device = next(model.parameters()).device
     model.train()

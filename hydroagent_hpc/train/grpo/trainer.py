@@ -1,6 +1,6 @@
 """GRPO with the simulator as the verifier: ``hydroagent train grpo CONFIG --out RUN``.
 
-The command line (and the MPI rank split) is :mod:`hydroagent_hpc.train.grpo_launch`.
+The command line (and the MPI rank split) is :mod:`hydroagent_hpc.train.grpo.launch`.
 
 One step, top to bottom (:func:`train_grpo`):
 
@@ -15,12 +15,12 @@ One step, top to bottom (:func:`train_grpo`):
    episode in ``RUN/rollouts.h5`` (the campaign store format: ``hydroagent report`` reads it).
 3. **Rewards and advantages** from the environment's ledger only: per assistant message the
    payments of the calls it made, and the terminal payment
-   (:func:`~hydroagent_hpc.train.advantages.group_advantages`, mode ``advantage``). A group whose
+   (:func:`~hydroagent_hpc.train.grpo.advantages.group_advantages`, mode ``advantage``). A group whose
    returns are all equal gives no gradient and is counted (``degenerate_groups``).
 4. **Loss.** Each trainable sequence is scored by the policy in chunks
-   (:func:`~hydroagent_hpc.train.grpo_loss.token_logprobs`) and by the frozen reference (the
+   (:func:`~hydroagent_hpc.train.grpo.loss.token_logprobs`) and by the frozen reference (the
    initial policy) when ``kl_coef > 0``; the clipped-ratio loss with k3 KL and the entropy bonus
-   (:func:`~hydroagent_hpc.train.grpo_loss.grpo_loss`) is aggregated with the step's **global**
+   (:func:`~hydroagent_hpc.train.grpo.loss.grpo_loss`) is aggregated with the step's **global**
    token and sequence counts, so splitting the step into one sequence per backward pass changes
    nothing. One optimizer step per rollout batch (one PPO epoch, mini-batch = batch, as the paper):
    ``old_logp`` is the policy's own detached log-prob, so the ratio is 1 and the clip is inert
@@ -72,7 +72,6 @@ from hydroagent_hpc.config import preset
 from hydroagent_hpc.errors import ConfigError, one_line
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
-from hydroagent_hpc.train.advantages import group_advantages, token_advantages
 from hydroagent_hpc.train.checkpoint import (
     TrainerState,
     fault,
@@ -102,8 +101,9 @@ from hydroagent_hpc.train.generation.rollout import (
     run_rollouts,
 )
 from hydroagent_hpc.train.generation.sampler import BatchedSampler, RolloutSampler, Sampling
-from hydroagent_hpc.train.grpo_config import GRPOConfig, check_world_size
-from hydroagent_hpc.train.grpo_loss import LogprobModel, grpo_loss
+from hydroagent_hpc.train.grpo.advantages import group_advantages, token_advantages
+from hydroagent_hpc.train.grpo.config import GRPOConfig, check_world_size
+from hydroagent_hpc.train.grpo.loss import LogprobModel, grpo_loss
 from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 
@@ -720,7 +720,7 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
     itself is float32 (log-probs, advantages, masks).
 
     Every pass's loss is aggregated with the step's global ``total_tokens`` and ``n_seq``
-    (:func:`~hydroagent_hpc.train.grpo_loss.aggregate`), so summing the passes of all ranks gives the
+    (:func:`~hydroagent_hpc.train.grpo.loss.aggregate`), so summing the passes of all ranks gives the
     loss of the whole batch whatever the split; each backward is of ``W * weight * loss``
     (``weight`` 0 on a padding pass) because DDP/FSDP average the ranks' gradients
     (:mod:`hydroagent_hpc.train.distributed`). Gradients are reduced across ranks in the last pass
@@ -837,15 +837,3 @@ def _save_final(final: Path, model: Any, tokenizer: Any) -> None:
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
 
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-
-# ``python -m hydroagent_hpc.train.grpo`` is the launcher's command line
-# (:mod:`hydroagent_hpc.train.grpo_launch`, which imports this module when a rank trains): run as a
-# script, this module hands over to it; imported, it never imports the launcher (no import circle).
-if __name__ == "__main__":
-    import runpy
-
-    runpy.run_module("hydroagent_hpc.train.grpo_launch", run_name="__main__", alter_sys=True)

@@ -1,11 +1,11 @@
 """The GRPO entry point that splits MPI ranks before torch is loaded.
 
-``python -m hydroagent_hpc.train.grpo_launch CONFIG --out RUN [--resume] [--pool threads|mpi] [--trainers T]``
+``python -m hydroagent_hpc.train.grpo CONFIG --out RUN [--resume] [--pool threads|mpi] [--trainers T]``
 (what ``slurm/grpo.sbatch`` runs on every rank) and ``hydroagent train grpo`` share :func:`run`.
 Under ``torchrun``/``accelerate launch`` (``WORLD_SIZE`` > 1) every process trains a part of each
-step (:mod:`hydroagent_hpc.train.grpo`); that needs ``generator: engine`` and ``--pool threads``.
+step (:mod:`hydroagent_hpc.train.grpo.trainer`); that needs ``generator: engine`` and ``--pool threads``.
 With ``--pool mpi`` every rank enters the MPI pool first; only rank 0 then imports the trainer
-(:mod:`hydroagent_hpc.train.grpo`, torch and transformers), while the simulation ranks serve
+(:mod:`hydroagent_hpc.train.grpo.trainer`, torch and transformers), while the simulation ranks serve
 :func:`hydroagent_hpc.sim.task.simulate_task` without ever loading torch (about 300 MB and 2 s
 less per rank). ``--pool mpi --trainers T`` (T > 1, ``generator: engine``): the first T ranks of
 the MPI world are the training processes (their torch process group is set up from the MPI world,
@@ -24,7 +24,7 @@ from typing import Any
 
 from hydroagent_hpc.errors import ConfigError, HydroAgentError, one_line
 from hydroagent_hpc.hpc.mpi import mpi_pool, split_trainers
-from hydroagent_hpc.train.grpo_config import load_grpo_config
+from hydroagent_hpc.train.grpo.config import load_grpo_config
 from hydroagent_hpc.train.signals import early_usr1_ignored
 
 log = logging.getLogger("hydroagent_hpc.train.grpo")
@@ -35,7 +35,7 @@ __all__ = ["build_parser", "run", "main"]
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="hydroagent train grpo",
                                           description="GRPO with the simulator as the verifier (docs/grpo.md).")
-    p.add_argument("config", type=Path, help="GRPO config (strict YAML; see hydroagent_hpc/train/grpo_config.py)")
+    p.add_argument("config", type=Path, help="GRPO config (strict YAML; see hydroagent_hpc/train/grpo/config.py)")
     p.add_argument("--out", type=Path, required=True, help="run folder (checkpoints, metrics, rollouts.h5, final/)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--pool", choices=("threads", "mpi"), default="threads",
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               f"--trainers {world_size} (slurm/grpo.sbatch does)")
     config = load_grpo_config(args.config, world_size=trainers if pool_kind == "mpi" else world_size)
     if pool_kind != "mpi":
-        from hydroagent_hpc.train.grpo import train_grpo
+        from hydroagent_hpc.train.grpo.trainer import train_grpo
 
         return train_grpo(config, args.out, resume=args.resume)
 
@@ -100,14 +100,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log.info("trainer rank %d of %d (local rank %d of %d), process group at %s:%d", split.rank, trainers,
                      split.local_rank, split.local_trainers, split.master_addr, split.master_port)
         if split.pool_comm is None:  # trainer ranks 1..: train only; rank 0 drives the pool
-            from hydroagent_hpc.train.grpo import train_grpo
+            from hydroagent_hpc.train.grpo.trainer import train_grpo
 
             return train_grpo(config, args.out, resume=args.resume)
         comm = split.pool_comm
     with mpi_pool(max_in_flight=config.max_simulations_in_flight, timeout_s=args.sim_timeout, comm=comm) as pool:
         if pool is None:
             return {"worker": True, "stopped": None}
-        from hydroagent_hpc.train.grpo import train_grpo
+        from hydroagent_hpc.train.grpo.trainer import train_grpo
 
         return train_grpo(config, args.out, resume=args.resume, pool=pool)
 
@@ -134,7 +134,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("trainer rank %d: done at step %s%s", rank, summary.get("steps"),
                  f" (stopped by {summary['stopped']})" if summary.get("stopped") else "")
     return 0 if summary["stopped"] is None else 143
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

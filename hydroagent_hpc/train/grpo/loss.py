@@ -2,7 +2,7 @@
 
 Pure tensor functions (docs/rl-notes.md, section 3), composed by :func:`grpo_loss`. With ``m`` the
 0/1 loss mask (1 on the tokens the policy wrote), ``A`` the token advantages
-(:func:`hydroagent_hpc.train.advantages.token_advantages`) and ``agg`` one of :data:`AGGREGATIONS`::
+(:func:`hydroagent_hpc.train.grpo.advantages.token_advantages`) and ``agg`` one of :data:`AGGREGATIONS`::
 
     rho  = exp(logp - logp_old)
     pg   = -min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)       (PPO clipped surrogate)
