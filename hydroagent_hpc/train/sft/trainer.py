@@ -60,7 +60,7 @@ import resource
 import shutil
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +260,109 @@ def sft_optimizer(model: torch.nn.Module, config: SFTConfig) -> torch.optim.Opti
 # The run
 
 
+def _step_plan(config: SFTConfig, world: int, examples: int) -> tuple[int, int, int]:
+    """(micro-batches per optimizer step over all processes, steps per epoch, steps of the run)."""
+    micro_per_step = world * config.grad_accum
+    steps_per_epoch = math.ceil(math.ceil(examples / config.micro_batch_size) / micro_per_step)
+    max_steps = config.max_steps if config.max_steps is not None else int(config.epochs or 1) * steps_per_epoch
+    return micro_per_step, steps_per_epoch, max_steps
+
+
+def _record_step(metrics: MetricsCSV, bar: Any, row: dict[str, Any], log_every: int, max_steps: int) -> None:
+    """Rank 0: the step's row of ``metrics.csv``, the progress bar, a console line every ``log_every`` steps."""
+    metrics.write(row)
+    bar.update(1)
+    if row["step"] % log_every == 0 or row["step"] == max_steps:
+        log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f peak %.0f MB", row["step"], max_steps,
+                 row["loss"], row["lr"], row["grad_norm"], row["tokens_per_s"], row["peak_mem_mb"])
+
+
+def _place_model(config: SFTConfig, model: Any, accelerator: Any) -> tuple[Any, Callable[[], Any], torch.dtype, bool]:
+    """The model on this process's device, in training mode, sharded with FSDP2 (several processes,
+    ``fsdp`` not off) or wrapped by accelerate; (model, its autocast context, compute dtype, FSDP or not)."""
+    distributed, device = accelerator.num_processes > 1, accelerator.device
+    dtype = _compute_dtype(config, device)
+    use_fsdp = distributed and config.fsdp is not False
+    if config.fsdp is True and not distributed:
+        log.info("fsdp: true with one process: training a plain module")
+    torch.manual_seed(config.seed)
+    model.config.use_cache = False
+    if config.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    model.to(device)
+    if use_fsdp:
+        shard(model, dtype)
+        return model, contextlib.nullcontext, dtype, True
+    if distributed:
+        model = accelerator.prepare(model)
+    use_autocast = dtype != torch.float32
+
+    def autocast() -> Any:
+        return torch.autocast(device.type, dtype=dtype, enabled=use_autocast)
+    return model, autocast, dtype, False
+
+
+def _resume(resume_from: Path, model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, micro_per_step: int,
+            world: int, grad_accum: int) -> TrainerState:
+    """The checkpoint's state loaded into model, optimizer and scheduler; refused when it was saved with
+    another number of micro-batches per step (the data position would not match)."""
+    state = load_checkpoint(resume_from, model, optimizer, scheduler)
+    if state.micro_per_step != micro_per_step:
+        raise ConfigError(f"--resume from {resume_from}: it was saved with {state.micro_per_step} micro-batches "
+                          f"per step (processes x grad_accum), this run has {world} x {grad_accum}; "
+                          f"the data position would not match",
+                          "resume with the same number of processes, or start a new --out folder")
+    return state
+
+
+def _micro_batches(dataset: SFTDataset, plan: list[list[int]], first: int, world: int, grad_accum: int, pad_id: int,
+                   device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """This rank's ``grad_accum`` micro-batches of a step: plan entries ``first``, ``first + world``, ...; past
+    the epoch's end, the first micro-batch again with weight 0 (every rank runs as many forwards)."""
+    batches = []
+    for a in range(grad_accum):
+        k = first + a * world
+        indices, scale = (plan[k], 1.0) if k < len(plan) else (plan[0], 0.0)
+        batches.append({key: v.to(device) for key, v in collate([dataset[i] for i in indices], pad_id, scale).items()})
+    return batches
+
+
+def _optimizer_step(model: Any, batches: list[dict[str, torch.Tensor]], autocast: Callable[[], Any],
+                    optimizer: torch.optim.Optimizer, scheduler: Any, config: SFTConfig, world: int,
+                    device: torch.device, step: int) -> tuple[float, float, float, float]:
+    """Forward and backward of each micro-batch (gradients synchronised on the last), clipping, one
+    optimizer step (skipped when no assistant token of any rank carries weight) and one scheduler step;
+    (loss, gradient norm, learning rate, tokens) over all ranks."""
+    distributed = world > 1
+    totals = torch.tensor([sum(float(loss_denominator(b)) for b in batches),
+                           sum(float(b["attention_mask"].sum()) for b in batches)],
+                          dtype=torch.float64, device=device)
+    denominator, tokens = (float(v) for v in all_reduce_sum(totals, distributed))
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for a, b in enumerate(batches):
+        with grad_sync(model, a == len(batches) - 1):
+            with autocast():
+                logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                part = weighted_token_loss(logits, b) / max(denominator, 1e-30)
+            (part * world).backward()
+            del logits  # [B, T, V]: not kept alive through the next forward or the optimizer step
+        loss_sum += part.detach().double()
+    loss = float(all_reduce_sum(loss_sum, distributed))
+    grad_norm_t = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    grad_norm = float(grad_norm_t.full_tensor() if hasattr(grad_norm_t, "full_tensor") else grad_norm_t)
+    lr = float(scheduler.get_last_lr()[0])
+    if denominator > 0:
+        optimizer.step()
+    else:
+        log.warning("step %d: no assistant token carries weight; the optimizer does not step", step)
+    optimizer.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():  # a skipped optimizer step still advances the schedule
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
+        scheduler.step()
+    return loss, grad_norm, lr, tokens
+
+
 def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool = True) -> dict[str, Any]:
     """Run SFT as configured into ``run_dir``; returns a summary (see the module docstring).
 
@@ -286,45 +389,18 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     if world > 1:
         log.info("rank %d of %d: collectives time out after %.0f s", rank, world, process_group_timeout() or 0.0)
     distributed = world > 1
-    dtype = _compute_dtype(config, device)
-    use_fsdp = distributed and config.fsdp is not False
-    if config.fsdp is True and not distributed:
-        log.info("fsdp: true with one process: training a plain module")
-    torch.manual_seed(config.seed)
-    model.config.use_cache = False
-    if config.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    model.to(device)
-    if use_fsdp:
-        shard(model, dtype)
-        autocast: Any = contextlib.nullcontext
-    else:
-        if distributed:
-            model = accelerator.prepare(model)
-        use_autocast = dtype != torch.float32
-
-        def autocast() -> Any:
-            return torch.autocast(device.type, dtype=dtype, enabled=use_autocast)
+    model, autocast, dtype, use_fsdp = _place_model(config, model, accelerator)
     optimizer = sft_optimizer(model, config)
 
     # 3. the plan of steps
-    micro_per_step = world * config.grad_accum
-    n_micro = math.ceil(len(dataset) / config.micro_batch_size)
-    steps_per_epoch = math.ceil(n_micro / micro_per_step)
-    max_steps = config.max_steps if config.max_steps is not None else int(config.epochs or 1) * steps_per_epoch
+    micro_per_step, steps_per_epoch, max_steps = _step_plan(config, world, len(dataset))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, max_steps, config.min_lr_ratio))
 
     state = TrainerState(micro_per_step=micro_per_step)
     metrics: MetricsCSV | None = None
     if resume_from is not None:
-        state = load_checkpoint(resume_from, model, optimizer, scheduler)
-        if state.micro_per_step != micro_per_step:
-            raise ConfigError(f"--resume from {resume_from}: it was saved with {state.micro_per_step} micro-batches "
-                                 f"per step (processes x grad_accum), this run has {world} x {config.grad_accum}; "
-                                 f"the data position would not match",
-                                 "resume with the same number of processes, or start a new --out folder")
+        state = _resume(resume_from, model, optimizer, scheduler, micro_per_step, world, config.grad_accum)
     if rank == 0:
         write_run_config(run_dir, config.to_dict(), {"world_size": world, "fsdp": use_fsdp, "compute_dtype": str(dtype),
                                         "steps_per_epoch": steps_per_epoch, "max_steps": max_steps,
@@ -352,40 +428,11 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
             # 4. this rank's micro-batches of the step, and the step's denominator
             plan = plans.get(state.epoch) or plans.setdefault(state.epoch, plan_epoch(
                 lengths.tolist(), config.micro_batch_size, config.seed, state.epoch, config.bucket_by_length))
-            batches = []
-            for a in range(config.grad_accum):
-                k = state.index * micro_per_step + a * world + rank
-                indices, scale = (plan[k], 1.0) if k < len(plan) else (plan[0], 0.0)
-                batches.append({key: v.to(device) for key, v in
-                                collate([dataset[i] for i in indices], pad_id, scale).items()})
-            totals = torch.tensor([sum(float(loss_denominator(b)) for b in batches),
-                                   sum(float(b["attention_mask"].sum()) for b in batches)],
-                                  dtype=torch.float64, device=device)
-            denominator, tokens = (float(v) for v in all_reduce_sum(totals, distributed))
-
+            batches = _micro_batches(dataset, plan, state.index * micro_per_step + rank, world, config.grad_accum,
+                                     pad_id, device)
             # 5. forward/backward per micro-batch, then one optimizer step
-            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-            for a, b in enumerate(batches):
-                with grad_sync(model, a == len(batches) - 1):
-                    with autocast():
-                        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-                        part = weighted_token_loss(logits, b) / max(denominator, 1e-30)
-                    (part * world).backward()
-                    del logits  # [B, T, V]: not kept alive through the next forward or the optimizer step
-                loss_sum += part.detach().double()
-            loss = float(all_reduce_sum(loss_sum, distributed))
-            grad_norm_t = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            grad_norm = float(grad_norm_t.full_tensor() if hasattr(grad_norm_t, "full_tensor") else grad_norm_t)
-            lr = float(scheduler.get_last_lr()[0])
-            if denominator > 0:
-                optimizer.step()
-            else:
-                log.warning("step %d: no assistant token carries weight; the optimizer does not step", state.step + 1)
-            optimizer.zero_grad(set_to_none=True)
-            with warnings.catch_warnings():  # a skipped optimizer step still advances the schedule
-                warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()`"))
-                scheduler.step()
-
+            loss, grad_norm, lr, tokens = _optimizer_step(model, batches, autocast, optimizer, scheduler, config,
+                                                          world, device, state.step + 1)
             state.step += 1
             state.index += 1
             state.tokens += int(tokens)
@@ -397,11 +444,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
             losses.append(loss)
             rates.append(tokens / elapsed)
             if metrics is not None:
-                metrics.write(row)
-                bar.update(1)
-                if state.step % config.log_every == 0 or state.step == max_steps:
-                    log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f peak %.0f MB", state.step,
-                             max_steps, loss, lr, grad_norm, row["tokens_per_s"], row["peak_mem_mb"])
+                _record_step(metrics, bar, row, config.log_every, max_steps)
 
             # 6. checkpoints: periodic, SIGUSR1 (save, go on), SIGTERM (save, stop)
             fault("usr1", state.step)
@@ -428,10 +471,10 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
         _save_final(final, model, tokenizer, dtype)
     if distributed:
         dist.barrier()
+    first_loss = (float(metrics.rows[0][1]) if metrics is not None and metrics.rows
+                  else (losses[0] if losses else None))
     summary = {"run_dir": str(run_dir), "steps": state.step, "max_steps": max_steps, "epoch": state.epoch,
-               "first_loss": (float(metrics.rows[0][1]) if metrics is not None and metrics.rows
-                              else (losses[0] if losses else None)),
-               "final_loss": losses[-1] if losses else None, "tokens": state.tokens,
+               "first_loss": first_loss, "final_loss": losses[-1] if losses else None, "tokens": state.tokens,
                "tokens_per_s": float(np.mean(rates)) if rates else None, "peak_mem_mb": _peak_mem_mb(device),
                "world_size": world, "fsdp": use_fsdp, "resumed_from_step": resumed_at, "stopped": stopped,
                "final": str(final) if stopped is None else None, "wall_s": time.perf_counter() - started}
