@@ -496,19 +496,11 @@ def _summary(x: np.ndarray) -> dict[str, float]:
             "median": float(q[2]), "p75": float(q[3]), "p90": float(q[4]), "max": float(q[5])}
 
 
-def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, preset: str = "paper",
-                   tokenizer: Any = "tiny", max_tokens: int = 16384, tokenizer_name: str | None = None,
-                   augment: str | None = None, render: str = "none", recovery: float = 0.0,
-                   recovery_seed: int = 0) -> SFTDataReport:
-    """Read ``stores``, filter and weight by ``preset``, tokenise, augment, and write ``out`` atomically.
-
-    ``tokenizer``: a tokenizer object or a name for :func:`load_tokenizer`. ``augment``: one of
-    :data:`AUGMENT_MODES` (None: the preset's :data:`DEFAULT_AUGMENT`). ``recovery``: the
-    probability of an error-recovery turn before each eligible teacher message, ``recovery_seed``
-    its seed (module doc, "Error recovery"). Raises :class:`SFTDataError` for a missing store, a
-    store without text episodes, an unknown preset or augment mode, a ``recovery`` outside
-    [0, 1], no episode left, or sequences longer than ``max_tokens``; nothing is written then.
-    """
+def _check_arguments(stores: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], preset: str,
+                     max_tokens: int, augment: str | None, render: str, recovery: float,
+                     recovery_seed: int) -> tuple[str, float, list[Path], Path]:
+    """The arguments of :func:`build_sft_data` checked before anything is read: (augment mode, recovery
+    probability, store paths, output path); :class:`SFTDataError` for the first that is wrong."""
     if preset not in SFT_PRESETS:
         raise SFTDataError(f"--preset {preset!r}: unknown", fix=f"use one of {', '.join(SFT_PRESETS)}")
     augment = DEFAULT_AUGMENT[preset] if augment is None else augment
@@ -533,16 +525,18 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     out = Path(out)
     if any(out.resolve() == p.resolve() for p in paths):
         raise SFTDataError(f"--out {out} is one of the stores read", fix="write the data to another file")
-    if isinstance(tokenizer, str):
-        tokenizer_name = tokenizer_name or tokenizer
-        tokenizer = load_tokenizer(tokenizer)
-    tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    return augment, recovery, paths, out
 
-    # 1. read: which episodes have text, their final NSE
+
+def _read_stores(paths: list[Path], render: str) -> tuple[list[_Example], list[Episode],
+                                                          dict[tuple[str, str], Counter[str]], list[dict[str, Any]]]:
+    """The episodes with assistant text of each store (turns, config and scores only; ``render: calls``
+    gives text-less episodes their calls as text): (examples, episodes, dropped per (basin, agent), sources).
+    A store without any text episode is refused."""
     examples: list[_Example] = []
     episodes: list[Episode] = []
     dropped: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
-    sources = []
+    sources: list[dict[str, Any]] = []
     for s, p in enumerate(paths):
         # only turns, config and scores are needed: drop simulations and series as they are read
         eps = [dataclasses.replace(e, sims=[], times=None, observed=None, warmup=None) for e in iter_episodes(p)]
@@ -564,8 +558,13 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
             examples.append(_Example(e.episode_id, e.basin_id, e.agent, s, e.best_nse))
             episodes.append(e)
         sources.append({"path": str(p.resolve()), "sha256": file_sha256(p), "episodes": len(eps)})
+    return examples, episodes, dropped, sources
 
-    # 2. filter and weight
+
+def _filter_and_weight(examples: list[_Example], episodes: list[Episode], preset: str,
+                       dropped: dict[tuple[str, str], Counter[str]]) -> list[tuple[_Example, Episode]]:
+    """The episodes ``preset`` keeps (paper: final best NSE > :data:`PAPER_MIN_NSE`), each example's
+    weight set; the others counted in ``dropped``. None left is refused."""
     if preset == "paper":
         keep = [ex.best_nse is not None and math.isfinite(ex.best_nse) and ex.best_nse > PAPER_MIN_NSE
                 for ex in examples]
@@ -583,8 +582,15 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
                            fix="add stores with better episodes, or use --preset released")
     for (ex, _), wi in zip(pairs, w):
         ex.weight = float(wi)
+    return pairs
 
-    # 3. tokenise with the shared builder (one per tool-schema variant)
+
+def _tokenise(pairs: list[tuple[_Example, Episode]], tokenizer: Any, augment: str, recovery: float,
+              recovery_seed: int, max_tokens: int, paths: list[Path]
+              ) -> tuple[list[tuple[_Example, Trajectory]], Counter[str]]:
+    """Token-exact trajectories of the kept episodes (error-recovery turns added, stopping-point variants
+    split, weights shared among an episode's variants): (examples with their trajectories, recovery turns
+    by kind). Any sequence over ``max_tokens`` is refused (never truncated)."""
     builders: dict[str, TrajectoryBuilder] = {}
     kinds: Counter[str] = Counter()
     too_long: list[tuple[str, int]] = []
@@ -617,8 +623,14 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
                            f"{named}{more}; "
                            f"nothing was written (sequences are never truncated)",
                            fix=f"raise --max-tokens to at least {int(lengths.max())}, or build from shorter episodes")
+    return built, kinds
 
-    # 4. report
+
+def _report(out: Path, preset: str, pairs: list[tuple[_Example, Episode]], built: list[tuple[_Example, Trajectory]],
+            dropped: dict[tuple[str, str], Counter[str]], sources: list[dict[str, Any]], max_tokens: int,
+            augment: str, render: str, recovery: float, kinds: Counter[str], recovery_seed: int) -> SFTDataReport:
+    """What was kept and dropped per (basin, agent), the weights' and lengths' summaries, the sources."""
+    lengths = np.array([len(t) for _, t in built])
     kept_by: Counter[tuple[str, str]] = Counter((ex.basin_id, ex.agent) for ex, _ in pairs)
     examples_by: Counter[tuple[str, str]] = Counter((ex.basin_id, ex.agent) for ex, _ in built)
     counts: dict[str, dict[str, Any]] = {}
@@ -640,8 +652,38 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     report = SFTDataReport(out, preset, len(pairs), dict(dropped_total), counts, weight_info, length_info, sources,
                            augment, len(built), render, recovery, int(sum(kinds.values())),
                            dict(sorted(kinds.items())), int(recovery_seed))
-    _log_report(report)
+    return report
 
+
+def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, preset: str = "paper",
+                   tokenizer: Any = "tiny", max_tokens: int = 16384, tokenizer_name: str | None = None,
+                   augment: str | None = None, render: str = "none", recovery: float = 0.0,
+                   recovery_seed: int = 0) -> SFTDataReport:
+    """Read ``stores``, filter and weight by ``preset``, tokenise, augment, and write ``out`` atomically.
+
+    ``tokenizer``: a tokenizer object or a name for :func:`load_tokenizer`. ``augment``: one of
+    :data:`AUGMENT_MODES` (None: the preset's :data:`DEFAULT_AUGMENT`). ``recovery``: the
+    probability of an error-recovery turn before each eligible teacher message, ``recovery_seed``
+    its seed (module doc, "Error recovery"). Raises :class:`SFTDataError` for a missing store, a
+    store without text episodes, an unknown preset or augment mode, a ``recovery`` outside
+    [0, 1], no episode left, or sequences longer than ``max_tokens``; nothing is written then.
+    """
+    augment, recovery, paths, out = _check_arguments(stores, out, preset, max_tokens, augment, render, recovery,
+                                                     recovery_seed)
+    if isinstance(tokenizer, str):
+        tokenizer_name = tokenizer_name or tokenizer
+        tokenizer = load_tokenizer(tokenizer)
+    tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    # 1. read: which episodes have text, their final NSE
+    examples, episodes, dropped, sources = _read_stores(paths, render)
+    # 2. filter and weight
+    pairs = _filter_and_weight(examples, episodes, preset, dropped)
+    # 3. tokenise with the shared builder (one per tool-schema variant)
+    built, kinds = _tokenise(pairs, tokenizer, augment, recovery, recovery_seed, max_tokens, paths)
+    # 4. report
+    report = _report(out, preset, pairs, built, dropped, sources, max_tokens, augment, render, recovery, kinds,
+                     recovery_seed)
+    _log_report(report)
     # 5. write atomically
     _write(out, built, report, tokenizer_name)
     return report
