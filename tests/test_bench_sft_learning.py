@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hydroagent_hpc.bench.sft_learning import score_policies
 from hydroagent_hpc.campaign import load_campaign, run_campaign
 
@@ -30,9 +32,9 @@ def test_recoveries_count_parse_failures_followed_by_a_valid_call(tmp_path, smal
     assert p["recoveries"] == 2 and p["valid_call_share"] == 2 / 5 and p["scored_episodes"] == 1
 
 
+@pytest.mark.slow
 def test_evaluate_only_scores_the_saved_models_on_more_heldout_basins(tmp_path):
     """``--evaluate-only``: the base and final models already in --out, the run's evaluation on N basins."""
-    import pytest
 
     from hydroagent_hpc.bench.sft_learning import evaluate_again
     from hydroagent_hpc.train.tiny import save_tiny
