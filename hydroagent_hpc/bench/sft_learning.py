@@ -8,7 +8,7 @@ The whole first training stage, small enough for a laptop, measured the way issu
    (``--overshoot P``: with probability P a move asks past its bound, so the teacher set holds
    ``clipped`` replies and how to go on; agents/heuristic.py explains why; ``--digits N``: values
    to N significant digits; ``--partial``: set_parameters sends only the values that change);
-3. ``train.sft_data.build_sft_data`` (``released`` weights, no augmentation: every episode kept;
+3. ``train.sft.data.build_sft_data`` (``released`` weights, no augmentation: every episode kept;
    ``--recovery P``: masked error-recovery turns, see train/sft/data.py);
 4. ``train.sft.train_sft`` of the tiny offline Qwen3 for ``--steps`` steps (fp32, CPU);
 5. the base (untrained) and the SFT'd model as ``hf_local`` agents on the held-out basin (greedy,

@@ -8,8 +8,9 @@ refuses a plan that does not fit with one message: the phase, its peak against t
 largest term and the settings that would make it fit, each checked by planning again.
 ``hydroagent train plan CONFIG --gpu H100-80GB`` prints the table without a GPU.
 
-Everything here is arithmetic on what the trainers' code holds (``train/sft/trainer.py``, ``grpo.py``,
-``grpo_loss.py``, ``distributed.py``, ``sampler.py``, with the installed torch and transformers);
+Everything here is arithmetic on what the trainers' code holds (``train/sft/trainer.py``,
+``train/grpo/trainer.py``, ``train/grpo/loss.py``, ``train/distributed.py``, ``train/generation/sampler.py``,
+with the installed torch and transformers);
 each term names its formula. Notation: ``N`` parameters, ``N_mm`` the parameters of matrix
 products (every linear layer and the LM head; not the norms), ``P_l`` one decoder layer's, ``W``
 trainer processes, ``T`` tokens of the longest sequence, ``V`` vocabulary, ``h`` hidden size,
@@ -747,7 +748,7 @@ def _training_phase(kind: str, shape: ModelShape, lay: _Layout, tr: _Train, capa
 
 
 def _setup_phase(shape: ModelShape, lay: _Layout, reference: bool, capacity: int, device: str) -> Phase | None:
-    """FSDP2 only: ``sft.py`` and ``grpo.py`` move the whole fp32 model to the device before
+    """FSDP2 only: the SFT and GRPO trainers move the whole fp32 model to the device before
     ``fully_shard`` (and GRPO copies it for the reference): ``4 N`` (``+ 4 N``) for a moment."""
     if not lay.fsdp:
         return None

@@ -493,7 +493,7 @@ def submit_grpo_job(config: str | Path, run_dir: str | Path, site: SiteSettings,
     if not cfg.is_file():
         raise SubmitError(f"{config}: no such GRPO config file",
                           "give the path of a GRPO YAML (basins, group_size, ...; see hydroagent_hpc/train/"
-                          "grpo_config.py)")
+                          "grpo/config.py)")
     if gpus < 0:
         raise SubmitError(f"--gpus {gpus}: give the GPUs of the job, or 0 to train on CPU (tiny models)")
     engine = grpo_launches_engine(cfg)
