@@ -387,8 +387,8 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     Under ``torchrun``/``accelerate launch`` (``WORLD_SIZE`` > 1) every process calls this; rank 0
     alone plays the rollouts (through the engine), stores them and writes the run folder, and every
     rank trains on its share of each step (:func:`optimise`). See docs/grpo.md, "Several GPUs".
-    With several processes only rank 0 may get a ``pool`` (the MPI layout of ``grpo_launch --pool mpi
-    --trainers T``: the simulation ranks serve rank 0's rollouts).
+    With several processes only rank 0 may get a ``pool`` (the MPI layout of
+    ``python -m hydroagent_hpc.train.grpo --pool mpi --trainers T``: the simulation ranks serve rank 0's rollouts).
     """
 
     started = time.perf_counter()
@@ -401,8 +401,8 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
         log.info("rank %d of %d: collectives time out after %.0f s", rank, world, process_group_timeout() or 0.0)
         if pool is not None and rank != 0:
             raise ConfigError(f"a simulation pool given to training rank {rank} of {world}",
-                                  "give the pool to rank 0 only: it alone plays the rollouts (grpo_launch's "
-                                  "--pool mpi --trainers does)")
+                              "give the pool to rank 0 only: it alone plays the rollouts (as "
+                              "python -m hydroagent_hpc.train.grpo --pool mpi --trainers does)")
     else:
         accelerator, rank = None, 0
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -474,8 +474,8 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
             assert config.engine is not None  # checked with the config
             engine = EngineWeights(config.engine, run_dir,
                                    context_tokens=config.max_context_tokens + config.max_new_tokens)
-        return _run(config, run_dir, model, tokenizer, optimizer, scheduler, state, resume_from, metrics,
-                    store, sims, basins, runner, pad_id, ranks, engine, started)
+        return _run(_Run(config, run_dir, model, tokenizer, optimizer, scheduler, state, resume_from, metrics,
+                         store, sims, basins, runner, pad_id, ranks, engine, started))
     finally:
         if store is not None:
             store.close()
@@ -509,25 +509,57 @@ def _share(batch: list[_Sequence] | None, ranks: Ranks) -> list[_Sequence]:
     return list(box[0])
 
 
-def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any,
-         optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainerState, resume_from: Path | None,
-         metrics: _Metrics | None, store: EpisodeStore | None, sims: dict[str, Any], basins: dict[str, Any],
-         runner: Any, pad_id: int, ranks: Ranks, engine: EngineWeights | None, started: float) -> dict[str, Any]:
+@dataclass
+class _Run:
+    """What the step loop of :func:`train_grpo` works with, set up by it (rank 0 alone holds the metrics,
+    the episode store, the simulators, the basins and the engine; the others hold None or empty ones)."""
+
+    config: GRPOConfig
+    run_dir: Path
+    model: Any
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    state: TrainerState
+    resume_from: Path | None
+    metrics: _Metrics | None
+    store: EpisodeStore | None
+    sims: dict[str, Any]
+    basins: dict[str, Any]
+    runner: Any
+    pad_id: int
+    ranks: Ranks
+    engine: EngineWeights | None
+    started: float
+
+
+@dataclass
+class _Rollouts:
+    """Rank 0's rollouts of a step and what was derived from them."""
+
+    rollouts: list[Any]
+    stats: dict[str, Any]
+    per_turn: dict[Any, np.ndarray]
+    degenerate: int
+    seconds: float
+
+
+def _run(run: _Run) -> dict[str, Any]:
     """The step loop of :func:`train_grpo` (its setup done; the caller closes the store and the engine).
 
     On rank 0 only: rollouts, advantages, episodes, metrics, validation, the engine. On every rank:
     the weight gather for the engine push, the training step, checkpoints and the final model.
     """
+    config, state, ranks = run.config, run.state, run.ranks
     # the engine serves the current (initial or resumed) weights before any rollout
-    if engine is not None or ranks.distributed:
-        _push(engine, model, tokenizer, state.step, ranks)
+    if run.engine is not None or ranks.distributed:
+        _push(run.engine, run.model, run.tokenizer, state.step, ranks)
     last_val: dict[str, Any] = {}
-    if ranks.lead and config.validation_basins and config.validate_every and resume_from is None:
-        assert store is not None
-        last_val = _validate(config, model, tokenizer, sims, basins, store, state.step, runner, engine)
+    if ranks.lead and config.validation_basins and config.validate_every and run.resume_from is None:
+        last_val = _validate_now(run, state.step)
     summary_rows: list[dict[str, Any]] = []
     stopped = None
-    saved_at = state.step if resume_from is not None else -1
+    saved_at = state.step if run.resume_from is not None else -1
     with Signals() as signals:
         while state.step < config.max_steps:
             step = state.step + 1
@@ -535,98 +567,141 @@ def _run(config: GRPOConfig, run_dir: Path, model: Any, tokenizer: Any,
             # 2. prompts and rollouts
             idx, epoch, index = plan_prompts(len(config.basins), config.prompts_per_step, config.seed,
                                              state.epoch, state.index)
-            batch: list[_Sequence] | None = None
-            if ranks.lead:
-                assert store is not None
-                specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k),
-                                     f"grpo-s{step:05d}-g{g}-k{k}")
-                         for g, b in enumerate(idx) for k in range(config.group_size)]
-                rollouts, gen_stats = play_episodes(config, model, tokenizer, specs, sims, basins, runner=runner,
-                                                    engine=engine)
-                store.write(rollouts)
-                fault("kill_after_rollouts", step)
-                t_rollout = time.perf_counter() - t_step
-                # 3. advantages per group, from the ledger
-                per_turn, degenerate = _advantages(config, rollouts, len(idx))
-                batch = training_batch(rollouts, per_turn)
-            batch = _share(batch, ranks)
+            played = _play_step(run, step, idx, t_step) if ranks.lead else None
+            # 3. advantages per group, from the ledger (rank 0), shared with every rank
+            batch = _share(training_batch(played.rollouts, played.per_turn) if played is not None else None, ranks)
             # 4. loss and one optimizer step
             t_train = time.perf_counter()
-            parts = optimise(config, model, optimizer, batch, pad_id, ranks)
-            lr = float(scheduler.get_last_lr()[0])
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
-                scheduler.step()
+            parts, lr = _optimizer_step(run, batch)
             training_s = time.perf_counter() - t_train
             state.step, state.epoch, state.index = step, epoch, index
             state.tokens += int(parts["tokens"])
             # the engine serves the new weights before anything samples again (validation included)
-            weight_sync_s = _push(engine, model, tokenizer, step, ranks) \
-                if engine is not None or ranks.distributed else float("nan")
+            weight_sync_s = _push(run.engine, run.model, run.tokenizer, step, ranks) \
+                if run.engine is not None or ranks.distributed else float("nan")
             # 5. record
-            if ranks.lead:
-                assert metrics is not None and store is not None
+            if played is not None:
                 if config.validation_basins and config.validate_every and step % config.validate_every == 0:
-                    last_val = _validate(config, model, tokenizer, sims, basins, store, step, runner, engine)
-                advs = np.concatenate(list(per_turn.values())) if per_turn else np.zeros(1)
-                row = {"step": step, **_episode_summary(rollouts), "rollouts": len(rollouts),
-                       **learning_signal(batch, advs, degenerate, len(idx)),
-                       "trainable": sum(r.trainable for r in rollouts), "degenerate_groups": degenerate,
-                       "adv_mean": float(advs.mean()), "adv_std": float(advs.std()),
-                       "adv_abs_max": float(np.abs(advs).max()), **parts, "lr": lr,
-                       "generation_s": float(gen_stats["busy_s"]),
-                       "simulation_s": float(gen_stats["sim_busy_s"]), "training_s": training_s,
-                       "step_s": time.perf_counter() - t_step, "sim_peak_in_flight": int(gen_stats["sim_peak"]),
-                       "shared_run_hits": int(gen_stats.get("shared_hits", 0)),
-                       "sim_batches": int(gen_stats["sim_batches"]),
-                       "sim_batched_runs": int(gen_stats["sim_batched_runs"]),
-                       "val_reward_mean": last_val.get("reward_mean", float("nan")),
-                       "val_best_nse_mean": last_val.get("best_nse_mean", float("nan")),
-                       "weight_sync_s": weight_sync_s}
-                metrics.write(row)
-                summary_rows.append(row)
-                log.info("step %d/%d reward %.3f (turn %.3f, terminal %.3f) best NSE %.3f | loss %.4f kl %.4f "
-                         "entropy %.3f | %d/%d trainable, %d degenerate groups | rollouts %.1f s train %.1f s | "
-                         "%d simulations in %d slot holds, %d of them batched",
-                         step, config.max_steps, row["reward_mean"], row.get("turn_reward_mean", float("nan")),
-                         row.get("terminal_mean", float("nan")), row["best_nse_mean"], row["loss"], row["kl"],
-                         row["entropy"], row["trainable"], len(rollouts), degenerate, t_rollout, training_s,
-                         int(gen_stats["sim_runs"]), row["sim_batches"], row["sim_batched_runs"])
+                    last_val = _validate_now(run, step)
+                summary_rows.append(_record_step(run, step, played, batch, parts, lr, len(idx), training_s,
+                                                 time.perf_counter() - t_step, weight_sync_s, last_val))
             # 6. checkpoints (every rank agrees on a signal that reached any of them)
-            fault("usr1", step)
-            fault("term", step)
-            signalled_here = signals.save
-            want_save, want_stop = agree(signals, ranks.distributed, ranks.device)
-            if want_save and ranks.distributed:  # which ranks the signal reached (all of them save)
-                log.info("rank %d of %d: checkpoint on a signal at step %d (the signal reached this rank: %s)",
-                         ranks.rank, ranks.world, step, "yes" if signalled_here else "no")
-            # a stop always saves this step: a SIGTERM that arrived during the last save had its save flag
-            # cleared with that save's
-            if want_save or (want_stop and saved_at != step) or (config.save_every and step % config.save_every == 0):
-                save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
-                saved_at = step
-                signals.save = False
-            fault("kill", step)
+            saved_at, want_stop = _checkpoint_if_due(run, signals, step, saved_at)
             if want_stop:
                 stopped = "SIGTERM"
                 log.warning("SIGTERM: saved checkpoint step-%d and stopping", step)
                 break
-    final = run_dir / "final"
+    final = run.run_dir / "final"
     if stopped is None:
-        if saved_at != state.step:
-            save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
-        if ranks.distributed:
-            full = pretrained_copy(model, ranks.dtype)  # collective
-            if full is not None:
-                _save_final(final, full, tokenizer)
-            dist.barrier()
-        else:
-            _save_final(final, model, tokenizer)
-    return {"run_dir": str(run_dir), "steps": state.step, "stopped": stopped,
+        _save_last(run, saved_at, final)
+    return {"run_dir": str(run.run_dir), "steps": state.step, "stopped": stopped,
             "final": str(final) if stopped is None else None,
             "first_reward": summary_rows[0]["reward_mean"] if summary_rows else None,
             "last_reward": summary_rows[-1]["reward_mean"] if summary_rows else None,
-            "world_size": ranks.world, "fsdp": ranks.fsdp, "wall_s": time.perf_counter() - started}
+            "world_size": ranks.world, "fsdp": ranks.fsdp, "wall_s": time.perf_counter() - run.started}
+
+
+def _validate_now(run: _Run, step: int) -> dict[str, Any]:
+    """Rank 0: the greedy validation episodes at ``step``."""
+    assert run.store is not None
+    return _validate(run.config, run.model, run.tokenizer, run.sims, run.basins, run.store, step, run.runner,
+                     run.engine)
+
+
+def _play_step(run: _Run, step: int, idx: Sequence[int], t_step: float) -> _Rollouts:
+    """Rank 0: K rollouts of each prompt basin of the step, written to the episode store, and their
+    per-turn advantages (group-relative, from the ledger)."""
+    config = run.config
+    assert run.store is not None
+    specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k), f"grpo-s{step:05d}-g{g}-k{k}")
+             for g, b in enumerate(idx) for k in range(config.group_size)]
+    rollouts, stats = play_episodes(config, run.model, run.tokenizer, specs, run.sims, run.basins, runner=run.runner,
+                                    engine=run.engine)
+    run.store.write(rollouts)
+    fault("kill_after_rollouts", step)
+    seconds = time.perf_counter() - t_step
+    per_turn, degenerate = _advantages(config, rollouts, len(idx))
+    return _Rollouts(rollouts, stats, per_turn, degenerate, seconds)
+
+
+def _optimizer_step(run: _Run, batch: list[_Sequence]) -> tuple[dict[str, float], float]:
+    """The loss over ``batch`` and one optimizer step on every rank, then one scheduler step; (the loss's
+    parts, the learning rate the step used)."""
+    parts = optimise(run.config, run.model, run.optimizer, batch, run.pad_id, run.ranks)
+    lr = float(run.scheduler.get_last_lr()[0])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+        run.scheduler.step()
+    return parts, lr
+
+
+def _record_step(run: _Run, step: int, played: _Rollouts, batch: list[_Sequence], parts: dict[str, float], lr: float,
+                 groups: int, training_s: float, step_s: float, weight_sync_s: float,
+                 last_val: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0: the step's row of ``metrics.csv`` and its console line; the row."""
+    assert run.metrics is not None
+    rollouts, stats, degenerate = played.rollouts, played.stats, played.degenerate
+    advs = np.concatenate(list(played.per_turn.values())) if played.per_turn else np.zeros(1)
+    row = {"step": step, **_episode_summary(rollouts), "rollouts": len(rollouts),
+           **learning_signal(batch, advs, degenerate, groups),
+           "trainable": sum(r.trainable for r in rollouts), "degenerate_groups": degenerate,
+           "adv_mean": float(advs.mean()), "adv_std": float(advs.std()),
+           "adv_abs_max": float(np.abs(advs).max()), **parts, "lr": lr,
+           "generation_s": float(stats["busy_s"]),
+           "simulation_s": float(stats["sim_busy_s"]), "training_s": training_s,
+           "step_s": step_s, "sim_peak_in_flight": int(stats["sim_peak"]),
+           "shared_run_hits": int(stats.get("shared_hits", 0)),
+           "sim_batches": int(stats["sim_batches"]),
+           "sim_batched_runs": int(stats["sim_batched_runs"]),
+           "val_reward_mean": last_val.get("reward_mean", float("nan")),
+           "val_best_nse_mean": last_val.get("best_nse_mean", float("nan")),
+           "weight_sync_s": weight_sync_s}
+    run.metrics.write(row)
+    log.info("step %d/%d reward %.3f (turn %.3f, terminal %.3f) best NSE %.3f | loss %.4f kl %.4f "
+             "entropy %.3f | %d/%d trainable, %d degenerate groups | rollouts %.1f s train %.1f s | "
+             "%d simulations in %d slot holds, %d of them batched",
+             step, run.config.max_steps, row["reward_mean"], row.get("turn_reward_mean", float("nan")),
+             row.get("terminal_mean", float("nan")), row["best_nse_mean"], row["loss"], row["kl"],
+             row["entropy"], row["trainable"], len(rollouts), degenerate, played.seconds, training_s,
+             int(stats["sim_runs"]), row["sim_batches"], row["sim_batched_runs"])
+    return row
+
+
+def _checkpoint_if_due(run: _Run, signals: Signals, step: int, saved_at: int) -> tuple[int, bool]:
+    """A checkpoint every ``save_every`` steps, on SIGUSR1 and on SIGTERM (every rank agrees on a signal
+    that reached any of them); (the step last saved, whether to stop)."""
+    ranks = run.ranks
+    fault("usr1", step)
+    fault("term", step)
+    signalled_here = signals.save
+    want_save, want_stop = agree(signals, ranks.distributed, ranks.device)
+    if want_save and ranks.distributed:  # which ranks the signal reached (all of them save)
+        log.info("rank %d of %d: checkpoint on a signal at step %d (the signal reached this rank: %s)",
+                 ranks.rank, ranks.world, step, "yes" if signalled_here else "no")
+    # a stop always saves this step: a SIGTERM that arrived during the last save had its save flag
+    # cleared with that save's
+    if want_save or (want_stop and saved_at != step) or (run.config.save_every and step % run.config.save_every == 0):
+        save_checkpoint(run.run_dir, run.model, run.optimizer, run.scheduler, run.state,
+                        keep=run.config.keep_checkpoints)
+        saved_at = step
+        signals.save = False
+    fault("kill", step)
+    return saved_at, want_stop
+
+
+def _save_last(run: _Run, saved_at: int, final: Path) -> None:
+    """After the last step: its checkpoint (unless saved already) and the final model (gathered from
+    the shards when several ranks train)."""
+    if saved_at != run.state.step:
+        save_checkpoint(run.run_dir, run.model, run.optimizer, run.scheduler, run.state,
+                        keep=run.config.keep_checkpoints)
+    if run.ranks.distributed:
+        full = pretrained_copy(run.model, run.ranks.dtype)  # collective
+        if full is not None:
+            _save_final(final, full, run.tokenizer)
+        dist.barrier()
+    else:
+        _save_final(final, run.model, run.tokenizer)
 
 
 def learning_signal(batch: Sequence[_Sequence], turn_advantages: np.ndarray, degenerate: int,
