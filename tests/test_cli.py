@@ -85,6 +85,7 @@ GRAMMAR = {
     "store": {"verify": None, "salvage": None},
     "basin": {"synth": None, "from-camels": None},
     "data": {"usgs": None, "camels": None, "verify": None},
+    "config": {"reference": None},
 }
 #: The old spellings kept as aliases: old words -> new words.
 OLD_SPELLINGS = {

@@ -22,8 +22,9 @@ import pytest
 import yaml
 
 from helpers.pipeline import DEMO, ROOT, smaller_demo, write
+from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.pipeline.runner import pipeline_status, run_pipeline
-from hydroagent_hpc.pipeline.spec import STAGES, PipelineError, load_pipeline
+from hydroagent_hpc.pipeline.spec import STAGES, load_pipeline
 from hydroagent_hpc.pipeline.state import read_record
 
 
@@ -101,16 +102,17 @@ def test_the_paper_files_use_the_papers_gauges_and_settings():
     (lambda d: d["basins"]["heldout"].append(dict(d["basins"]["train"][0])), "heldout", "listed twice"),
     (lambda d: d["basins"]["train"][0].update(area_km2=-3), "area_km2", "area_km2"),
     (lambda d: d["evaluation"]["policy"].update(temprature=0.5), "temprature", "takes no option"),
-    (lambda d: d["sft_data"].update(recovery=1.5), "recovery", "sft_data.recovery: 1.5 is not a probability"),
-    (lambda d: d["sft_data"].update(recovery=True), "recovery", "sft_data.recovery: True is not a probability"),
-    (lambda d: d["sft_data"].update(recovery_seed=-1), "recovery_seed", "sft_data.recovery_seed: expected a whole"),
+    (lambda d: d["sft_data"].update(recovery=1.5), "recovery", "sft_data.recovery: must be at most 1, got 1.5"),
+    (lambda d: d["sft_data"].update(recovery=True), "recovery", "sft_data.recovery: expected a number, got True"),
+    (lambda d: d["sft_data"].update(recovery_seed=-1), "recovery_seed",
+     "sft_data.recovery_seed: must be at least 0, got -1"),
     (lambda d: d["sft_data"].update(recovery_sed=1), "recovery_sed", "sft_data.recovery_sed: unknown key"),
 ])
 def test_errors_name_the_file_line_and_key(tmp_path, change, where, says):
     data = yaml.safe_load(DEMO.read_text())
     change(data)
     path = write(tmp_path / "p.yaml", data)
-    with pytest.raises(PipelineError) as err:
+    with pytest.raises(ConfigError) as err:
         load_pipeline(path)
     message = err.value.message
     lines = list(enumerate(path.read_text().splitlines(), 1))
@@ -154,7 +156,7 @@ def test_a_gauge_id_must_be_quoted(tmp_path):
     text = DEMO.read_text().replace('- {name: syn_heldout2, area_km2: 80, seed: 1001, window_days: 10, warmup_days: 3, '
                                     'start: "2021-07-01"}', "- {gauge: 01403060}")  # YAML 1.1: an octal number
     path.write_text(text)
-    with pytest.raises(PipelineError, match="quote the id"):
+    with pytest.raises(ConfigError, match="quote the id"):
         load_pipeline(path)
 
 

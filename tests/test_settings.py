@@ -138,3 +138,17 @@ def test_the_reference_lists_every_key_with_limits_source_and_help():
     assert rows["group_size"]["default"] == "8; released: 6"
     assert rows["basins"]["default"] == "(required)" and rows["inner.timeout_s"]["type"] == "number"
     assert "| `top_p` | number | 0.95 | > 0, <= 1 | ours | nucleus |" in markdown(Demo, "Demo")
+
+
+def test_the_configuration_reference_in_docs_is_the_one_the_fields_give():
+    """docs/configuration.md is `hydroagent config reference`'s output: a field's help, default or limits
+    changed without regenerating it fails here."""
+    from hydroagent_hpc.cli.config import reference_text, sections
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    assert doc.read_text(encoding="utf-8") == reference_text(), (
+        "docs/configuration.md is stale: run `hydroagent config reference --out docs/configuration.md`")
+    text = reference_text()
+    for _, cls in sections():  # every configuration's every key is in it
+        for row in reference(cls):
+            assert f"| `{row['key']}` |" in text

@@ -34,7 +34,7 @@ def _blas_single_threaded_for_simulate() -> None:
 _blas_single_threaded_for_simulate()
 
 from hydroagent_hpc import __version__  # noqa: E402  (after the BLAS choice above)
-from hydroagent_hpc.cli import aliases, basins, pipeline, runs, store, train  # noqa: E402
+from hydroagent_hpc.cli import aliases, basins, config, pipeline, runs, store, train  # noqa: E402
 from hydroagent_hpc.errors import HydroAgentError, one_line  # noqa: E402
 
 __all__ = ["build_parser", "main"]
@@ -66,6 +66,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     store.add_parsers(sub)
     train.add_parsers(sub)
     pipeline.add_parsers(sub)
+    config.add_parsers(sub)
     aliases.add_parsers(sub)
     aliases.hide(sub)
     return p

@@ -13,6 +13,7 @@ It sits on top of campaign/, train/ and report/ and reuses them: campaigns and t
 their run folders, so the pipeline only decides which stage runs and records what it read and wrote.
 """
 
-from hydroagent_hpc.pipeline.spec import STAGES, PipelineError, PipelineSpec, load_pipeline
+from hydroagent_hpc.pipeline.spec import STAGES, PipelineSpec, load_pipeline
+from hydroagent_hpc.pipeline.state import PipelineError
 
 __all__ = ["STAGES", "PipelineError", "PipelineSpec", "load_pipeline"]

@@ -23,13 +23,13 @@ from typing import Any
 
 from hydroagent_hpc.hpc.jobs import slurm_active_jobs
 from hydroagent_hpc.pipeline import stages as st
-from hydroagent_hpc.pipeline.spec import STAGES, PipelineError, PipelineSpec, load_pipeline, pipeline_from_mapping
-from hydroagent_hpc.pipeline.state import read_record
+from hydroagent_hpc.pipeline.spec import STAGES, PipelineSpec, load_pipeline, pipeline_from_mapping
+from hydroagent_hpc.pipeline.state import PipelineError, read_record
 from hydroagent_hpc.yamlio import load_strict
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_pipeline", "pipeline_status", "format_status", "adopt_spec", "RUN_SPEC"]
+__all__ = ["run_pipeline", "pipeline_status", "format_status", "adopt_spec", "RUN_SPEC", "PipelineError"]
 
 #: The pipeline file as the run folder keeps it.
 RUN_SPEC = "pipeline.yaml"
@@ -61,7 +61,7 @@ def load_run_spec(run_dir: Path) -> PipelineSpec:
                             "give the folder passed as --run-dir to `hydroagent pipeline run`")
     base = Path((run_dir / ".pipeline-base").read_text().strip()) if (run_dir / ".pipeline-base").is_file() \
         else run_dir
-    doc = load_strict(copy, error=PipelineError, what="pipeline file")
+    doc = load_strict(copy, what="pipeline file")
     return pipeline_from_mapping(doc.data, base_dir=base, source=str(copy),
                                  where=lambda at: doc.where([p for p in at if p is not None]))
 

@@ -22,7 +22,7 @@ queue. Layout (``data/pipelines/demo.yaml`` is a complete example)::
                  env: {...}, array: 4}
     report:     {compare: [base, grpo]}
 
-Relative paths are resolved against the file's folder. Errors are :class:`PipelineError` naming
+Relative paths are resolved against the file's folder. Errors are :class:`ConfigError` naming
 ``FILE:LINE``, the key and the fix.
 """
 
@@ -35,10 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydroagent_hpc.campaign.spec import SEED_RANGE, campaign_from_mapping, check_agent_options
+from hydroagent_hpc.datasets.gauges import paper_gauge
 from hydroagent_hpc.errors import ConfigError, HydroAgentError
+from hydroagent_hpc.settings import Settings, from_mapping, setting
+from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
+from hydroagent_hpc.train.sft.config import config_from_mapping as sft_from_mapping
 from hydroagent_hpc.yamlio import YamlDocument, brief, load_strict, path_of
 
-__all__ = ["PipelineError", "PipelineSpec", "BasinEntry", "CampaignSection", "load_pipeline", "pipeline_from_mapping",
+__all__ = ["PipelineSpec", "SFTDataSection", "BasinEntry", "CampaignSection", "load_pipeline", "pipeline_from_mapping",
            "POLICIES", "STAGES"]
 
 #: The stages in the order they run; each depends only on stages before it.
@@ -51,7 +56,6 @@ _TOP = ("name", "description", "model", "model_seed", "basins", "teacher", "sft_
 _SYNTH_KEYS = ("name", "area_km2", "seed", "window_days", "warmup_days", "start", "lat", "lon", "terrain", "climate",
                "cellsize_deg")
 _GAUGE_KEYS = ("gauge", "window_days", "warmup_days", "cellsize_deg")
-_SFT_DATA_KEYS = {"preset": ("paper", "released"), "augment": ("none", "stopping_points"), "render": ("none", "calls")}
 _PLACEHOLDER = "/nonexistent/pipeline-placeholder"
 
 #: A key path in the file (``("grpo", "lr")``, ``("basins", "train", 0)``) and its FILE:LINE finder.
@@ -59,8 +63,18 @@ Path_ = tuple[str | int | None, ...]
 Where = Callable[[Path_], str]
 
 
-class PipelineError(ConfigError):
-    """A pipeline file that cannot be used; the message names FILE:LINE, the key and the fix."""
+@dataclass(frozen=True)
+class SFTDataSection(Settings):
+    """The ``sft_data`` section: how the teacher's episodes become SFT data (``hydroagent train sft-data``)."""
+
+    preset: str = setting("paper", choices=("paper", "released"), source="paper, released",
+                          help="which episodes and weights: paper (final NSE > 0.6, percentile weights) or released")
+    augment: str = setting("none", choices=("none", "stopping_points"), help="extra examples cut at stopping points")
+    render: str = setting("none", choices=("none", "calls"), help="re-render the tool calls (calls) or keep them")
+    max_tokens: int = setting(16384, ge=1, help="context budget per sequence")
+    recovery: float = setting(0.0, ge=0, le=1, fix="give a number from 0 to 1 (0 turns error-recovery turns off)",
+                              help="share of examples that get an error-recovery turn")
+    recovery_seed: int = setting(0, ge=SEED_RANGE[0], le=SEED_RANGE[1], help="seed of the error-recovery turns")
 
 
 @dataclass(frozen=True)
@@ -124,8 +138,8 @@ def _campaign_dict(c: CampaignSection) -> dict[str, Any]:
     return {"agents": [dict(a) for a in c.agents], "seeds": list(c.seeds), "env": dict(c.env), "array": c.array}
 
 
-def _fail(where: Where, path: Path_, message: str, fix: str = "") -> PipelineError:
-    return PipelineError(f"{where(path)}: {'.'.join(str(p) for p in path if isinstance(p, str))}: {message}", fix)
+def _fail(where: Where, path: Path_, message: str, fix: str = "") -> ConfigError:
+    return ConfigError(f"{where(path)}: {'.'.join(str(p) for p in path if isinstance(p, str))}: {message}", fix)
 
 
 def _mapping(where: Where, data: Any, path: Path_, allowed: tuple[str, ...] | None,
@@ -149,7 +163,6 @@ def _int(where: Where, value: Any, path: Path_, least: int) -> int:
 
 
 def _basins(where: Where, data: Any, base_dir: Path) -> tuple[BasinEntry, ...]:
-    from hydroagent_hpc.datasets.gauges import paper_gauge
     from hydroagent_hpc.sim.synth.basins import DEMO_BASINS, SynthSettings
 
     groups = _mapping(where, data, ("basins",), ("train", "heldout"), ("train", "heldout"))
@@ -217,7 +230,6 @@ def _check_synth(where: Where, at: Path_, name: Any, settings: dict[str, Any], c
 
 def _campaign(where: Where, data: Any, key: str, agents_key: str,
               extra: tuple[str, ...] = ()) -> tuple[CampaignSection, dict[str, Any]]:
-    from hydroagent_hpc.campaign.spec import campaign_from_mapping
 
     section = _mapping(where, data, (key,), (agents_key, "seeds", "env", "array", *extra), (agents_key,))
     array = _int(where, section.get("array", 1), (key, "array"), 1)
@@ -228,7 +240,7 @@ def _campaign(where: Where, data: Any, key: str, agents_key: str,
     except HydroAgentError as exc:
         at = getattr(exc, "at", None) or path_of(exc.message)
         at = (agents_key, *at[1:]) if at and at[0] == "agents" else at
-        raise PipelineError(f"{where((key, *at))}: {key}.{exc.message}", exc.fix) from None
+        raise ConfigError(f"{where((key, *at))}: {key}.{exc.message}", exc.fix) from None
     names = [a.name for a in spec.agents]
     if set(names) & set(POLICIES):
         raise _fail(where, (key, agents_key), f"agent names {sorted(set(names) & set(POLICIES))} are kept for the "
@@ -240,8 +252,6 @@ def _campaign(where: Where, data: Any, key: str, agents_key: str,
 def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline>",
                           where: Where | None = None) -> PipelineSpec:
     """A :class:`PipelineSpec` from a parsed mapping; ``where(path)`` -> ``"file:line"``."""
-    from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
-    from hydroagent_hpc.train.sft.config import config_from_mapping as sft_from_mapping
 
     w: Where = where or (lambda path: source)
     top = _mapping(w, data, (), _TOP, ("name", "basins", "teacher", "sft", "grpo", "evaluation"))
@@ -258,26 +268,11 @@ def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline
     basins = _basins(w, top["basins"], base_dir)
     teacher, _ = _campaign(w, top["teacher"], "teacher", "agents")
 
-    sft_data = _mapping(w, top.get("sft_data") or {}, ("sft_data",),
-                        (*_SFT_DATA_KEYS, "max_tokens", "recovery", "recovery_seed"))
-    for key, choices in _SFT_DATA_KEYS.items():
-        if key in sft_data and sft_data[key] not in choices:
-            raise _fail(w, ("sft_data", key), f"{brief(sft_data[key])} is not one of {', '.join(choices)}")
-    if "max_tokens" in sft_data:
-        _int(w, sft_data["max_tokens"], ("sft_data", "max_tokens"), 1)
-    if "recovery" in sft_data:  # as `train sft-data --recovery P`; absent keys stay out of the stage checksum
-        p = sft_data["recovery"]
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise _fail(w, ("sft_data", "recovery"), f"{brief(p)} is not a probability",
-                        "give a number from 0 to 1 (0 turns error-recovery turns off)")
-        sft_data["recovery"] = float(p)
-    if "recovery_seed" in sft_data:
-        from hydroagent_hpc.campaign.spec import SEED_RANGE
-
-        if _int(w, sft_data["recovery_seed"], ("sft_data", "recovery_seed"), SEED_RANGE[0]) > SEED_RANGE[1]:
-            raise _fail(w, ("sft_data", "recovery_seed"), f"{sft_data['recovery_seed']} is out of range",
-                        f"seeds are whole numbers from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
-    sft_data = {"preset": "paper", "augment": None, "render": "none", "max_tokens": 16384, **sft_data}
+    raw = top.get("sft_data") or {}
+    section = from_mapping(SFTDataSection, raw, at=("sft_data",), where=lambda path: w(path))
+    # keys not given stay out of the stage checksum, as before (a default added later changes nothing)
+    sft_data = {"preset": "paper", "augment": None, "render": "none", "max_tokens": 16384,
+                **{k: getattr(section, k) for k in raw}}
 
     sft = _mapping(w, top["sft"], ("sft",), None)
     for key in ("data", "model"):
@@ -287,7 +282,7 @@ def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline
     try:
         sft_from_mapping({**sft, "data": _PLACEHOLDER}, at=("sft",), where=w)
     except ConfigError as exc:
-        raise PipelineError(exc.message, exc.fix) from None
+        raise ConfigError(exc.message, exc.fix) from None
 
     grpo = _mapping(w, top["grpo"], ("grpo",), None)
     init = grpo.pop("init", "sft")
@@ -301,7 +296,7 @@ def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline
     try:
         grpo_config_from_mapping({**grpo, "basins": [_PLACEHOLDER]}, at=("grpo",), where=w)
     except ConfigError as exc:
-        raise PipelineError(exc.message, exc.fix) from None
+        raise ConfigError(exc.message, exc.fix) from None
     grpo = {"init": init, **grpo}
 
     evaluation, raw_eval = _campaign(w, top["evaluation"], "evaluation", "references", ("policies", "policy"))
@@ -311,7 +306,6 @@ def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline
         raise _fail(w, ("evaluation", "policies"), f"{brief(policies)}: a list of distinct names from "
                                                     f"{', '.join(POLICIES)}")
     policy = _mapping(w, raw_eval.get("policy") or {}, ("evaluation", "policy"), None)
-    from hydroagent_hpc.campaign.spec import check_agent_options
 
     problem = check_agent_options("hf_local", {"path": _PLACEHOLDER, **policy}, "evaluation.policy.")
     if problem:
@@ -333,8 +327,8 @@ def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline
 
 
 def load_pipeline(path: str | Path) -> PipelineSpec:
-    """Read a pipeline file strictly; every problem is a :class:`PipelineError` naming FILE:LINE and the fix."""
+    """Read a pipeline file strictly; every problem is a :class:`ConfigError` naming FILE:LINE and the fix."""
     p = Path(path)
-    doc: YamlDocument = load_strict(p, error=PipelineError, what="pipeline file")
+    doc: YamlDocument = load_strict(p, error=ConfigError, what="pipeline file")
     return pipeline_from_mapping(doc.data, base_dir=p.resolve().parent, source=str(p),
                                  where=lambda at: doc.where([p for p in at if p is not None]))

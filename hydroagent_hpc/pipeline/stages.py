@@ -348,10 +348,12 @@ def _train(run_dir: Path, stage: str) -> dict[str, Any]:
         raise StageError(f"stage {stage}: the trainer exited with status {proc.returncode}"
                          + (" (stopped by SIGTERM after saving a checkpoint)" if proc.returncode == 143 else ""),
                          "run the pipeline again: the stage resumes from its newest checkpoint")
-    return _trainer_summary(run_dir, stage)
+    return trainer_summary(run_dir, stage)
 
 
-def _trainer_summary(run_dir: Path, stage: str) -> dict[str, Any]:
+def trainer_summary(run_dir: Path, stage: str) -> dict[str, Any]:
+    """The last metric row of a training stage's run (SFT: loss; GRPO: reward, best NSE, parse failures),
+    for the stage record and for ``pipeline submit``'s job result."""
     import csv
 
     metrics = stage_dir(run_dir, stage) / "run" / "metrics.csv"

@@ -26,10 +26,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.sim.manifest import file_sha256
 
-__all__ = ["file_sha256", "output_record", "verify_output", "input_digest", "read_record", "write_record",
-           "record_path", "utc_now", "write_json_atomic"]
+__all__ = ["PipelineError", "file_sha256", "output_record", "verify_output", "input_digest", "read_record",
+           "write_record", "record_path", "utc_now", "write_json_atomic"]
+
+
+class PipelineError(HydroAgentError):
+    """A run folder that cannot be used now (not a pipeline run, another run or Slurm jobs working in it,
+    an unknown stage); a bad pipeline file is a :class:`~hydroagent_hpc.errors.ConfigError`."""
+
 
 RECORD = "stage.json"
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydroagent_hpc.campaign import load_campaign
 from hydroagent_hpc.campaign.submit import ShardJob
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.hpc.jobs import CheckpointedCommand
@@ -43,6 +44,7 @@ from hydroagent_hpc.pipeline.runner import RUN_SPEC, adopt_spec, load_run_spec
 from hydroagent_hpc.pipeline.spec import STAGES, load_pipeline
 from hydroagent_hpc.pipeline.state import read_record, utc_now, write_json_atomic
 from hydroagent_hpc.settings import dump, from_mapping, invalid, setting
+from hydroagent_hpc.train.submit import GRPOJob, SFTJob
 from hydroagent_hpc.yamlio import brief, load_strict
 
 log = logging.getLogger(__name__)
@@ -140,7 +142,6 @@ class StageJob:
             rec = read_record(run, self.stage) or {}
             if rec.get("status") == "done":
                 return {"stage": self.stage, "action": "skip"}
-            from hydroagent_hpc.campaign import load_campaign
             from hydroagent_hpc.campaign.shards import merge_run
 
             try:
@@ -187,7 +188,6 @@ class TrainStageJob:
         self.command: CheckpointedCommand | None = None
 
     def _command(self) -> CheckpointedCommand:
-        from hydroagent_hpc.train.submit import GRPOJob, SFTJob
 
         run = Path(self.run_dir)
         config, out = st.trainer_config(run, self.stage), st.stage_dir(run, self.stage) / "run"
@@ -206,7 +206,7 @@ class TrainStageJob:
             self.command = self._command()
         try:
             self.command()
-            summary = st._trainer_summary(run, self.stage)
+            summary = st.trainer_summary(run, self.stage)
             st.finish(spec, run, self.stage, summary)
         except BaseException as exc:
             st.fail(run, self.stage, exc)
