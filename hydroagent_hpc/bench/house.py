@@ -29,9 +29,10 @@ PKG = Path(__file__).resolve().parents[1]
 ROOT = PKG.parent
 
 #: Modules that define a configuration and its checks (paths relative to the package); missing ones are skipped.
-CONFIG_MODULES = ("config.py", "settings.py", "yamlio.py", "train/sft/config.py", "train/grpo/config.py",
-                  "train/sft_config.py", "train/generation/engine_config.py", "pipeline/submit.py", "pipeline/spec.py",
-                  "pipeline/site.py", "campaign/spec.py", "agents/llm/models_file.py", "hpc/slurm.py")
+CONFIG_MODULES = ("config.py", "settings.py", "yamlio.py", "train/config.py", "train/grpo_config.py",
+                  "train/sft/config.py", "train/grpo/config.py", "train/generation/engine_config.py",
+                  "pipeline/submit.py", "pipeline/spec.py", "campaign/spec.py", "agents/llm/models_file.py",
+                  "hpc/slurm.py", "hpc/site.py")
 LOADER_SUFFIXES = ("_from_mapping",)
 LOADER_NAMES = ("load_config", "load_sft_config", "load_grpo_config", "load_site", "load_campaign", "load_pipeline",
                 "load_models", "load_models_file", "load_settings")
