@@ -106,7 +106,7 @@ def test_site_settings_come_from_the_environment(monkeypatch):
     site = SiteSettings.from_env(time_min=30, account="given-wins")
     assert site.partition == "cpu-long" and site.account == "given-wins" and site.time_min == 30
     assert site.setup_lines() == ["module load python/3.11 hdf5"]
-    with pytest.raises(ValueError, match="cpus_per_task=0"):
+    with pytest.raises(ValueError, match="cpus_per_task: must be at least 1, got 0"):
         SiteSettings.from_env(cpus_per_task=0)
 
 
