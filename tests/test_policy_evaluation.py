@@ -27,6 +27,7 @@ def _calls(store: Path, agent: str) -> dict[str, list[tuple[str, str, str]]]:
     return out
 
 
+@pytest.mark.slow
 def test_batched_greedy_evaluation_plays_the_episodes_an_hf_local_agent_plays(caller, grpo_basins, tmp_path):
     basins = [str(grpo_basins / "b1"), str(grpo_basins / "b2")]
     campaign = campaign_from_mapping({"name": "eval", "basins": basins, "seeds": [0],
