@@ -157,7 +157,12 @@ class Settings:
                         checked = spec.convert(value)
                     except ConfigError as exc:
                         raise invalid((f.name, *exc.at), exc.problem or exc.message, exc.fix) from None
-                checked = _coerce(checked, hints[f.name], (f.name,))
+                try:
+                    checked = _coerce(checked, hints[f.name], (f.name,))
+                except ConfigError as exc:  # a wrong type: the field's own fix when the error has none
+                    if exc.fix or spec is None or not spec.fix:
+                        raise
+                    raise invalid(exc.at, exc.problem or exc.message, spec.fix) from None
                 if spec is not None:
                     _check_limits(checked, spec, (f.name,))
             except ConfigError as exc:

@@ -152,3 +152,11 @@ def test_the_configuration_reference_in_docs_is_the_one_the_fields_give():
     for _, cls in sections():  # every configuration's every key is in it
         for row in reference(cls):
             assert f"| `{row['key']}` |" in text
+
+
+def test_a_wrong_type_carries_the_fields_fix(tmp_path):
+    """A value of the wrong type is refused with the field's own fix, as a value out of its limits is."""
+    p = tmp_path / "c.yaml"
+    p.write_text("basins: {a: 1}\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:1: basins: expected a list.*\n  fix: list the training basin"):
+        load_file(Demo, p)
