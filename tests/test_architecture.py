@@ -41,6 +41,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hydroagent_hpc.bench.house import import_circles
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "hydroagent_hpc"
 TESTS = ROOT / "tests"
@@ -496,48 +498,6 @@ def test_no_private_names_across_modules():
     assert not stale, f"fixed, delete from PRIVATE_USES: {sorted(stale)}"
 
 
-def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected groups of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph.get(root, ()))))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph.get(w, ())))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1:
-                    out.append(sorted(comp))
-    return out
-
-
 def test_no_import_circles():
     """No group of our modules imports each other, counting imports inside functions (a circle that
     only a lazy import keeps from failing at import time is a hidden door)."""
@@ -551,7 +511,7 @@ def test_no_import_circles():
                     t = t.rpartition(".")[0]
                 if t != here:
                     graph[here].add(t)
-    circles = _circles(graph)
+    circles = import_circles(graph)
     assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
 
 

@@ -121,7 +121,7 @@ def measure() -> dict[str, Any]:
                     t = t.rpartition(".")[0]
                 if t and t != name:
                     graph[name].add(t)
-    circles = _sccs(modules, graph)
+    circles = import_circles(graph)
     config_lines = {m: len((PKG / m).read_text().splitlines()) for m in CONFIG_MODULES if (PKG / m).is_file()}
     train = [p for p in files if p.relative_to(PKG).parts[0] == "train"]
     functions.sort(reverse=True)
@@ -129,47 +129,53 @@ def measure() -> dict[str, Any]:
         "config_modules": config_lines, "config_lines": sum(config_lines.values()),
         "config_error_classes": sorted(config_errors), "config_loaders": sorted(loaders),
         "train_modules": len(train), "train_lines": sum(len(p.read_text().splitlines()) for p in train),
-        "import_circles": [sorted(c) for c in circles],
+        "import_circles": circles,
         "function_level_imports": {"own": fn_own, "deferred_heavy": fn_heavy, "other": fn_other},
         "private_cross_imports": sorted(private),
         "longest_functions": [f"{n} lines: {f}" for n, f in functions[:8]],
     }
 
 
-def _sccs(nodes: dict[str, Path], graph: dict[str, set[str]]) -> list[set[str]]:
-    """Tarjan's strongly connected components with more than one module."""
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module in ``graph`` (module -> the modules it imports):
+    Tarjan's algorithm, iterative; each group sorted. ``tests/test_architecture.py`` uses it too."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on: set[str] = set()
-    out: list[set[str]] = []
-    counter = [0]
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = set()
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.add(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(comp)
-
-    for v in nodes:
-        if v not in index:
-            visit(v)
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
     return out
 
 
