@@ -529,3 +529,20 @@ def test_write_and_read_speed(tmp_path: Path) -> None:
           f"file {path.stat().st_size / 1e6:.1f} MB; read_episodes {t_ep * 1e3:.0f} ms; "
           f"read_sims {t_sims * 1e3:.0f} ms")
     assert t_big < 1.0 and t_100 < 10.0
+
+
+def test_a_store_built_by_merge_or_salvage_is_complete_or_absent(tmp_path):
+    """merge and salvage build their output under a temporary name: a failure while filling it leaves
+    neither the output nor the temporary file behind, and the lock is released for the next try."""
+    from hydroagent_hpc.store.merge import _build_atomically
+
+    out = tmp_path / "merged.h5"
+
+    def fail(f, tmp):
+        f.attrs["partial"] = 1
+        raise RuntimeError("shard unreadable halfway")
+
+    with pytest.raises(RuntimeError, match="halfway"):
+        _build_atomically(out, fail)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert _build_atomically(out, lambda f, tmp: 7) == 7 and out.is_file()

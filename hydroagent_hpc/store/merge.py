@@ -12,8 +12,9 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import h5py
 
@@ -33,6 +34,7 @@ from hydroagent_hpc.store.writer import (
 __all__ = ["merge", "salvage"]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 def _copy_committed(sources: list[Path], dest: h5py.File, dest_path: Path) -> int:
@@ -97,22 +99,29 @@ def merge(sources: Iterable[str | os.PathLike[str]], dest: str | os.PathLike[str
             problems.append(f"{len(extra)} stored episodes were not expected ({_listing(extra)})")
     if problems:
         raise MergeError(f"merge into {out} of {len(srcs)} shards: " + "; ".join(problems))
+    t0 = time.perf_counter()
+    n = _build_atomically(out, lambda f, tmp: _copy_committed(srcs, f, tmp))
+    logger.info("merged %d episodes from %d shards into %s in %.2f s", n, len(srcs), out, time.perf_counter() - t0)
+    return n
+
+
+def _build_atomically(out: Path, fill: Callable[[h5py.File, Path], _T]) -> _T:
+    """Build the store ``out`` with ``fill(file, temporary path)`` under a temporary name and rename it
+    into place, holding ``out``'s writer lock: ``out`` is complete or absent, never half written."""
     lock = WriterLock(out)
     try:
         remove_stale_temps(out)
         tmp = temp_name(out, "merge")
-        t0 = time.perf_counter()
         try:
             with new_store_file(tmp) as f:
-                n = _copy_committed(srcs, f, tmp)
+                result = fill(f, tmp)
             install_file(tmp, out)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
     finally:
         lock.release()
-    logger.info("merged %d episodes from %d shards into %s in %.2f s", n, len(srcs), out, time.perf_counter() - t0)
-    return n
+    return result
 
 
 def salvage(source: str | os.PathLike[str], dest: str | os.PathLike[str], *, overwrite: bool = False) -> StoreHealth:
@@ -130,25 +139,18 @@ def salvage(source: str | os.PathLike[str], dest: str | os.PathLike[str], *, ove
     if not health.intact:
         raise StoreError(f"{health.summary()}; nothing to salvage")
     keep = set(health.intact)
-    lock = WriterLock(out)
     t0 = time.perf_counter()
-    try:
-        remove_stale_temps(out)
-        tmp = temp_name(out, "merge")
-        try:
-            with open_read(src) as f, new_store_file(tmp) as g:
-                v = StoreView(f, src, strict=False)
-                app = Appender(g, tmp)
-                positions = [i for i, eid in enumerate(v.ids) if eid in keep]
-                v.strict = True  # the kept episodes checked out; any change since is an error
-                for episode, info in v.episodes(positions):
-                    app.append(episode, info)
-            install_file(tmp, out)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    finally:
-        lock.release()
+
+    def copy_intact(g: h5py.File, tmp: Path) -> None:
+        with open_read(src) as f:
+            v = StoreView(f, src, strict=False)
+            app = Appender(g, tmp)
+            positions = [i for i, eid in enumerate(v.ids) if eid in keep]
+            v.strict = True  # the kept episodes checked out; any change since is an error
+            for episode, info in v.episodes(positions):
+                app.append(episode, info)
+
+    _build_atomically(out, copy_intact)
     logger.info("salvaged %d of %d episodes from %s into %s in %.2f s", len(keep), len(keep) + len(health.damaged),
                 src, out, time.perf_counter() - t0)
     return health
