@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 __all__ = ["Setting", "Settings", "setting", "invalid", "from_mapping", "load_file", "dump", "reference", "markdown",
-           "add_arguments", "arguments_given", "Where", "KeyPath", "SOURCES", "dotted"]
+           "add_arguments", "arguments_given", "option_names", "Where", "KeyPath", "SOURCES", "dotted"]
 
 #: Where a setting's value comes from: the HydroAgent paper, the authors' released code, or this toolkit.
 SOURCES = ("paper", "released", "paper, released", "ours")
@@ -404,14 +404,56 @@ def _resolve(value: Any, spec: Setting, base_dir: Path) -> Any:
 
 
 def load_file(cls: type[_C], path: str | Path, *, what: str = "config file", at: KeyPath = (),
-              base: _C | None = None) -> _C:
-    """Read ``cls`` from the strict YAML file ``path`` (or its section ``at``); relative paths join its folder."""
+              base: _C | None = None, overrides: Mapping[str, Any] | None = None) -> _C:
+    """Read ``cls`` from the strict YAML file ``path`` (or its section ``at``); relative paths join its folder.
+
+    ``overrides``: values given on the command line (:func:`arguments_given`), by field name; they
+    replace the file's and go through the same checks, an error naming the option instead of a line
+    (``command line (--lr)``), and a relative path among them joins the current folder, as a shell
+    user means it.
+    """
     doc = load_strict(path, what=what)
     data: Any = doc.data
     for key in at:
         data = data.get(key, {}) if isinstance(data, Mapping) else {}
-    return from_mapping(cls, {} if data is None else data, at=at, where=doc.where,
-                        base_dir=Path(path).resolve().parent, base=base)
+    data = {} if data is None else data
+    where: Where = doc.where
+    if overrides:
+        if not isinstance(data, Mapping):  # the loader names the file's own problem
+            return from_mapping(cls, data, at=at, where=doc.where, base_dir=Path(path).resolve().parent, base=base)
+        specs = {f.name: _spec(f) for f in fields(cls)}
+        given = {}
+        for name, value in overrides.items():
+            spec = specs.get(name)
+            given[name] = _resolve(value, spec, Path.cwd()) if spec is not None and spec.path else value
+        data = {**data, **given}
+        n = len(at)
+
+        def where(key_path: KeyPath) -> str:
+            if len(key_path) > n and key_path[n] in given:
+                name = str(key_path[n])
+                return f"command line ({_option(name, '', specs.get(name))})"
+            return doc.where(key_path)
+    return from_mapping(cls, data, at=at, where=where, base_dir=Path(path).resolve().parent, base=base)
+
+
+def option_names(cls: type, exclude: Sequence[str] = ()) -> tuple[str, ...]:
+    """The fields of ``cls`` that can be given as command-line options (:func:`add_arguments`): those
+    holding a number, text, true/false or a list of them (not nested sections or mappings)."""
+    hints = _hints(cls)
+    scalar = (bool, int, float, str, type(None))
+
+    def simple(tp: Any) -> bool:
+        origin = typing.get_origin(tp)
+        if origin is typing.Literal:
+            return True
+        if origin in (typing.Union, types.UnionType):
+            return all(simple(a) for a in typing.get_args(tp))
+        if origin is tuple:
+            return all(a is Ellipsis or a in scalar for a in typing.get_args(tp))
+        return tp in scalar
+
+    return tuple(f.name for f in fields(cls) if f.init and f.name not in exclude and simple(hints[f.name]))
 
 
 def dump(obj: Any) -> Any:
@@ -551,6 +593,8 @@ def _from_text(text: str, tp: Any) -> Any:
     if text in ("null", "none", "None"):
         return None
     args = set(typing.get_args(tp)) | {tp}
+    if bool in args and text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for kind in (int, float):
         if kind in args:
             try:

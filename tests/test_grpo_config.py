@@ -96,3 +96,23 @@ def test_engine_gpus_are_checked_with_the_config_naming_file_and_line(tmp_path):
         load_grpo_config(path)
     path.write_text("basins: [a]\ngenerator: engine\nengine: {api: sglang, url: 'http://127.0.0.1:1', gpus: [3]}\n")
     assert load_grpo_config(path).engine.gpus == ("3",)
+
+
+def test_the_entry_points_options_are_the_configs_keys(tmp_path, monkeypatch):
+    from hydroagent_hpc.settings import arguments_given
+    from hydroagent_hpc.train.grpo.launch import CONFIG_OPTIONS, build_parser
+
+    cfg = _write(tmp_path, "basins: [b1]\ngroup_size: 4\n")
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args([str(cfg), "--out", "r", "--group-size", "2", "--preset", "released",
+                                      "--basins", "x", "--basins", "y", "--no-share-runs"])
+    config = load_grpo_config(cfg, overrides=arguments_given(args, CONFIG_OPTIONS))
+    assert (config.group_size, config.preset, config.share_runs) == (2, "released", False)
+    assert config.advantage == PRESET_DEFAULTS["released"]["advantage"]  # the preset given on the command line
+    assert config.basins == (str(tmp_path / "x"), str(tmp_path / "y"))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([str(cfg), "--out", "r", "--top-p", "1.5"])
+    with pytest.raises(ConfigError, match=r"command line \(--validation-basins\).*also training basins"):
+        load_grpo_config(cfg, overrides={"validation_basins": ("b1",)})
+    help_text = " ".join(build_parser().format_help().split())
+    assert "--kl-coef" in help_text and "--env" not in help_text and "--engine " not in help_text

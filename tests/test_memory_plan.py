@@ -435,10 +435,12 @@ def test_every_suggestion_is_checked_by_planning_again():
 
 
 def test_shapes_gpus_and_the_cpu_entry_point(tmp_path):
-    from hydroagent_hpc.cli.train import _GPUS
+    from hydroagent_hpc.cli import build_parser
     from hydroagent_hpc.train.tiny import build_tiny
 
-    assert tuple(GPUS) == _GPUS  # the command's choices are the plan's table
+    with pytest.raises(SystemExit):  # the command's choices are the plan's table
+        build_parser().parse_args(["train", "plan", "c.yaml", "--gpu", "X100"])
+    assert build_parser().parse_args(["train", "plan", "c.yaml", "--gpu", "b200"]).gpu == "B200"
     assert gpu_named("h200") is GPUS["H200"]
     with pytest.raises(MemoryPlanError, match="H100-80GB"):
         gpu_named("X100")

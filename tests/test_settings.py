@@ -160,3 +160,29 @@ def test_a_wrong_type_carries_the_fields_fix(tmp_path):
     p.write_text("basins: {a: 1}\n")
     with pytest.raises(ConfigError, match=r"c.yaml:1: basins: expected a list.*\n  fix: list the training basin"):
         load_file(Demo, p)
+
+
+def test_command_line_values_replace_the_files_and_are_checked_as_the_files_are(tmp_path, monkeypatch):
+    p = tmp_path / "conf" / "c.yaml"
+    p.parent.mkdir()
+    p.write_text("basins: [a, b]\nlr: 1.0e-3\nmodel: m\n")
+    monkeypatch.chdir(tmp_path)
+    c = load_file(Demo, p, overrides={"lr": 2e-3, "model": "here", "preset": "released"})
+    assert c.lr == 2e-3 and c.preset == "released" and c.group_size == 6  # the preset given picks its defaults
+    assert c.model == str(tmp_path / "here")  # a path typed in a shell joins the current folder ...
+    assert c.basins == (str(p.parent / "a"), str(p.parent / "b"))  # ... one in the file joins the file's
+    with pytest.raises(ConfigError) as err:
+        load_file(Demo, p, overrides={"lr": 0.0})
+    assert "command line (--lr)" in str(err.value) and "c.yaml" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"c\.yaml:2: lr"):  # the file's own value still names its line
+        (p.write_text("basins: [a]\nlr: -1\n"), load_file(Demo, p, overrides={"top_p": 0.5}))
+
+
+def test_option_names_are_the_fields_that_hold_values():
+    from hydroagent_hpc.settings import option_names
+
+    assert option_names(Demo) == ("basins", "preset", "model", "lr", "top_p", "group_size", "fsdp", "norm_length",
+                                  "clip")
+    ap = argparse.ArgumentParser()
+    add_arguments(ap, Demo, ("fsdp",))
+    assert arguments_given(ap.parse_args(["--fsdp", "false"]), ("fsdp",)) == {"fsdp": False}

@@ -331,6 +331,28 @@ def test_sigterm_saves_and_exits_143_then_the_cli_resumes(reference, tmp_path, m
     assert record["versions"]["torch"] == torch.__version__.split("+")[0] or record["versions"]["torch"]
 
 
+def test_config_keys_given_as_options_replace_the_files_and_are_recorded(reference, tmp_path, capsys):
+    from hydroagent_hpc.cli import main as cli
+
+    cfg = _cfg(tmp_path / "o.yaml", reference["data"], max_steps=6, micro_batch_size=1, grad_accum=2, save_every=0)
+    run = tmp_path / "run"
+    assert cli(["train", "sft", str(cfg), "--out", str(run), "--max-steps", "2", "--lr", "2e-3",
+                "--no-bucket-by-length"]) == 0
+    import yaml
+
+    record = yaml.safe_load((run / "config.yaml").read_text())["config"]
+    assert (record["max_steps"], record["lr"], record["bucket_by_length"]) == (2, 2e-3, False)
+    assert len(_metrics(run)) == 2
+    capsys.readouterr()
+    assert cli(["train", "sft", str(cfg), "--out", str(run), "--resume"]) == 2  # without the options: another config
+    assert "differs in" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the field's own limit, before anything loads
+        cli(["train", "sft", str(cfg), "--out", str(tmp_path / "r0"), "--lr", "0"])
+    assert "--lr" in capsys.readouterr().err and not (tmp_path / "r0").exists()
+    assert cli(["train", "sft", str(cfg), "--out", str(tmp_path / "r1"), "--epochs", "1"]) == 2  # with max_steps
+    assert "exactly one of max_steps and epochs" in capsys.readouterr().err and not (tmp_path / "r1").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # Learning on the heuristic's teacher set
 

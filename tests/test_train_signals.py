@@ -46,7 +46,7 @@ def test_outside_the_main_thread_nothing_changes():
     assert seen == [before]
 
 
-@pytest.mark.parametrize("module", ["grpo.launch", "sft.trainer"])
+@pytest.mark.parametrize("module", ["grpo.launch", "sft.launch"])
 def test_a_trainer_main_called_in_process_leaves_sigusr1_as_it_was(tmp_path, module):
     import importlib
 

@@ -24,6 +24,13 @@ where the value comes from (`paper`: the HydroAgent paper; `released`: the autho
 `ours`: this toolkit) and what it means. Every file is read strictly: an unknown key, a wrong type
 or a value outside its limits stops the command with `FILE:LINE: dotted.key: problem` and the fix.
 A `list of ...` may be written as a YAML list; `null` turns an optional limit off.
+
+The same fields make the command-line options: every SFT and GRPO key that holds a value can be
+given to `hydroagent train sft|grpo CONFIG --out RUN` as `--key-name VALUE` (`--no-key` for a
+false), replacing the file's value with the same checks (an error then names `command line (--key)`);
+`calibrate` takes `--protocol`, `--max-simulations` and `--target-nse`, and the submit commands the
+Slurm site keys. A resumed run must be given the same options: it refuses a config that differs from
+the one recorded in its folder.
 """
 
 

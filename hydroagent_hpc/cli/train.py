@@ -1,6 +1,7 @@
 """``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft/data.py);
-``hydroagent train sft CONFIG --out RUN_DIR [--resume]``: weighted SFT (see train/sft/trainer.py);
-``hydroagent train grpo CONFIG --out RUN_DIR [--resume]``: GRPO on the simulator's reward (train/grpo/trainer.py);
+``hydroagent train sft CONFIG --out RUN_DIR [--resume] [--KEY VALUE ...]``: weighted SFT (train/sft/launch.py);
+``hydroagent train grpo CONFIG --out RUN_DIR [--resume] [--KEY VALUE ...]``: GRPO on the simulator's reward
+(train/grpo/launch.py); both parsers are the entry modules' own, their config-key options made from the configs;
 ``hydroagent train plan CONFIG --gpu H100-80GB [--gpus N]``: the run's GPU memory plan (train/memory_plan.py);
 ``hydroagent train submit sft|grpo CONFIG ...``: those runs as requeueable submitit jobs (train/submit.py).
 :func:`add_submit_sft` and :func:`add_submit_grpo` also build the old spellings ``submit sft|grpo``
@@ -18,6 +19,12 @@ from pathlib import Path
 from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, probability, seed
 from hydroagent_hpc.cli.runs import add_site_options, site_from_args
 from hydroagent_hpc.errors import ConfigError, UsageError, one_line
+from hydroagent_hpc.train.grpo import launch as grpo_launch
+from hydroagent_hpc.train.grpo.config import load_grpo_config
+from hydroagent_hpc.train.memory_plan import GPUS, SHAPES, MemoryPlanError, check_plan, gpu_named, plan_grpo, plan_sft
+from hydroagent_hpc.train.sft import launch as sft_launch
+from hydroagent_hpc.train.sft.config import load_sft_config
+from hydroagent_hpc.train.submit import submit_grpo, submit_sft
 
 log = logging.getLogger("hydroagent")
 
@@ -27,10 +34,6 @@ _SFT_PRESETS = ("paper", "released")
 _AUGMENT_MODES = ("none", "stopping_points")
 #: The renderers for text-less episodes (train/sft/data.py RENDERERS).
 _RENDERERS = ("none", "calls")
-#: The GPU kinds of train/memory_plan.py GPUS (kept here too so building the parser does not import it).
-_GPUS = ("H100-80GB", "H100-94GB", "H200", "A100-40GB", "A100-80GB", "L40S", "GH200", "B200")
-#: The built-in model shapes of train/memory_plan.py SHAPES.
-_SHAPES = ("qwen3-4b",)
 
 
 def cmd_sft_data(args: argparse.Namespace) -> int:
@@ -48,18 +51,14 @@ def cmd_sft_data(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.train.sft.trainer import exit_status, result_line, run_cli
-
-    summary = run_cli(args)
+    summary = sft_launch.run(args)
     if int(os.environ.get("RANK", "0")) == 0:
-        print(result_line(summary))
-    return exit_status(summary)
+        print(sft_launch.result_line(summary))
+    return sft_launch.exit_status(summary)
 
 
 def cmd_grpo(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.train.grpo.launch import run  # torch-free: MPI simulation ranks never load torch
-
-    summary = run(args)
+    summary = grpo_launch.run(args)  # torch-free until a training rank starts: MPI simulation ranks never load it
     if not summary.get("worker"):
         print(json.dumps({k: summary[k] for k in ("run_dir", "steps", "first_reward", "last_reward", "final",
                                                   "stopped")}))
@@ -67,8 +66,6 @@ def cmd_grpo(args: argparse.Namespace) -> int:
 
 
 def cmd_submit_sft(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.train.submit import submit_sft
-
     site = site_from_args(args)
     out = submit_sft(args.config, args.run_dir, site, gpus=args.gpus, nodes=args.nodes, cluster=args.cluster,
                      wait=args.wait, max_requeues=args.max_requeues, save_wait_s=args.save_wait)
@@ -77,8 +74,6 @@ def cmd_submit_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_submit_grpo(args: argparse.Namespace) -> int:
-    from hydroagent_hpc.train.submit import submit_grpo
-
     site = site_from_args(args)
     out = submit_grpo(args.config, args.run_dir, site, gpus=args.gpus, cluster=args.cluster, wait=args.wait,
                       max_requeues=args.max_requeues, save_wait_s=args.save_wait, sim_ranks=args.sim_ranks,
@@ -92,9 +87,6 @@ def _load_run_config(path: str, gpus: int) -> tuple[str, object]:
     training processes). When it is neither, the error is the loader's whose required key the file has
     (``data``: SFT, ``basins``: GRPO)."""
     import yaml
-
-    from hydroagent_hpc.train.grpo.config import load_grpo_config
-    from hydroagent_hpc.train.sft.config import load_sft_config
 
     try:
         return "sft", load_sft_config(path)
@@ -119,10 +111,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Print the memory plan; 0 when it fits, 1 (with the reason on stderr) when it does not."""
     import sys
 
-    from hydroagent_hpc.train.memory_plan import SHAPES, MemoryPlanError, check_plan, gpu_named, plan_grpo, plan_sft
-
     if args.gpu is None and args.free_bytes is None:
-        raise UsageError("train plan: --gpu: missing", f"name the GPU kind: {', '.join(_GPUS)}")
+        raise UsageError("train plan: --gpu: missing", f"name the GPU kind: {', '.join(GPUS)}")
     gpu = gpu_named(args.gpu) if args.free_bytes is None else None
     kind, config = _load_run_config(args.config, args.gpus)
     shape = SHAPES[args.shape] if args.shape else None
@@ -146,11 +136,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _gpu_name(text: str) -> str:
-    """``--gpu``: one of :data:`_GPUS` (any case)."""
-    for name in _GPUS:
+    """``--gpu``: one of :data:`~hydroagent_hpc.train.memory_plan.GPUS` (any case)."""
+    for name in GPUS:
         if name.upper() == text.strip().upper().replace("_", "-"):
             return name
-    raise argparse.ArgumentTypeError(f"{text!r} is not a GPU the plan knows; use one of {', '.join(_GPUS)}")
+    raise argparse.ArgumentTypeError(f"{text!r} is not a GPU the plan knows; use one of {', '.join(GPUS)}")
 
 
 def add_submit_sft(sub: argparse._SubParsersAction, name: str = "sft") -> argparse.ArgumentParser:
@@ -247,24 +237,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         description="Assistant-only, per-example-weighted SFT (transformers + accelerate; FSDP2 "
                                     "under torchrun with several processes). Writes RUN_DIR/config.yaml, metrics.csv, "
                                     "checkpoints/ (every save_every steps, on SIGUSR1, and on SIGTERM, which then "
-                                    "exits 143) and final/ (a save_pretrained folder).")
-    s.add_argument("config", metavar="CONFIG", help="SFT config YAML (see hydroagent_hpc/train/sft/config.py)")
-    s.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder")
-    s.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest when there is one")
+                                    "exits 143) and final/ (a save_pretrained folder). Every key of the config can "
+                                    "also be given as an option below.")
+    sft_launch.build_parser(s)
     s.set_defaults(func=cmd_sft)
     g = tsub.add_parser("grpo", help="GRPO of a policy with the simulator as the verifier",
                         description="Rollouts on the training basins (one thread per episode, batched model turns, "
                                     "a global cap on simulations in flight), advantages from the environment's "
                                     "ledger, clipped-ratio loss with k3 KL and entropy. Writes RUN_DIR/config.yaml, "
-                                    "metrics.csv, rollouts.h5 (every episode), checkpoints/ and final/.")
-    g.add_argument("config", metavar="CONFIG", help="GRPO config YAML (see hydroagent_hpc/train/grpo/config.py)")
-    g.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder")
-    g.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest when there is one")
-    g.add_argument("--pool", choices=("threads", "mpi"), default="threads",
-                   help="where simulations run: threads of this process (default), or the worker ranks of an MPI "
-                        "launch (srun --mpi=pmi2 / mpiexec; rank 0 trains, the others simulate)")
-    g.add_argument("--sim-timeout", type=float, default=600.0,
-                   help="seconds before a simulation on a worker rank is killed and recorded as failed (mpi)")
+                                    "metrics.csv, rollouts.h5 (every episode), checkpoints/ and final/. Every key of "
+                                    "the config that holds a value can also be given as an option below.")
+    grpo_launch.build_parser(g)
     g.set_defaults(func=cmd_grpo)
     pl = tsub.add_parser("plan", help="the GPU memory a training config needs, without a GPU",
                          description="The peak GPU memory of an SFT or GRPO config per trainer GPU, term by term "
@@ -274,12 +257,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                      "settings that would fit). Reads the model folder's config.json only.")
     pl.add_argument("config", metavar="CONFIG", help="SFT or GRPO config YAML")
     pl.add_argument("--gpu", type=_gpu_name, default=None, metavar="KIND",
-                    help=f"the GPU kind: {', '.join(_GPUS)}")
+                    help=f"the GPU kind: {', '.join(GPUS)}")
     pl.add_argument("--gpus", type=positive_int, default=1, metavar="N",
                     help="training GPUs (FSDP2 ranks; with generator: engine the engine's GPU is extra; default 1)")
     pl.add_argument("--free-bytes", type=positive_int, default=None, metavar="BYTES",
                     help="plan against this many free bytes per GPU instead of a GPU kind")
-    pl.add_argument("--shape", choices=_SHAPES, default=None,
+    pl.add_argument("--shape", choices=tuple(SHAPES), default=None,
                     help="a built-in model shape, for a model folder that is not here (qwen3-4b: "
                          "Qwen3-4B-Instruct-2507 as published)")
     pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")

@@ -229,10 +229,11 @@ def grpo_config_from_mapping(data: Any, *, at: KeyPath = (), where: Where | None
     return config
 
 
-def load_grpo_config(path: str | Path, world_size: int = 1) -> GRPOConfig:
+def load_grpo_config(path: str | Path, world_size: int = 1, overrides: dict[str, Any] | None = None) -> GRPOConfig:
     """Read a GRPO config file strictly (unknown keys, bad types and values name the file:line);
-    ``world_size``: the number of training processes it will run with (:func:`check_world_size`)."""
-    config = load_file(GRPOConfig, path, what="GRPO config")
+    ``world_size``: the number of training processes it will run with (:func:`check_world_size`);
+    ``overrides``: command-line values by key (:func:`hydroagent_hpc.settings.load_file`)."""
+    config = load_file(GRPOConfig, path, what="GRPO config", overrides=overrides)
     if world_size > 1 and config.generator != "engine":
         doc = load_strict(path, what="GRPO config")
         check_world_size(config, world_size, doc.where(("generator",)))

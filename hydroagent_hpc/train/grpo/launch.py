@@ -1,7 +1,10 @@
 """The GRPO entry point that splits MPI ranks before torch is loaded.
 
 ``python -m hydroagent_hpc.train.grpo CONFIG --out RUN [--resume] [--pool threads|mpi] [--trainers T]``
-(what ``slurm/grpo.sbatch`` runs on every rank) and ``hydroagent train grpo`` share :func:`run`.
+(what ``slurm/grpo.sbatch`` runs on every rank) and ``hydroagent train grpo`` share :func:`build_parser`
+and :func:`run`. Any key of the GRPO config that holds a value can be given as an option (``--lr``,
+``--group-size``, ``--basins B --basins C``, ...): the options are made from the config's fields
+(:mod:`hydroagent_hpc.settings`), with the file's help and limits, and replace the file's values.
 Under ``torchrun``/``accelerate launch`` (``WORLD_SIZE`` > 1) every process trains a part of each
 step (:mod:`hydroagent_hpc.train.grpo.trainer`); that needs ``generator: engine`` and ``--pool threads``.
 With ``--pool mpi`` every rank enters the MPI pool first; only rank 0 then imports the trainer
@@ -24,12 +27,17 @@ from typing import Any
 
 from hydroagent_hpc.errors import ConfigError, HydroAgentError, one_line
 from hydroagent_hpc.hpc.mpi import mpi_pool, split_trainers
-from hydroagent_hpc.train.grpo.config import load_grpo_config
+from hydroagent_hpc.settings import add_arguments, arguments_given, option_names
+from hydroagent_hpc.train.grpo.config import GRPOConfig, load_grpo_config
 from hydroagent_hpc.train.signals import early_usr1_ignored
 
 log = logging.getLogger("hydroagent_hpc.train.grpo")
 
-__all__ = ["build_parser", "run", "main"]
+__all__ = ["build_parser", "run", "main", "CONFIG_OPTIONS"]
+
+#: The GRPO config keys that are also command-line options (the nested ``env`` and ``engine``
+#: sections stay in the file).
+CONFIG_OPTIONS = option_names(GRPOConfig)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -46,6 +54,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         "generator: engine), the other ranks simulate (default 1)")
     p.add_argument("--sim-timeout", type=float, default=600.0,
                    help="seconds before a simulation on a worker rank is killed and recorded as failed (mpi)")
+    keys = p.add_argument_group("config keys", "each replaces the CONFIG file's value (give the same ones again "
+                                               "with --resume: a resumed run refuses another config)")
+    add_arguments(keys, GRPOConfig, CONFIG_OPTIONS, defaults=dict.fromkeys(CONFIG_OPTIONS))
     return p
 
 
@@ -78,7 +89,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "use --pool threads under torchrun/accelerate launch (rank 0 runs the simulations in "
                               "its threads), or start every rank with srun --mpi=pmi2/mpiexec and pass --pool mpi "
                               f"--trainers {world_size} (slurm/grpo.sbatch does)")
-    config = load_grpo_config(args.config, world_size=trainers if pool_kind == "mpi" else world_size)
+    config = load_grpo_config(args.config, world_size=trainers if pool_kind == "mpi" else world_size,
+                              overrides=arguments_given(args, CONFIG_OPTIONS))
     if pool_kind != "mpi":
         from hydroagent_hpc.train.grpo.trainer import train_grpo
 

@@ -1,8 +1,8 @@
-"""``python -m hydroagent_hpc.train.sft CONFIG --out RUN_DIR [--resume]``: :func:`hydroagent_hpc.train.sft.trainer.main`
+"""``python -m hydroagent_hpc.train.sft CONFIG --out RUN_DIR [--resume]``: :func:`hydroagent_hpc.train.sft.launch.main`
 (what ``slurm/sft.sbatch`` and ``hydroagent train submit sft`` launch, under ``accelerate launch`` for several GPUs)."""
 
 import sys
 
-from hydroagent_hpc.train.sft.trainer import main
+from hydroagent_hpc.train.sft.launch import main
 
 sys.exit(main())

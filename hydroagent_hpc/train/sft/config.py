@@ -88,7 +88,8 @@ def config_from_mapping(data: Any, *, at: KeyPath = (), where: Where | None = No
     return from_mapping(SFTConfig, data, at=at, where=where, base_dir=base_dir, source=source)
 
 
-def load_sft_config(path: str | Path) -> SFTConfig:
-    """Read an SFT config file strictly (unknown keys, bad types and values name the file:line)."""
-    return load_file(SFTConfig, path, what="SFT config")
+def load_sft_config(path: str | Path, overrides: dict[str, Any] | None = None) -> SFTConfig:
+    """Read an SFT config file strictly (unknown keys, bad types and values name the file:line);
+    ``overrides``: command-line values by key (:func:`hydroagent_hpc.settings.load_file`)."""
+    return load_file(SFTConfig, path, what="SFT config", overrides=overrides)
 

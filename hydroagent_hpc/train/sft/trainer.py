@@ -50,7 +50,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import math
@@ -69,7 +68,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hydroagent_hpc.errors import ConfigError, HydroAgentError, one_line
+from hydroagent_hpc.errors import ConfigError, one_line
 from hydroagent_hpc.train.checkpoint import (
     TrainerState,
     fault,
@@ -90,17 +89,13 @@ from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sft.config import SFTConfig, load_sft_config
 from hydroagent_hpc.train.sft.data import SFTDataError, SFTDataset
-from hydroagent_hpc.train.signals import early_usr1_ignored
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SFTConfig", "load_sft_config", "train_sft", "main", "plan_epoch", "collate",
-           "weighted_token_loss", "loss_denominator", "lr_factor", "result_line", "exit_status", "run_cli",
-           "METRICS_COLUMNS", "EXIT_SIGTERM", "sft_optimizer"]
+__all__ = ["SFTConfig", "load_sft_config", "train_sft", "plan_epoch", "collate",
+           "weighted_token_loss", "loss_denominator", "lr_factor", "METRICS_COLUMNS", "sft_optimizer"]
 
 METRICS_COLUMNS = ("step", "loss", "tokens", "tokens_per_s", "lr", "grad_norm", "peak_mem_mb")
-#: Exit status of a run stopped by SIGTERM after saving (128 + 15, what a shell reports).
-EXIT_SIGTERM = 143
 BUCKET_WINDOW = 32  # micro-batches per length-sorting window
 
 
@@ -494,52 +489,3 @@ def _save_final(final: Path, model: torch.nn.Module, tokenizer: Any, dtype: torc
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     log.info("wrote %s", final)
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="python -m hydroagent_hpc.train.sft",
-                                          description="Weighted full-parameter SFT (hydroagent_hpc/train/sft/).")
-    p.add_argument("config", metavar="CONFIG", help="SFT config YAML")
-    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (config, metrics, checkpoints, final)")
-    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoints/latest when there is one")
-    return p
-
-
-def result_line(summary: dict[str, Any]) -> str:
-    """The run's summary as one JSON line (what the commands report)."""
-    import json
-
-    keys = ("run_dir", "steps", "first_loss", "final_loss", "tokens", "tokens_per_s", "peak_mem_mb", "world_size",
-            "fsdp", "stopped", "final")
-    return json.dumps({k: summary[k] for k in keys})
-
-
-def run_cli(args: argparse.Namespace) -> dict[str, Any]:
-    """Load ``args.config`` and train into ``args.out``; the summary (exit status: :func:`exit_status`)."""
-    return train_sft(load_sft_config(args.config), args.out, resume=args.resume)
-
-
-def exit_status(summary: dict[str, Any]) -> int:
-    """0 when the run finished, :data:`EXIT_SIGTERM` when a SIGTERM stopped it after saving."""
-    return EXIT_SIGTERM if summary["stopped"] else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hydroagent_hpc.train.sft``: the result line and errors go to the log (stderr)."""
-
-    args = build_parser().parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        with early_usr1_ignored():  # Slurm's warning before the handler is installed would kill the process
-            summary = run_cli(args)
-    except HydroAgentError as exc:
-        log.error("error: %s", one_line(exc))
-        return exc.exit_code
-    if int(os.environ.get("RANK", "0")) == 0:
-        log.info("result: %s", result_line(summary))
-    return exit_status(summary)
