@@ -120,6 +120,10 @@ def test_submit_through_submitit_local_executor(tmp_path, small_basin_dir):
     assert len(stored_ids(run / "campaign.h5")) == 2
     record = json.loads((run / "run.json").read_text())
     assert record["array"] == 2 and "git_commit" in json.dumps(record["provenance"])
+    from hydroagent_hpc.campaign import load_campaign
+    from hydroagent_hpc.settings import dump
+
+    assert record["spec"] == json.loads(json.dumps(dump(load_campaign(camp))))  # the whole resolved campaign
     logs = sorted(x.name for x in (run / "logs").iterdir() if x.name.isdigit())  # one folder per job (%j)
     assert len(logs) == 2 and all(any(f.name.endswith("_log.err") for f in (run / "logs" / d).iterdir())
                                   for d in logs)

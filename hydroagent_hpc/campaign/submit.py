@@ -42,6 +42,7 @@ from hydroagent_hpc.campaign.shards import (
 from hydroagent_hpc.hpc.mpi import in_mpi_world, mpi_pool
 from hydroagent_hpc.hpc.pool import BACKENDS as POOL_BACKENDS
 from hydroagent_hpc.hpc.slurm import SiteSettings, allocation_cpus, array_id, make_executor
+from hydroagent_hpc.settings import dump
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,8 @@ def submit_campaign(campaign: str | Path, run_dir: str | Path, array: int, site:
     logs = run_dir / "logs"
     ex = make_executor(logs, site, cluster, name=f"hydroagent-{spec.name}")
     shard_job = ShardJob(str(campaign), str(run_dir), array, pool, workers, max_in_flight, timeout_s)
-    write_run_record(run_dir, {"command": "campaign submit", "campaign": str(campaign), "array": array,
+    write_run_record(run_dir, {"command": "campaign submit", "campaign": str(campaign), "spec": dump(spec),
+                               "array": array,
                                "cluster": ex.cluster, "site": site.as_dict(), "pool": pool, "workers": workers,
                                "max_in_flight": max_in_flight, "timeout_s": timeout_s})
     jobs = ex.map_array(shard_job, range(array))
