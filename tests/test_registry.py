@@ -89,7 +89,7 @@ def test_the_command_line_offers_what_the_tables_hold():
 
 @pytest.mark.parametrize("kind,options,where", [
     ("heuristic", {"colour": 1}, "colour: agent kind 'heuristic' takes no option 'colour'"),
-    ("dds", {"rr": 0.3}, "rr: agent kind 'dds' takes no option 'rr'; options: backend, initial, r, scale"),
+    ("dds", {"rr": 0.3}, r"rr: agent kind 'dds' takes no option 'rr'; its options: initial, r, scale \(and backend\)"),
     ("openai", {}, "model: agent kind 'openai' needs option model"),
 ])
 def test_options_are_checked_in_one_place(kind, options, where):

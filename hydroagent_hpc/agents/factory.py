@@ -33,7 +33,7 @@ from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.registry import Registry
 
 __all__ = ["AGENT_KINDS", "AgentKind", "AgentBuilder", "AgentOptionError", "COMMON_OPTIONS", "DEFAULT_BUDGET",
-           "allowed_options", "check_agent_options", "make_agent", "optimizer_budget"]
+           "agent_options_problem", "allowed_options", "check_agent_options", "make_agent", "optimizer_budget"]
 
 #: Options every kind accepts; the campaign runner reads them, the builder never sees them.
 COMMON_OPTIONS = ("backend",)
@@ -100,23 +100,34 @@ class AgentKind:
 AGENT_KINDS: Registry[AgentKind] = Registry("agent kind", where="hydroagent_hpc/agents/factory.py")
 
 
-def check_agent_options(kind: str, options: Mapping[str, Any]) -> AgentKind:
-    """The kind's entry, once ``options`` hold only names it takes and every one it needs.
-
-    Raises :class:`~hydroagent_hpc.registry.UnknownNameError` for an unknown kind and
-    :class:`AgentOptionError` (message starting with the option's name) for a bad option.
-    """
+def agent_options_problem(kind: str, options: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """The first problem with agent kind ``kind``'s ``options``, as ``(option, problem, fix)``, or None:
+    an option the kind does not take (the first in sorted order), or one it needs that is missing or
+    empty. The one check of an agent's options: campaign files, ``calibrate``'s flags, pipeline files
+    and :func:`make_agent` all use it. Raises :class:`~hydroagent_hpc.registry.UnknownNameError` for
+    an unknown kind. (The value of ``backend`` is checked where the simulator's registry is known,
+    :mod:`hydroagent_hpc.campaign.spec`.)"""
     entry = AGENT_KINDS.lookup(kind)
     allowed = entry.allowed()
     extra = sorted(set(options) - allowed - set(COMMON_OPTIONS))
     if extra:
-        listed = ", ".join(sorted(allowed | set(COMMON_OPTIONS)))
-        raise AgentOptionError(f"{extra[0]}: agent kind {kind!r} takes no option {extra[0]!r}; options: {listed}",
-                               fix=f"remove {extra[0]!r} or spell it as one of the options listed")
+        return (extra[0], f"agent kind {kind!r} takes no option {extra[0]!r}; its options: "
+                          f"{', '.join(sorted(allowed)) or 'none'} (and {', '.join(COMMON_OPTIONS)})",
+                f"remove {extra[0]!r} or spell it as one of the options listed")
     for opt, what in entry.required.items():
         if options.get(opt) in (None, ""):
-            raise AgentOptionError(f"{opt}: agent kind {kind!r} needs option {opt}: {what}")
-    return entry
+            return opt, f"agent kind {kind!r} needs option {opt} ({what})", f"add '{opt}: ...' to the agent's entry"
+    return None
+
+
+def check_agent_options(kind: str, options: Mapping[str, Any]) -> AgentKind:
+    """The kind's entry, once ``options`` pass :func:`agent_options_problem`; else
+    :class:`AgentOptionError` (message starting with the option's name)."""
+    problem = agent_options_problem(kind, options)
+    if problem is not None:
+        name, text, fix = problem
+        raise AgentOptionError(f"{name}: {text}", fix=fix)
+    return AGENT_KINDS.lookup(kind)
 
 
 def make_agent(spec: _SpecLike, seed: int, env: EnvConfig) -> Agent:

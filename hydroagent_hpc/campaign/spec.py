@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydroagent_hpc.agents.factory import AGENT_KINDS, allowed_options
+from hydroagent_hpc.agents.factory import AGENT_KINDS, agent_options_problem
 from hydroagent_hpc.config import PRESETS, EnvConfig, preset
 from hydroagent_hpc.errors import ConfigError, HydroAgentError, UsageError
 from hydroagent_hpc.settings import Settings, Where, from_mapping, invalid, setting
@@ -178,21 +178,12 @@ def load_campaign(path: str | Path) -> CampaignSpec:
 
 
 def _options_problem(kind: str, options: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """The first problem with an agent's options as ``(option, problem, fix)``, or None."""
-    allowed = allowed_options(kind)
-    for name in options:
-        if name == "backend":
-            if not isinstance(options[name], str) or options[name] not in BACKENDS:
-                return name, (f"{brief(options[name])} is not a simulator backend; use one of "
-                              f"{', '.join(BACKENDS.names())}"), ""
-        elif name not in allowed:
-            return name, (f"agent kind {kind!r} takes no option {name!r}; its options: "
-                          f"{', '.join(sorted(allowed)) or 'none'} (and backend)"), \
-                f"remove {name!r} or spell it as one of the options listed"
-    for name, required in allowed.items():
-        if required and name not in options:
-            return name, f"agent kind {kind!r} needs option {name!r}", f"add '{name}: ...' to the agent's entry"
-    return None
+    """The first problem with an agent's options as ``(option, problem, fix)``, or None: the
+    simulator ``backend`` named, then :func:`~hydroagent_hpc.agents.factory.agent_options_problem`."""
+    backend = options.get("backend")
+    if "backend" in options and (not isinstance(backend, str) or backend not in BACKENDS):
+        return "backend", f"{brief(backend)} is not a simulator backend; use one of {', '.join(BACKENDS.names())}", ""
+    return agent_options_problem(kind, options)
 
 
 def check_agent_options(kind: str, options: Mapping[str, Any], where: str = "") -> tuple[str, str] | None:
