@@ -73,16 +73,15 @@ def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress
     one episode (process and MPI pools); an episode that fails or times out is listed in
     ``failed`` and stays missing, so a rerun tries it again.
     """
-    from hydroagent_hpc.store import EpisodeWriter, stored_ids
+    from hydroagent_hpc.store import EpisodeWriter, done_ids
 
     ensure_ready(spec)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tasks = shard_of(expand(spec), shard)
-    done = set(stored_ids(out)) if out.exists() else set()
-    for other in skip_stores:
-        if Path(other).exists():
-            done.update(stored_ids(other))
+    # done: stored intact (every checksummed part) in out or a skip store; a damaged out stops the run with
+    # the damage named, an episode stored only damaged elsewhere runs again (store.done_ids)
+    done = done_ids(out, skip_stores, {t.episode_id for t in tasks})
     todo = [t for t in tasks if t.episode_id not in done]
     stored = len(tasks) - len(todo)
     deferred = 0

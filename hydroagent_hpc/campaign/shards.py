@@ -12,9 +12,12 @@ tasks (or submitit jobs) keeps this layout::
 Array task ``i`` of ``n`` runs shard ``i`` of ``n`` (:func:`hydroagent_hpc.campaign.spec.shard_of`) and
 skips episodes already in its own shard, in ``campaign.h5`` and in shards of an earlier
 submission with another ``n``; so a requeued or resubmitted task resumes, and changing the array
-size between submissions repeats nothing. :func:`merge_run` checks that no episode sits in two
-shards of one submission, keeps the first copy of an episode that an earlier merge already holds,
-and replaces ``campaign.h5`` atomically: a killed merge is simply run again.
+size between submissions repeats nothing. Only an episode stored intact (every checksummed part)
+counts as done: a task stops on a damaged shard of its own (``hydroagent store salvage`` is the
+fix) and runs again an episode that ``campaign.h5`` or an older shard holds only damaged.
+:func:`merge_run` checks that no episode sits in two shards of one submission, keeps the first
+intact copy of an episode (a damaged copy is left behind, an episode stored only damaged is named
+as missing), and replaces ``campaign.h5`` atomically: a killed merge is simply run again.
 """
 
 from __future__ import annotations
@@ -90,32 +93,37 @@ def skip_stores(run_dir: str | Path, count: int) -> list[Path]:
 
 
 def missing_episodes(spec: CampaignSpec, store: str | Path) -> list[str]:
-    """Episode ids of the campaign that ``store`` does not hold (all of them if it is absent)."""
-    from hydroagent_hpc.store import stored_ids
+    """Episode ids of the campaign that ``store`` does not hold intact (all of them if it is absent)."""
+    from hydroagent_hpc.store import verify_store
 
-    have = set(stored_ids(store)) if Path(store).exists() else set()
+    have = set(verify_store(store).intact) if Path(store).exists() else set()
     return [t.episode_id for t in expand(spec) if t.episode_id not in have]
 
 
 def merge_run(spec: CampaignSpec, run_dir: str | Path, allow_missing: bool = False) -> dict[str, Any]:
     """Merge ``RUN/campaign.h5`` and every shard into a new ``RUN/campaign.h5``; return a summary.
 
-    Raises :class:`~hydroagent_hpc.store.MergeError` when an episode sits in two shards of one
-    submission, or when episodes are missing and ``allow_missing`` is false (nothing is
+    Only an episode some file holds intact counts: every file is verified first, a damaged copy is
+    left behind when another file holds the episode intact (a damaged ``campaign.h5`` is rebuilt
+    from the shards' intact copies), and an episode stored only damaged counts as missing and is
+    named. Raises :class:`~hydroagent_hpc.store.MergeError` when an episode sits in two shards of
+    one submission, or when episodes are missing and ``allow_missing`` is false (nothing is
     replaced then; the shards stay, so resubmitting the campaign completes it).
     """
-    from hydroagent_hpc.store import merge, stored_ids
+    from hydroagent_hpc.store import check_stores, merge_held
 
     run_dir = Path(run_dir)
     merged = run_dir / MERGED
     shards = list_shards(run_dir)
     expected = [t.episode_id for t in expand(spec)]
     wanted = set(expected)
+    held = check_stores(([merged] if merged.exists() else []) + [p for p, _, _ in shards])
     by_count: dict[int, dict[str, Path]] = defaultdict(dict)
     holders: dict[str, int] = defaultdict(int)
     clashes = []
     for path, _, count in shards:
-        for eid in stored_ids(path):
+        health = held.health[path]
+        for eid in (*health.intact, *health.damaged_ids):
             if eid in by_count[count]:
                 clashes.append(f"{eid!r} in {by_count[count][eid].name} and {path.name}")
             by_count[count][eid] = path
@@ -124,32 +132,58 @@ def merge_run(spec: CampaignSpec, run_dir: str | Path, allow_missing: bool = Fal
         raise MergeError(f"{run_dir}: {len(clashes)} episodes are stored by two shards of one submission "
                          f"({'; '.join(clashes[:5])}); the shards overlap, which the array must never do - "
                          f"check that every task was given the same count")
-    before = set(stored_ids(merged)) if merged.exists() else set()
-    present = before | set(holders)
-    unexpected = sorted(present - wanted)
+    before_ok = merged.exists() and held.health[merged].ok
+    before = set(held.health[merged].intact) if merged.exists() else set()
+    present = set(held.intact)
+    unexpected = sorted((present | set(held.damaged)) - wanted)
     if unexpected:
         raise MergeError(f"{run_dir}: {len(unexpected)} stored episodes are not in campaign {spec.name!r} "
                          f"(e.g. {unexpected[0]!r}); was the campaign file changed? Use a new run folder")
     missing = [eid for eid in expected if eid not in present]
+    damaged = held.damaged_only(missing)
     if missing and not allow_missing:
+        why = (f"; {len(damaged)} of them are stored only damaged: {held.describe(damaged)} (resubmitting runs "
+               f"them again unless the damaged file is a shard of this submission: move that one aside and "
+               f"salvage it first, `hydroagent store salvage`)" if damaged else "")
         raise IncompleteMergeError(f"{run_dir}: {len(missing)} of {len(expected)} episodes are in no shard yet "
-                                   f"(e.g. {missing[0]!r}); resubmit the same campaign to run them (finished "
+                                   f"(e.g. {missing[0]!r}){why}; resubmit the same campaign to run them (finished "
                                    f"episodes are kept), or merge with --allow-missing for a partial file", missing)
     repeated = sum(1 for eid, k in holders.items() if k > 1 or eid in before)
     new = len(present - before)
     summary = {"run_dir": str(run_dir), "merged": str(merged), "episodes": len(present), "expected": len(expected),
                "missing": len(missing), "new": new, "shards": len(shards), "copies_skipped": repeated}
-    if not new and merged.exists():
+    if damaged:
+        summary["damaged"] = {eid: f"{why} ({path})" for eid, places in damaged.items() for path, why in places[:1]}
+    if not new and before_ok:
         log.info("merge: %s already holds every stored episode (%d)", merged, len(before))
         return summary
-    sources = ([merged] if merged.exists() else []) + [p for p, _, _ in shards]
+    aside = None
+    if merged.exists() and not before_ok:
+        health = held.health[merged]
+        log.warning("merge: %s is damaged (%s); rebuilding it from the intact copies", merged, health.summary())
+        if health.unnamed or any(eid not in present for eid in health.damaged_ids):  # its only copy: keep it
+            aside = _free_name(run_dir / "campaign.damaged.h5")
     staging = run_dir / ".campaign-merging.h5"
     staging.unlink(missing_ok=True)
-    merge(sources, staging, allow_duplicates=True)
+    merge_held(held, staging, allow_duplicates=True, skip_damaged=True)
+    if aside is not None:
+        os.replace(merged, aside)
+        log.warning("merge: kept the damaged %s as %s (it held the only copy of what is damaged)", merged.name,
+                    aside.name)
+        summary["damaged_kept_as"] = str(aside)
     os.replace(staging, merged)
     log.info("merged %d shards into %s: %d of %d episodes (%d new)", len(shards), merged, len(present),
              len(expected), new)
     return summary
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``stem-2.suffix``, ``stem-3.suffix``... the first that does not exist."""
+    k, out = 1, path
+    while out.exists():
+        k += 1
+        out = path.with_name(f"{path.stem}-{k}{path.suffix}")
+    return out
 
 
 def write_run_record(run_dir: str | Path, record: dict[str, Any]) -> Path:

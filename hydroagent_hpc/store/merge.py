@@ -1,9 +1,11 @@
 """``merge``: combine shard stores (one per MPI rank or array task) into one, each episode once;
 ``salvage``: copy the intact episodes of a damaged store into a new one.
 
-The ids are checked before anything is written; the result is built under a temporary name
-and renamed into place, so ``dest`` either holds every episode or does not exist, and a killed
-merge is simply run again.
+Every source is verified first (:func:`~hydroagent_hpc.store.verify.check_stores`): only an intact
+copy of an episode counts, a damaged copy is left behind when another source holds the episode
+intact, and an episode stored only damaged stops the merge (it is named). The ids are checked
+before anything is written; the result is built under a temporary name and renamed into place,
+so ``dest`` either holds every episode or does not exist, and a killed merge is simply run again.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from typing import TypeVar
 import h5py
 
 from hydroagent_hpc.store.errors import CorruptStoreError, MergeError, StoreError
-from hydroagent_hpc.store.frames import stored_ids
-from hydroagent_hpc.store.verify import StoreHealth, explain, verify_store
+from hydroagent_hpc.store.verify import Holdings, StoreHealth, check_stores, explain, salvage_fix, verify_store
 from hydroagent_hpc.store.view import StoreView, open_read, open_store
 from hydroagent_hpc.store.writer import (
     Appender,
@@ -31,22 +32,26 @@ from hydroagent_hpc.store.writer import (
     temp_name,
 )
 
-__all__ = ["merge", "salvage"]
+__all__ = ["merge", "merge_held", "salvage"]
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 
-def _copy_committed(sources: list[Path], dest: h5py.File, dest_path: Path) -> int:
-    """Append every committed episode of ``sources`` (in order, first copy of an id) to ``dest``."""
+def _copy_taken(take: dict[str, Path], sources: list[Path], dest: h5py.File, dest_path: Path) -> int:
+    """Append to ``dest`` each episode ``take`` assigns to a source, source after source in order, each
+    source's episodes in commit order. They checked out; they are checked again while read (strict)."""
     app = Appender(dest, dest_path)
     n = 0
     for src in sources:
+        if src not in take.values():
+            continue
         try:
             with open_store(src) as f:
-                for episode, info in StoreView(f, src).episodes():
-                    if episode.episode_id in app.ids:
-                        continue
+                v = StoreView(f, src, strict=False)
+                positions = [i for i, eid in enumerate(v.ids) if take.get(eid) == src and eid not in app.ids]
+                v.strict = True  # any change since the check is an error
+                for episode, info in v.episodes(positions):
                     app.append(episode, info)
                     n += 1
         except CorruptStoreError as exc:
@@ -61,13 +66,17 @@ def _listing(ids: Sequence[str], limit: int = 10) -> str:
 
 def merge(sources: Iterable[str | os.PathLike[str]], dest: str | os.PathLike[str], *,
           expected: Iterable[str] | None = None, allow_duplicates: bool = False,
-          overwrite: bool = False) -> int:
-    """Copy the committed episodes of ``sources`` into a new store ``dest``; return how many.
+          overwrite: bool = False, skip_damaged: bool = False) -> int:
+    """Copy the intact committed episodes of ``sources`` into a new store ``dest``; return how many.
 
-    Every episode must be present exactly once across the sources: an id in two sources (or
+    Every episode must be present exactly once across the sources: an id intact in two sources (or
     twice) raises :class:`MergeError` unless ``allow_duplicates`` (then the first source wins).
-    With ``expected``, an expected id that no source holds, or a stored id that is not
-    expected, also raises. Nothing is written when a check fails.
+    With ``expected``, an expected id that no source holds intact, or a stored id that is not
+    expected, also raises. Only intact copies count: a damaged copy (any part failing its
+    checksum) is left behind when another source holds the episode intact; an episode stored only
+    damaged, or damage no episode can be named for (a damaged record, when ``expected`` does not
+    settle what must be there), raises :class:`MergeError` naming it, unless ``skip_damaged`` (left
+    out with a warning). Nothing is written when a check fails.
     """
     srcs = [Path(s) for s in sources]
     out = Path(dest)
@@ -75,11 +84,17 @@ def merge(sources: Iterable[str | os.PathLike[str]], dest: str | os.PathLike[str
         raise MergeError(f"{out}: merge destination is also a source")
     if out.exists() and not overwrite:
         raise MergeError(f"{out}: exists; merge into a new path or pass overwrite=True")
-    per_source = {s: stored_ids(s) for s in srcs}
-    where: dict[str, list[Path]] = {}
-    for s, ids in per_source.items():
-        for eid in ids:
-            where.setdefault(eid, []).append(s)
+    return merge_held(check_stores(srcs), out, expected=expected, allow_duplicates=allow_duplicates,
+                      skip_damaged=skip_damaged)
+
+
+def merge_held(held: Holdings, dest: str | os.PathLike[str], *, expected: Iterable[str] | None = None,
+               allow_duplicates: bool = False, skip_damaged: bool = False) -> int:
+    """:func:`merge` of the stores ``held`` describes (:func:`check_stores` of the sources, in order), for a
+    caller that has checked them already; ``dest`` is replaced when it exists."""
+    srcs = list(held.health)
+    out = Path(dest)
+    where = held.intact
     dups = sorted(eid for eid, places in where.items() if len(places) > 1)
     problems = []
     if dups and not allow_duplicates:
@@ -87,6 +102,14 @@ def merge(sources: Iterable[str | os.PathLike[str]], dest: str | os.PathLike[str
         counts = Counter(str(p) for p in where[first])
         problems.append(f"{len(dups)} episodes are stored more than once ({_listing(dups)}; {first!r} in "
                         f"{dict(counts)}); pass allow_duplicates=True to keep the first copy")
+    lost = held.damaged_only()
+    unnamed = held.unnamed()
+    damaged_files = sorted({p for places in lost.values() for p, _ in places} | set(unnamed), key=srcs.index)
+    if lost and not skip_damaged:
+        problems.append(f"{len(lost)} episodes are stored only damaged ({held.describe(lost)}) and would be lost")
+    if unnamed and expected is None and not skip_damaged:
+        problems.append("damage no episode can be named for: " + "; ".join(
+            f"{p}: {', '.join(d)[:200]}" for p, d in unnamed.items()))
     if expected is not None:
         want = list(expected)
         missing = [eid for eid in want if eid not in where]
@@ -98,9 +121,18 @@ def merge(sources: Iterable[str | os.PathLike[str]], dest: str | os.PathLike[str
         if extra:
             problems.append(f"{len(extra)} stored episodes were not expected ({_listing(extra)})")
     if problems:
-        raise MergeError(f"merge into {out} of {len(srcs)} shards: " + "; ".join(problems))
+        fix = "; ".join(salvage_fix(p, bool(held.health[p].intact)) for p in damaged_files[:2]) if damaged_files else ""
+        raise MergeError(f"merge into {out} of {len(srcs)} shards: " + "; ".join(problems), fix)
+    left = {eid: places for eid, places in held.damaged.items() if eid in where}
+    if left:
+        logger.warning("merge into %s: %d damaged copies left behind, their episodes copied from intact ones: %s",
+                       out, len(left), held.describe(left))
+    if lost or unnamed:
+        logger.warning("merge into %s: left out what is damaged: %s%s", out, held.describe(lost) if lost else "",
+                       "; ".join(f"{p}: {', '.join(d)[:200]}" for p, d in unnamed.items()))
+    take = {eid: places[0] for eid, places in where.items()}
     t0 = time.perf_counter()
-    n = _build_atomically(out, lambda f, tmp: _copy_committed(srcs, f, tmp))
+    n = _build_atomically(out, lambda f, tmp: _copy_taken(take, srcs, f, tmp))
     logger.info("merged %d episodes from %d shards into %s in %.2f s", n, len(srcs), out, time.perf_counter() - t0)
     return n
 

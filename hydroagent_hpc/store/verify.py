@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+from collections.abc import Collection, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,8 @@ from hydroagent_hpc.store.errors import CorruptStoreError, StoreError
 from hydroagent_hpc.store.schema import DATASETS, METRICS, SIMS, TURNS
 from hydroagent_hpc.store.view import LIVE_WRITERS, FileCheck, StoreView, check_file, open_read
 
-__all__ = ["StoreHealth", "verify_store", "explain"]
+__all__ = ["StoreHealth", "verify_store", "explain", "Holdings", "check_stores", "done_ids", "damage_error",
+           "salvage_fix"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +38,8 @@ class StoreHealth:
     ``problems``: damage to the file as a whole (truncation, HDF5 structures, metric names);
     ``intact``: ids of committed episodes whose every row checks out; ``damaged``: episode id (or
     ``record N`` when the record itself is damaged) -> reason; ``uncommitted_rows``: records never
-    written (a writer killed before its commit; not damage).
+    written (a writer killed before its commit; not damage); ``records``: the keys of ``damaged``
+    that are damaged records (``record N ...``, whose episode id cannot be trusted).
     """
 
     path: Path
@@ -44,10 +48,21 @@ class StoreHealth:
     intact: tuple[str, ...]
     damaged: dict[str, str]
     uncommitted_rows: int
+    records: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
         return not self.problems and not self.damaged
+
+    @property
+    def damaged_ids(self) -> dict[str, str]:
+        """Committed episodes (by id) with a damaged part -> reason; damaged records left out."""
+        return {k: v for k, v in self.damaged.items() if k not in self.records}
+
+    @property
+    def unnamed(self) -> tuple[str, ...]:
+        """Damage no episode id can be given to: the file's problems and its damaged records."""
+        return self.problems + tuple(f"{k} ({self.damaged[k]})" for k in self.records)
 
     def summary(self, limit: int = 5) -> str:
         """One line: the damage and what is intact."""
@@ -156,6 +171,7 @@ def verify_store(path: str | os.PathLike[str], batch_size: int = 64) -> StoreHea
             if lost:
                 problems.append("rows lost past the end: " + "; ".join(lost))
         damaged.update(v.damaged)
+        records = tuple(v.damaged)
         uncommitted = v.uncommitted_rows
         try:
             names = v.metric_names()
@@ -181,7 +197,7 @@ def verify_store(path: str | os.PathLike[str], batch_size: int = 64) -> StoreHea
                 damaged[eid] = bad[pos]
             else:
                 intact.append(eid)
-    return StoreHealth(p, check.size, tuple(problems), tuple(intact), damaged, uncommitted)
+    return StoreHealth(p, check.size, tuple(problems), tuple(intact), damaged, uncommitted, records)
 
 
 def explain(exc: CorruptStoreError, path: Path) -> CorruptStoreError:
@@ -201,3 +217,91 @@ def explain(exc: CorruptStoreError, path: Path) -> CorruptStoreError:
         f"copies the intact ones into a new store (rerun the campaign into NEW.h5 to redo the rest).",
         damaged=tuple(health.damaged) + (exc.damaged if not health.damaged else ()), intact=health.intact,
         summarized=True)
+
+
+def salvage_fix(path: Path, intact: bool = True) -> str:
+    """The fix for a damaged store at ``path``: set it aside, copy its intact episodes back, run again."""
+    aside = path.with_name(f"{path.stem}.damaged{path.suffix}")
+    p, a = shlex.quote(str(path)), shlex.quote(str(aside))
+    if not intact:
+        return (f"no episode of it is intact: move it aside (`mv {p} {a}`) and run again; every episode it held "
+                f"runs again")
+    return (f"`hydroagent store verify {p}` lists the damage; move the file aside and copy its intact episodes "
+            f"back (`mv {p} {a} && hydroagent store salvage {a} {p}`), then run again: the damaged episodes run "
+            f"again")
+
+
+def damage_error(health: StoreHealth, what: str) -> CorruptStoreError:
+    """The one-line error for the damaged store of ``health`` that ``what`` will not use as it is."""
+    return CorruptStoreError(f"{health.summary()}; {what}", salvage_fix(health.path, bool(health.intact)),
+                             damaged=tuple(health.damaged), intact=health.intact, summarized=True)
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """What several stores hold together: each episode intact where, and the damaged copies.
+
+    An episode counts as stored ("done") only where every part of it checks out: ``intact`` maps
+    each id to the stores that hold it intact (in the order given), ``damaged`` each id to the
+    stores that hold a damaged copy and why. ``health`` is each store's :class:`StoreHealth`.
+    """
+
+    health: dict[Path, StoreHealth]
+    intact: dict[str, list[Path]]
+    damaged: dict[str, list[tuple[Path, str]]]
+
+    def damaged_only(self, ids: Collection[str] | None = None) -> dict[str, list[tuple[Path, str]]]:
+        """Episodes (of ``ids``, default all) stored damaged somewhere and intact nowhere."""
+        return {eid: where for eid, where in self.damaged.items()
+                if eid not in self.intact and (ids is None or eid in ids)}
+
+    def unnamed(self) -> dict[Path, tuple[str, ...]]:
+        """Per store, damage no episode id can be given to (file problems, damaged records)."""
+        return {p: h.unnamed for p, h in self.health.items() if h.unnamed}
+
+    @staticmethod
+    def describe(found: dict[str, list[tuple[Path, str]]], limit: int = 5) -> str:
+        """``'id' (why, in FILE), ...`` for :meth:`damaged_only`'s answer."""
+        shown = [f"{eid!r} ({why}, in {path})" for eid, where in list(found.items())[:limit] for path, why in where[:1]]
+        return ", ".join(shown) + (f" and {len(found) - limit} more" if len(found) > limit else "")
+
+
+def check_stores(paths: Iterable[str | os.PathLike[str]]) -> Holdings:
+    """:func:`verify_store` of every store in ``paths`` (each read once), combined into :class:`Holdings`."""
+    health: dict[Path, StoreHealth] = {}
+    intact: dict[str, list[Path]] = {}
+    damaged: dict[str, list[tuple[Path, str]]] = {}
+    for path in paths:
+        p = Path(path)
+        if p in health:
+            continue
+        h = health[p] = verify_store(p)
+        for eid in h.intact:
+            intact.setdefault(eid, []).append(p)
+        for eid, why in h.damaged_ids.items():
+            damaged.setdefault(eid, []).append((p, why))
+    return Holdings(health, intact, damaged)
+
+
+def done_ids(out: str | os.PathLike[str], others: Iterable[str | os.PathLike[str]] = (),
+             wanted: Collection[str] | None = None) -> set[str]:
+    """The episodes a run writing into ``out`` may skip: those that ``out`` or one of ``others`` holds intact.
+
+    A damaged ``out`` raises :class:`CorruptStoreError` (nothing is ever appended to a damaged
+    store; the message names the damage and the fix, ``hydroagent store salvage``). An episode (of
+    ``wanted``) that another store holds damaged and no store holds intact is not done: it is
+    named in a warning and runs again. Missing stores hold nothing.
+    """
+    target = Path(out)
+    paths = [p for p in (target, *(Path(o) for o in others)) if p.exists()]
+    held = check_stores(paths)
+    if target in held.health and not held.health[target].ok:
+        raise damage_error(held.health[target], "a run never appends to a damaged store nor counts a damaged "
+                                                "episode as done")
+    again = held.damaged_only(wanted)
+    if again:
+        logger.warning("%d episode(s) are stored only damaged and run again: %s", len(again), held.describe(again))
+    for p, damage in held.unnamed().items():
+        logger.warning("%s: damaged (%s); an episode it held that no store holds intact runs again", p,
+                       "; ".join(damage)[:300])
+    return set(held.intact)

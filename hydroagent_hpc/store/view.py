@@ -546,7 +546,11 @@ class StoreView:
                  ) -> Iterator[tuple[Episode, str | None]]:
         """Rebuild committed episodes (all, or those at ``positions``) with their Basin JSON, in batches."""
         positions = list(range(len(self))) if positions is None else list(positions)
-        names = self.metric_names()
+        strict, self.strict = self.strict, False
+        try:  # a damaged name matters only to the episodes that use one: each batch is checked below
+            names = self.metric_names()
+        finally:
+            self.strict = strict
         basin_cache: dict[int, tuple[dict[str, Any], tuple[Any, Any, Any]]] = {}
         ep_lists = {c.name: self.cols.optional(c.name) for c in EPISODES.columns}
         for b in range(0, len(positions), batch_size):
