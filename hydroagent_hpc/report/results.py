@@ -16,7 +16,16 @@ import numpy as np
 import pandas as pd
 
 from hydroagent_hpc.params import PARAM_NAMES
-from hydroagent_hpc.store import StoreError, StoreInfo, inspect_store, read_basins, read_episodes, read_sims
+from hydroagent_hpc.store import (
+    StoreError,
+    StoreHealth,
+    StoreInfo,
+    inspect_store,
+    read_basins,
+    read_episodes,
+    read_sims,
+    verify_store,
+)
 
 __all__ = ["CampaignResults", "load_results", "SIM_METRICS", "is_true"]
 
@@ -34,6 +43,7 @@ class CampaignResults:
     id. ``sims``: ``episode_id, run_id, ok``, :data:`SIM_METRICS` and the 13 parameters, sorted by
     episode id and run id. ``basins``: ``read_basins`` with ``basin_id`` unique (the first record
     of a basin written with several windows). ``info``: what :func:`inspect_store` found.
+    ``health``: what :func:`verify_store` found (see :attr:`damage`).
     """
 
     path: Path
@@ -41,6 +51,24 @@ class CampaignResults:
     sims: pd.DataFrame
     basins: pd.DataFrame
     info: StoreInfo
+    health: StoreHealth | None = None
+
+    @property
+    def damage(self) -> str | None:
+        """One line naming the store's damaged episodes (and other damage), or None when it is intact.
+
+        The report's tables read only parts that checked out (a damaged part they need stops the
+        report), but an episode with any damaged part is not a finished episode, so the report says so.
+        """
+        if self.health is None or self.health.ok:
+            return None
+        h = self.health
+        parts = list(h.problems)
+        if h.damaged:
+            shown = [f"{k} ({v})" for k, v in list(h.damaged.items())[:10]]
+            more = f" and {len(h.damaged) - 10} more" if len(h.damaged) > 10 else ""
+            parts.append(f"{len(h.damaged)} episode(s) with damaged parts: {', '.join(shown)}{more}")
+        return "; ".join(parts)
 
     @property
     def agents(self) -> list[str]:
@@ -105,12 +133,18 @@ def load_results(path: str | os.PathLike[str], allow_partial: bool = False) -> C
         raise StoreError(f"{p}: is a folder, not an episode store; pass the campaign's .h5 file")
     info = inspect_store(p)
     _check_reportable(info, allow_partial)
+    health = verify_store(p)  # every checksum, also of the parts no table reads
     episodes = (read_episodes(p).sort_values(["agent", "basin_id", "seed", "episode_id"], kind="stable")
                 .reset_index(drop=True))
     sims = _sim_columns(read_sims(p))
     basins = read_basins(p).drop_duplicates("basin_id", keep="first").sort_values("basin_id", kind="stable")
     log.debug("%s: %d episodes, %d simulations, %d basins", p, len(episodes), len(sims), len(basins))
-    return CampaignResults(p, episodes, sims, basins.reset_index(drop=True), info)
+    res = CampaignResults(p, episodes, sims, basins.reset_index(drop=True), info, health)
+    if res.damage:
+        log.warning("%s: damaged store: %s; the report shows what checks out. `hydroagent store verify %s` lists "
+                    "the damage; `hydroagent store salvage %s NEW.h5` copies the intact episodes", p, res.damage, p,
+                    p)
+    return res
 
 
 def _sim_columns(sims: pd.DataFrame) -> pd.DataFrame:

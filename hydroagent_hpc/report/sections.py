@@ -51,13 +51,19 @@ def _provenance(texts: pd.Series) -> tuple[list[str], list[str]]:
 
 
 def overview_blocks(res: CampaignResults) -> list[Block]:
-    """Title, a partial-store warning where it applies, and the overview table."""
+    """Title, a partial-store and a damaged-store warning where they apply, and the overview table."""
     eps, info = res.episodes, res.info
     blocks: list[Block] = [Heading(f"Campaign report: {res.path.name}", 1)]
     if res.partial:
         blocks.append(Paragraph(
             f"**Partial store**: a writer has `{res.path.name}` open or was killed before closing it. This report "
             f"shows the {len(eps)} episodes committed when it was read; the campaign may add more."))
+    if res.damage:
+        blocks.append(Paragraph(
+            f"**Damaged store**: {res.damage}. These episodes are not finished ones; the tables below use only "
+            f"parts that check out. `hydroagent store verify {res.path.name}` lists the damage and "
+            f"`hydroagent store salvage {res.path.name} NEW.h5` copies the intact episodes (rerun the campaign "
+            f"into NEW.h5 to redo the rest)."))
     cells = eps.groupby(["agent", "basin_id"]).size()
     seeds = sorted(eps["seed"].unique().tolist())
     started = eps["started_utc"].dropna().astype(str)
