@@ -160,10 +160,27 @@ def decide(spec: PipelineSpec, run_dir: Path, stage: str) -> Plan:
         return Plan(stage, "resume", f"interrupted ({rec.get('status')}, attempt {rec.get('attempts', 1)})", digest,
                     parts)
     for name, out in (rec.get("outputs") or {}).items():
-        problem = verify_output(run_dir, out)
+        problem = verify_output(run_dir, out) or _damaged_store(run_dir, stage, out)
         if problem:
             return Plan(stage, "resume", f"output {name}: {problem}", digest, parts)
     return Plan(stage, "skip", "done, inputs unchanged", digest, parts)
+
+
+def _damaged_store(run_dir: Path, stage: str, record: Mapping[str, Any]) -> str | None:
+    """The damage of a campaign stage's episode store, or None: done means every checksum a later reader
+    relies on holds, and a store's own checksums see damage that left its size and time alone (bit rot,
+    ``cp -p``), which the record's file checksum is not re-read for. Resuming rebuilds it from the intact
+    copies (``campaign.shards.merge_run``) or stops naming what is damaged."""
+    if stage not in CAMPAIGN_STAGES:
+        return None
+    from hydroagent_hpc.store import StoreError, verify_store
+
+    path = Path(record["path"])
+    try:
+        health = verify_store(path if path.is_absolute() else run_dir / path)
+    except (StoreError, OSError) as exc:  # not a store any more
+        return str(exc).splitlines()[0]
+    return None if health.ok else health.summary()
 
 
 # --------------------------------------------------------------------------- begin: configs and the record
