@@ -46,12 +46,19 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 __all__ = ["Setting", "Settings", "setting", "invalid", "from_mapping", "load_file", "dump", "reference", "markdown",
-           "add_arguments", "arguments_given", "option_names", "Where", "KeyPath", "SOURCES", "dotted"]
+           "add_arguments", "arguments_given", "option_names", "Where", "KeyPath", "SOURCES", "dotted",
+           "MAX_TIMEOUT_S", "LR_FIX"]
 
 #: Where a setting's value comes from: the HydroAgent paper, the authors' released code, or this toolkit.
 SOURCES = ("paper", "released", "paper, released", "ours")
 #: A key path in a document: ``("grpo", "engine", "url")``, ``("basins", 3)``.
 KeyPath = tuple[str | int, ...]
+#: The longest timeout any setting takes, in seconds (about 115 days): a longer one overflows Python's
+#: ``timedelta`` (the process group's collective timeout) and the socket timeouts of an HTTP client.
+MAX_TIMEOUT_S = 1e7
+#: The fix of every learning rate's limits (above 0, at most 1): an AdamW step moves each weight by up
+#: to about lr, so an lr of 1 or more wipes out a model whose weights are ~0.02 in one step.
+LR_FIX = "give a learning rate above 0 and at most 1 (fine-tuning uses about 1.0e-6 to 1.0e-3)"
 #: ``where(path) -> "FILE:LINE"`` (or just the source when no line is known).
 Where = Callable[[KeyPath], str]
 

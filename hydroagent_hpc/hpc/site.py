@@ -18,6 +18,9 @@ from hydroagent_hpc.settings import Settings, invalid, setting
 
 __all__ = ["SlurmFields", "SiteSettings", "SITE_OPTIONS"]
 
+#: The most memory per node a job may ask for, in GB (100 TB: more than any node holds).
+MAX_MEM_GB = 1e5
+
 
 @dataclass(frozen=True)
 class SlurmFields(Settings):
@@ -32,7 +35,8 @@ class SlurmFields(Settings):
     qos: str | None = setting(None, nonempty=True, help="Slurm QOS (default: $SBATCH_QOS)")
     constraint: str | None = setting(None, nonempty=True, help="Slurm node constraint (--constraint)")
     cpus_per_task: int = setting(1, ge=1, help="CPUs per task")
-    mem_gb: float | None = setting(None, gt=0, help="memory per node in GB (null: the site's default)")
+    mem_gb: float | None = setting(None, gt=0, le=MAX_MEM_GB, help="memory per node in GB (null: the site's default)",
+                                   fix=f"give the memory per node in GB, above 0 and at most {MAX_MEM_GB:.0f}")
     array_parallelism: int = setting(64, ge=1, help="array tasks running at once")
     modules: tuple[str, ...] = setting((), flag="--module", help="environment modules to load before the job "
                                                                  "(default: $HYDROAGENT_MODULES)")

@@ -294,7 +294,10 @@ def pipeline_from_mapping(data: Any, *, base_dir: Path, source: str = "<pipeline
             raise _fail(w, ("grpo", key), "is set by the pipeline (the training basins, the held-out basins when "
                                           "validate_every > 0, and the init policy)", "remove it")
     try:
-        grpo_config_from_mapping({**grpo, "basins": [_PLACEHOLDER]}, at=("grpo",), where=w)
+        held = grpo.get("validate_every")  # the pipeline gives the held-out basins when validate_every > 0
+        held_out = [_PLACEHOLDER + "-heldout"] if isinstance(held, int) and not isinstance(held, bool) and held else []
+        grpo_config_from_mapping({**grpo, "basins": [_PLACEHOLDER], "validation_basins": held_out}, at=("grpo",),
+                                 where=w)
     except ConfigError as exc:
         raise ConfigError(exc.message, exc.fix) from None
     grpo = {"init": init, **grpo}

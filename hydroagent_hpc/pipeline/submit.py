@@ -59,10 +59,14 @@ def _stage_minutes(value: Any) -> dict[str, int]:
     """``time_min`` of a site file: minutes for every stage, or a mapping of stage (or ``default``) to minutes."""
     if isinstance(value, int) and not isinstance(value, bool):
         value = {"default": value}
-    if not isinstance(value, Mapping) or any(k not in (*STAGES, "default") or isinstance(v, bool) or
-                                             not isinstance(v, int) or v < 1 for k, v in value.items()):
+    if not isinstance(value, Mapping):
         raise invalid((), f"minutes, or a mapping of stage (or default) to minutes, got {brief(value)}",
                       f"stages: {', '.join(STAGES)}")
+    for k, v in value.items():  # the entry itself is named (its own line in the file)
+        if k not in (*STAGES, "default"):
+            raise invalid((str(k),), "not a stage", f"stages: {', '.join(STAGES)}, or default")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise invalid((str(k),), f"expected whole minutes, 1 or more, got {brief(v)}", "e.g. grpo: 240")
     return {"default": 60, **value}
 
 

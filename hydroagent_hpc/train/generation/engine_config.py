@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hydroagent_hpc.settings import Settings, invalid, setting
+from hydroagent_hpc.settings import MAX_TIMEOUT_S, Settings, invalid, setting
 
 __all__ = ["EngineSettings", "ENGINE_API_RELOAD", "parse_gpus"]
 
@@ -60,8 +60,9 @@ class EngineSettings(Settings):
                                                                 "(never the key itself)")
     model_name: str | None = setting(None, nonempty=True, help="vLLM's served model name (null: the first of "
                                                                "/v1/models)")
-    timeout_s: float = setting(600.0, gt=0, help="seconds one generation request may take")
-    start_timeout_s: float = setting(900.0, gt=0, help="seconds a launched server may take to answer /health")
+    timeout_s: float = setting(600.0, gt=0, le=MAX_TIMEOUT_S, help="seconds one generation request may take")
+    start_timeout_s: float = setting(900.0, gt=0, le=MAX_TIMEOUT_S,
+                                     help="seconds a launched server may take to answer /health")
     weights_dir: str | None = setting(None, path=True, nonempty=True,
                                       help="where pushed weights are written; the engine must see it (null: "
                                            "RUN/engine-weights)")

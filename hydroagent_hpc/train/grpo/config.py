@@ -83,7 +83,18 @@ from typing import Any
 
 from hydroagent_hpc.config import EnvConfig, preset
 from hydroagent_hpc.errors import ConfigError
-from hydroagent_hpc.settings import KeyPath, Settings, Where, dump, from_mapping, invalid, load_file, setting
+from hydroagent_hpc.settings import (
+    LR_FIX,
+    MAX_TIMEOUT_S,
+    KeyPath,
+    Settings,
+    Where,
+    dump,
+    from_mapping,
+    invalid,
+    load_file,
+    setting,
+)
 from hydroagent_hpc.train.generation.engine_config import ENGINE_API_RELOAD, EngineSettings
 from hydroagent_hpc.yamlio import load_strict
 
@@ -92,6 +103,8 @@ __all__ = ["GRPOConfig", "load_grpo_config", "grpo_config_from_mapping", "check_
 
 ADVANTAGES = ("episode", "turn", "released")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+#: The most episodes one step may play (group_size x prompts_per_step): every one is held in memory.
+MAX_ROLLOUTS_PER_STEP = 65536
 
 #: The recipe keys whose defaults depend on the preset (docs/reference-implementation.md section 7).
 PRESET_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -127,9 +140,11 @@ class GRPOConfig(Settings):
                                   "(terminal score only)")
     gamma: float = setting(1.0, ge=0, le=1, help="discount of later rewards in the turn credit")
     std_normalise: bool = setting(True, source="paper", help="divide advantages by the group's standard deviation")
-    lr: float = setting(1e-6, gt=0, source="paper", help="learning rate (linear warm-up, then constant)")
+    lr: float = setting(1e-6, gt=0, le=1, source="paper", help="learning rate (linear warm-up, then constant)",
+                        fix=LR_FIX)
     warmup_steps: int = setting(0, ge=0, help="steps of linear warm-up")
-    weight_decay: float = setting(0.0, ge=0, help="AdamW weight decay")
+    weight_decay: float = setting(0.0, ge=0, le=1, help="AdamW weight decay",
+                                  fix="give a decay from 0 to 1 (0.0 is the paper's; 0.01 to 0.1 are usual)")
     max_grad_norm: float = setting(1.0, gt=0, source="paper, released", help="gradient clip (global L2 norm)")
     clip_low: float = setting(0.2, ge=0, lt=1, source="paper, released", help="PPO ratio clip below 1")
     clip_high: float = setting(0.2, ge=0, source="paper, released", help="PPO ratio clip above 1")
@@ -154,7 +169,7 @@ class GRPOConfig(Settings):
     generation_batch: int = setting(64, ge=1, help="sequences decoded together (local generator)")
     prefix_cache: bool = setting(True, help="reuse the key/value cache of an episode's earlier turns")
     logprob_chunk: int = setting(1024, ge=1, help="tokens per chunk when scoring log-probs")
-    seed: int = setting(0, help="seed of sampling and of the tiny model")
+    seed: int = setting(0, ge=0, help="seed of sampling and of the tiny model")
     dtype: str = setting("auto", choices=("auto", "bf16", "fp32"), source="paper",
                          help="auto: bf16 compute on CUDA, fp32 on CPU; or bf16 / fp32")
     save_every: int = setting(0, ge=0, help="checkpoint every N steps (0: only on a signal and at the end)")
@@ -168,8 +183,9 @@ class GRPOConfig(Settings):
                                help="FSDP2 sharding: auto (with more than one process), true or false (DDP)")
     activation_checkpointing: bool = setting(False, help="recompute each decoder layer's activations in the backward "
                                                          "pass (the paper configs turn it on)")
-    collective_timeout_s: float = setting(10800.0, gt=0, help="how long a rank may wait in a collective (NCCL's own "
-                                                              "10 minutes would kill ranks waiting for rollouts)")
+    collective_timeout_s: float = setting(10800.0, gt=0, le=MAX_TIMEOUT_S,
+                                          help="how long a rank may wait in a collective (NCCL's own 10 minutes would "
+                                               "kill ranks waiting for rollouts)")
 
     def check(self) -> None:
         overlap = set(self.basins) & set(self.validation_basins)
@@ -188,6 +204,24 @@ class GRPOConfig(Settings):
         if self.aggregation == "seq-mean-token-sum-norm" and self.norm_length is None:
             raise invalid("aggregation", "seq-mean-token-sum-norm needs norm_length",
                           "set norm_length to the episode token budget (e.g. max_context_tokens)")
+        if self.norm_length is not None and self.aggregation != "seq-mean-token-sum-norm":
+            raise invalid("norm_length", f"given, but aggregation {self.aggregation} does not use it",
+                          "remove norm_length, or set aggregation: seq-mean-token-sum-norm")
+        if self.warmup_steps > self.max_steps:
+            raise invalid("warmup_steps", f"{self.warmup_steps} warm-up steps in a run of max_steps {self.max_steps}: "
+                                          f"the learning rate would never reach lr",
+                          f"give warmup_steps at most {self.max_steps}")
+        if self.max_new_tokens >= self.max_context_tokens:
+            raise invalid("max_new_tokens", f"{self.max_new_tokens} is not below max_context_tokens "
+                                            f"{self.max_context_tokens}: one turn could fill the whole episode",
+                          "give max_new_tokens well below max_context_tokens (512 of 8192 by default)")
+        if self.group_size * self.prompts_per_step > MAX_ROLLOUTS_PER_STEP:
+            raise invalid("group_size", f"{self.group_size} rollouts x prompts_per_step {self.prompts_per_step} = "
+                                        f"{self.group_size * self.prompts_per_step} episodes per step, more than "
+                                        f"{MAX_ROLLOUTS_PER_STEP}", "the paper plays 8 x 4; give a few dozen per step")
+        if self.validate_every and not self.validation_basins:
+            raise invalid("validate_every", f"{self.validate_every}, but no validation_basins to validate on",
+                          "list held-out basins in validation_basins, or set validate_every: 0")
         try:
             from_mapping(EnvConfig, self.env, base=preset(self.preset))
         except ConfigError as exc:

@@ -31,11 +31,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydroagent_hpc.settings import KeyPath, Settings, Where, dump, from_mapping, invalid, load_file, setting
+from hydroagent_hpc.settings import (
+    LR_FIX,
+    MAX_TIMEOUT_S,
+    KeyPath,
+    Settings,
+    Where,
+    dump,
+    from_mapping,
+    invalid,
+    load_file,
+    setting,
+)
 
-__all__ = ["SFTConfig", "load_sft_config", "config_from_mapping", "DTYPES"]
+__all__ = ["SFTConfig", "load_sft_config", "config_from_mapping", "DTYPES", "MAX_GRAD_ACCUM"]
 
 DTYPES = ("auto", "bf16", "fp32")
+#: The most micro-batches one optimizer step may accumulate (per process): beyond it a step never ends.
+MAX_GRAD_ACCUM = 4096
 
 
 @dataclass(frozen=True)
@@ -46,14 +59,15 @@ class SFTConfig(Settings):
                         fix="name the file `hydroagent train sft-data` wrote")
     model: str = setting("tiny", path=True, keep=("tiny",), nonempty=True,
                          help="the model to train: tiny (built here) or a save_pretrained folder")
-    lr: float = setting(1e-5, gt=0, help="peak learning rate (AdamW)")
+    lr: float = setting(1e-5, gt=0, le=1, help="peak learning rate (AdamW)", fix=LR_FIX)
     min_lr_ratio: float = setting(0.0, ge=0, le=1, help="the cosine schedule's floor as a share of lr")
-    weight_decay: float = setting(0.0, ge=0, help="AdamW weight decay")
+    weight_decay: float = setting(0.0, ge=0, le=1, help="AdamW weight decay",
+                                  fix="give a decay from 0 to 1 (0.0 is TRL's default; 0.01 to 0.1 are usual)")
     warmup_steps: int = setting(0, ge=0, help="optimizer steps of linear warm-up")
     max_steps: int | None = setting(None, ge=1, help="optimizer steps (or epochs; exactly one of the two)")
     epochs: int | None = setting(None, ge=1, help="passes over the data (or max_steps; exactly one of the two)")
     micro_batch_size: int = setting(1, ge=1, help="sequences per forward pass")
-    grad_accum: int = setting(1, ge=1, help="micro-batches per optimizer step (per process)")
+    grad_accum: int = setting(1, ge=1, le=MAX_GRAD_ACCUM, help="micro-batches per optimizer step (per process)")
     max_grad_norm: float = setting(1.0, gt=0, help="gradient clip (global L2 norm)")
     seed: int = setting(0, ge=0, help="seed of the data order and the tiny model")
     dtype: str = setting("auto", choices=DTYPES, help="auto: bf16 compute on CUDA, fp32 on CPU; or bf16 / fp32",
@@ -68,13 +82,18 @@ class SFTConfig(Settings):
     log_every: int = setting(1, ge=1, help="steps between metric rows")
     bucket_by_length: bool = setting(True, help="batch sequences of similar length together (less padding)")
     max_seq_len: int | None = setting(None, ge=1, help="refuse data with longer sequences (null: no limit)")
-    collective_timeout_s: float = setting(10800.0, gt=0, help="how long a rank waits in a collective (NCCL's own "
-                                                              "default of 10 min is too short; gpu-audit F4)")
+    collective_timeout_s: float = setting(10800.0, gt=0, le=MAX_TIMEOUT_S,
+                                          help="how long a rank waits in a collective (NCCL's own default of 10 min "
+                                               "is too short; gpu-audit F4)")
 
     def check(self) -> None:
         if (self.max_steps is None) == (self.epochs is None):
-            raise invalid("max_steps" if self.max_steps is not None else "epochs",
+            raise invalid("epochs" if self.epochs is not None else "max_steps",
                           "give exactly one of max_steps and epochs", "set max_steps: N (optimizer steps) or epochs: N")
+        if self.max_steps is not None and self.warmup_steps > self.max_steps:
+            raise invalid("warmup_steps", f"{self.warmup_steps} warm-up steps in a run of max_steps {self.max_steps}: "
+                                          f"the learning rate would never reach lr",
+                          f"give warmup_steps at most {self.max_steps} (often a few percent of the run)")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = dump(self)
