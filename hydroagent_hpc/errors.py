@@ -8,7 +8,19 @@ and the fix) on one line and exits with :attr:`HydroAgentError.exit_code`, witho
 
 from __future__ import annotations
 
-__all__ = ["HydroAgentError", "ConfigError", "UsageError", "one_line"]
+import os
+
+__all__ = ["HydroAgentError", "ConfigError", "UsageError", "CannotHealError", "one_line", "DEBUG_ENV",
+           "tracebacks_wanted"]
+
+#: Set to "1" by ``hydroagent --debug`` (and inherited by its worker processes and MPI ranks): errors are then
+#: logged with their tracebacks. Without it a log shows each error as its one line.
+DEBUG_ENV = "HYDROAGENT_DEBUG"
+
+
+def tracebacks_wanted() -> bool:
+    """Whether logs should carry tracebacks (``hydroagent --debug``, or :data:`DEBUG_ENV` set to 1)."""
+    return os.environ.get(DEBUG_ENV, "") == "1"
 
 
 class HydroAgentError(Exception):
@@ -52,3 +64,14 @@ class ConfigError(HydroAgentError, ValueError):
 
 class UsageError(HydroAgentError, ValueError):
     """A command-line argument that cannot be used; the message names the option."""
+
+
+class CannotHealError(HydroAgentError):
+    """A failure that no retry and no later episode can heal: a hosted model that refuses the key (HTTP
+    401/403) or does not know the model (404, "model not found"), a missing API key, a model that does
+    not load, a missing package.
+
+    An episode that meets one does not end as a "policy_error" episode: the error leaves the episode,
+    and a campaign stops at once (:mod:`hydroagent_hpc.campaign.run`), printing this one line, which
+    names the model and the fix. Transient failures (429, 5xx, timeouts) are not of this class.
+    """

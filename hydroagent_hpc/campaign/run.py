@@ -5,6 +5,13 @@ when asked, skips episodes already stored (here or in other stores), runs the re
 (:mod:`hydroagent_hpc.hpc`: serial, local processes or MPI ranks) and writes each episode the
 moment it finishes with the single writer in this process; a killed run loses only the episodes
 in flight.
+
+A failure that no retry and no later episode can heal (a :class:`~hydroagent_hpc.errors.CannotHealError`:
+a refused API key, an unknown model, a missing key, a model that does not load) is not recorded as an
+episode: the task hands back a :class:`Stopped` instead, and ``run_campaign`` stops at once with a
+:class:`CampaignStoppedError` (one line naming the model and the fix), whatever the pool: the
+episodes in flight are abandoned (local workers killed; MPI ranks finish the one they hold and get no
+more), nothing more is written, and everything stored before is kept for the rerun after the fix.
 """
 
 from __future__ import annotations
@@ -12,11 +19,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydroagent_hpc.agents.factory import make_agent
 from hydroagent_hpc.campaign.spec import CampaignSpec, Task, ensure_ready, expand, shard_of
+from hydroagent_hpc.errors import CannotHealError, HydroAgentError, one_line, tracebacks_wanted
 from hydroagent_hpc.hpc.pool import open_pool
 from hydroagent_hpc.sim import open_simulator
 from hydroagent_hpc.sim.basin import load_basin
@@ -29,7 +38,7 @@ if TYPE_CHECKING:  # the pool and simulator modules load when a campaign runs, n
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run_task", "run_campaign", "worker_init"]
+__all__ = ["run_task", "run_or_stop", "run_campaign", "worker_init", "Stopped", "CampaignStoppedError"]
 
 
 _SIMS: dict[str, Simulator] = {}
@@ -52,8 +61,47 @@ def run_task(task: Task) -> Episode:
     basin = load_basin(task.basin_dir)
     sim = _simulator(task.basin_dir, str(task.agent.options.get("backend", "embedded")))
     env = CalibrationEnv(basin, sim, task.env, agent=task.agent.name, seed=task.seed, episode_id=task.episode_id)
-    policy = make_agent(task.agent, task.seed, task.env)
+    try:
+        policy = make_agent(task.agent, task.seed, task.env)
+    except ImportError as exc:  # a package the agent needs: no episode of it can run
+        raise CannotHealError(f"agent {task.agent.name!r} (kind {task.agent.kind}) cannot be built: {one_line(exc)}",
+                              "install the package named, then rerun") from exc
     return run_episode(policy, env)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What a pool task hands back instead of an episode when it met a failure that cannot heal.
+
+    A plain value (the error's one line and exit status), so it travels from any worker process or
+    MPI rank unchanged; :func:`run_campaign` turns it into a :class:`CampaignStoppedError`.
+    """
+
+    episode_id: str
+    agent: str
+    message: str
+    exit_code: int
+
+
+class CampaignStoppedError(HydroAgentError):
+    """A campaign stopped at once by a failure that cannot heal; the message names the model and the fix."""
+
+    exit_code = 1
+
+    def __init__(self, campaign: str, stopped: Stopped) -> None:
+        super().__init__(f"campaign {campaign!r} stopped at episode {stopped.episode_id} (agent {stopped.agent!r}): "
+                         f"{stopped.message}")
+        self.stopped = stopped
+        self.exit_code = stopped.exit_code
+
+
+def run_or_stop(task: Task) -> Episode | Stopped:
+    """:func:`run_task`, with a failure that cannot heal handed back as :class:`Stopped` (what a campaign's
+    pool runs)."""
+    try:
+        return run_task(task)
+    except CannotHealError as exc:
+        return Stopped(task.episode_id, task.agent.name, one_line(exc), exc.exit_code)
 
 
 def worker_init() -> None:
@@ -71,7 +119,8 @@ def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress
     ``pool`` is an open simulation pool (:mod:`hydroagent_hpc.hpc`); without one, a serial pool
     (``workers`` = 1) or a local process pool of ``workers`` is opened here. ``timeout_s`` caps
     one episode (process and MPI pools); an episode that fails or times out is listed in
-    ``failed`` and stays missing, so a rerun tries it again.
+    ``failed`` and stays missing, so a rerun tries it again. A failure that cannot heal raises
+    :class:`CampaignStoppedError` at once (see the module's doc).
     """
     from hydroagent_hpc.store import EpisodeWriter, done_ids
 
@@ -101,11 +150,16 @@ def run_campaign(spec: CampaignSpec, out: str | Path, workers: int = 1, progress
     try:  # a basin that fails to load still closes the bar and the pool opened here
         basins = {b: load_basin(b) for b in {t.basin_dir for t in todo}}
         with EpisodeWriter(out) as writer:
-            for r in pool.map(run_task, todo, ordered=False):
+            results = pool.map(run_or_stop, todo, ordered=False)
+            for r in results:
                 task = todo[r.index]
                 bar.update(1)
+                if r.ok and isinstance(r.value, Stopped):  # no later episode can heal it: stop, record nothing
+                    getattr(results, "close", lambda: None)()  # abandon the episodes in flight now
+                    raise CampaignStoppedError(spec.name, r.value)
                 if not r.ok:
-                    log.error("episode %s failed: %s", task.episode_id, r.error)
+                    error = r.error if tracebacks_wanted() else (r.error.splitlines() or [""])[0]
+                    log.error("episode %s failed: %s", task.episode_id, error)
                     failed.append(task.episode_id)
                     continue
                 ep = r.value

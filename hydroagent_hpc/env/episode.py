@@ -7,6 +7,7 @@ import logging
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.policy import Agent, DirectPolicy, MetersUsage, Policy, StopsWithReason, UsesParameters
 from hydroagent_hpc.env.toolcalls import render_tool_response
+from hydroagent_hpc.errors import CannotHealError, one_line, tracebacks_wanted
 from hydroagent_hpc.types import Episode
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,11 @@ def run_episode(policy: Agent, env: CalibrationEnv) -> Episode:
     calls ran. A :class:`~hydroagent_hpc.env.policy.DirectPolicy` (``run(env)``, and no ``act``)
     drives the direct tools instead. A policy that returns ``None`` ends the episode (its
     ``stop_reason`` if it has one, else "policy_stopped"); one that raises ends it with
-    "policy_error" and the error is logged. Anything else is a ``TypeError``. A policy with
+    "policy_error" and the error is logged (one line; with its traceback under ``hydroagent --debug``),
+    except a :class:`~hydroagent_hpc.errors.CannotHealError` (a refused key, an unknown model, a model
+    that does not load), which no later turn or episode can heal: it leaves ``run_episode`` so that the
+    caller stops (a campaign stops at once) instead of recording it episode after episode. Anything
+    else is a ``TypeError``. A policy with
     ``use_parameters`` (:class:`~hydroagent_hpc.env.policy.UsesParameters`) is first told the
     basin's parameter set.
     """
@@ -39,8 +44,10 @@ def run_episode(policy: Agent, env: CalibrationEnv) -> Episode:
     else:
         try:
             policy.run(env)
+        except CannotHealError:
+            raise
         except Exception as exc:  # an agent's crash must not lose the episode record
-            log.exception("policy %s failed on %s", policy.name, env.basin.basin_id)
+            _log_failure(policy, env, exc)
             env.close(f"policy_error: {type(exc).__name__}")
         if not env.done:
             env.close(_stop_reason(policy))
@@ -51,8 +58,10 @@ def _converse(policy: Policy, env: CalibrationEnv, messages: list[dict[str, str]
     while not env.done:
         try:
             text = policy.act(messages)
+        except CannotHealError:
+            raise
         except Exception as exc:  # an agent's crash must not lose the episode record
-            log.exception("policy %s failed on %s", policy.name, env.basin.basin_id)
+            _log_failure(policy, env, exc)
             env.close(f"policy_error: {type(exc).__name__}")
             break
         if text is None:
@@ -62,6 +71,12 @@ def _converse(policy: Policy, env: CalibrationEnv, messages: list[dict[str, str]
         messages.append({"role": "assistant", "content": text})
         for obs in result.observations:
             messages.append({"role": ROLE_TOOL, "content": render_tool_response(obs)})
+
+
+def _log_failure(policy: Agent, env: CalibrationEnv, exc: Exception) -> None:
+    """A policy's failure as one log line; its traceback too only under ``hydroagent --debug``."""
+    log.error("policy %s failed on %s: %s: %s", policy.name, env.basin.basin_id, type(exc).__name__, one_line(exc),
+              exc_info=exc if tracebacks_wanted() else None)
 
 
 def _stop_reason(policy: Agent) -> str:

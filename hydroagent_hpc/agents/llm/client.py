@@ -28,8 +28,12 @@ is seen and counted here) for one :class:`~hydroagent_hpc.agents.llm.models_file
   in total, cost from the models file's prices, attempts and retries by reason).
 
 Other errors (400, 401, 403, 404, 422) fail at once with a :class:`LLMRequestError` that says
-what to check. The API key is passed to the client and nowhere else: it is scrubbed from every
-message this module logs or raises, and no repr or usage record holds it.
+what to check. Those no retry and no later episode can heal (401 and 403: the key or the account; 402:
+payment; 404, or a 400/422 whose body says the model is unknown: the model id or ``base_url``) raise
+:class:`LLMAccessError`, a :class:`~hydroagent_hpc.errors.CannotHealError`: the episode does not record
+it as a policy error, and a campaign stops at once with one line naming the model and the fix.
+The API key is passed to the client and nowhere else: it is scrubbed from every message this module
+logs or raises, and no repr or usage record holds it.
 """
 
 from __future__ import annotations
@@ -48,12 +52,13 @@ from typing import Any
 
 from hydroagent_hpc.agents.llm.models_file import PLACEHOLDER_KEY, ModelSpec, resolve_api_key
 from hydroagent_hpc.env.toolcalls import LONE_SURROGATE
-from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.errors import CannotHealError, HydroAgentError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChatClient", "Completion", "RateLimiter", "UsageMeter", "LLMError", "LLMRequestError",
-           "RETRY_KINDS", "parse_retry_after", "CUT_MARK", "DISCARDED_MARK", "NOT_TEXT_MARK", "clean_text"]
+__all__ = ["ChatClient", "Completion", "RateLimiter", "UsageMeter", "LLMError", "LLMRequestError", "LLMAccessError",
+           "RETRY_KINDS", "unknown_model_reply", "parse_retry_after", "CUT_MARK", "DISCARDED_MARK", "NOT_TEXT_MARK",
+           "clean_text"]
 
 RETRY_KINDS = ("rate_limit", "timeout", "connection", "server_error", "bad_response")
 _RETRY_STATUS = (408, 409)
@@ -71,13 +76,42 @@ class LLMError(HydroAgentError, RuntimeError):
 
     exit_code = 1  # a run that could not complete
 
-    def __init__(self, message: str, *, kind: str = "", status: int | None = None, attempts: int = 0) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, kind: str = "", status: int | None = None, attempts: int = 0,
+                 fix: str = "") -> None:
+        super().__init__(message, fix)
         self.kind, self.status, self.attempts = kind, status, attempts
 
 
 class LLMRequestError(LLMError):
     """The endpoint refused the request, or retries ran out."""
+
+
+class LLMAccessError(LLMRequestError, CannotHealError):
+    """The endpoint refused the key or the account (401, 402, 403) or does not know the model (404, or a
+    400/422 saying so): nothing a retry or another episode can change. ``fix`` says what to check."""
+
+
+#: A 400 or 422 whose error says the model is unknown (providers differ: OpenAI's code ``model_not_found``,
+#: vLLM's "The model `x` does not exist", Ollama's "model 'x' not found", OpenRouter's "not a valid model ID").
+_UNKNOWN_MODEL = re.compile(r"\bmodel\b[^\n]{0,120}?\b(?:does not exist|not found|is not a valid|no such)\b"
+                            r"|\b(?:unknown|invalid|unsupported|no such) model\b|\bnot a valid model\b", re.I)
+_UNKNOWN_MODEL_CODES = ("model_not_found", "not_found_error", "notfounderror", "unknown_model", "invalid_model")
+
+
+def unknown_model_reply(body: Any) -> bool:
+    """Whether an error reply's body says the model is unknown (its code, type or message)."""
+    err = body.get("error", body) if isinstance(body, Mapping) else body
+    texts: list[str] = []
+    if isinstance(err, Mapping):
+        for key in ("code", "type"):
+            value = err.get(key)
+            if isinstance(value, str) and value.strip().lower() in _UNKNOWN_MODEL_CODES:
+                return True
+        texts += [v for v in (err.get("message"), body.get("message") if isinstance(body, Mapping) else None)
+                  if isinstance(v, str)]
+    elif isinstance(err, str):
+        texts.append(err)
+    return any(_UNKNOWN_MODEL.search(t[:2000]) for t in texts)
 
 
 @dataclass
@@ -320,6 +354,7 @@ class ChatClient:
             t0 = self._clock()
             body: dict[str, Any] | None = None
             answered = False
+            unknown_model = False
             kind: str | None
             status: int | None
             retry_after: float | None
@@ -330,6 +365,7 @@ class ChatClient:
                 kind, status, retry_after = (None, None, None) if answered else ("bad_response", 200, None)
             except Exception as exc:  # classified below; anything not from the API or HTTP is re-raised
                 kind, status, retry_after, detail = self._classify(exc)
+                unknown_model = unknown_model_reply(getattr(exc, "body", None))
             elapsed = self._clock() - t0
             self.meter.api_time_s += elapsed
             if answered:
@@ -339,8 +375,14 @@ class ChatClient:
                 label = kind or f"http_{status}"
                 self.meter.errors[label] = self.meter.errors.get(label, 0) + 1
                 why = f"giving up after {attempt} attempts" if retryable else "not retryable"
-                message = self.scrub(f"{self.spec.name} ({self.spec.model} at {self.spec.base_url}): {detail} "
-                                     f"[{label}; {why}]{self._hint(status)}")
+                where = f"{self.spec.name} ({self.spec.model} at {self.spec.base_url})"
+                fix = None if retryable else self._cannot_heal(status, unknown_model)
+                if fix is not None:  # no retry or later episode can heal it: the caller stops, printing it once
+                    message = self.scrub(f"model {where}: {detail} [{label}; not retryable]")
+                    log.debug("%s; fix: %s", message, fix)
+                    raise LLMAccessError(message, kind=label, status=status, attempts=attempt,
+                                         fix=self.scrub(fix)) from None
+                message = self.scrub(f"{where}: {detail} [{label}; {why}]{self._hint(status)}")
                 log.error("%s", message)
                 raise LLMRequestError(message, kind=label, status=status, attempts=attempt) from None
             delay = self.retry_delay(attempt, retry_after)
@@ -458,6 +500,20 @@ class ChatClient:
                 return "server_error", status, retry_after, detail
             return None, status, None, detail
         raise exc
+
+    def _cannot_heal(self, status: int | None, unknown_model: bool) -> str | None:
+        """The fix for a refusal no retry or later episode can heal; None for the others."""
+        spec = self.spec
+        if status in (401, 403):
+            key = (f"check the key in ${spec.api_key_env}" if spec.api_key_env else
+                   f"entry {spec.name!r} sends no key (api_key_env: null): name the variable holding the server's key")
+            return f"{key} and the account's access to model {spec.model!r}, then rerun (stored episodes are kept)"
+        if status == 402:
+            return f"check the account's credit or billing for {spec.base_url}, then rerun (stored episodes are kept)"
+        if status == 404 or (status in (400, 422) and unknown_model):
+            return (f"check the model id {spec.model!r} of entry {spec.name!r} and its base_url {spec.base_url} in "
+                    "the models file (a local server: the name it serves), then rerun (stored episodes are kept)")
+        return None
 
     def _hint(self, status: int | None) -> str:
         if status in (401, 403):

@@ -71,16 +71,35 @@ import numpy as np
 
 from hydroagent_hpc.agents.llm.trajectory import TemplatePrefixError, TrajectoryBuilder
 from hydroagent_hpc.env import toolcalls
+from hydroagent_hpc.errors import CannotHealError
 from hydroagent_hpc.params import ParameterSet
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HFLocalPolicy", "TurnTrace", "turn_seed", "TOOL_CALL_END"]
+__all__ = ["HFLocalPolicy", "TurnTrace", "turn_seed", "TOOL_CALL_END", "ModelLoadError"]
 
 #: The closing tag of a Hermes tool call; with ``stop_at_tool_call`` a turn also ends there.
 TOOL_CALL_END = "</tool_call>"
 
 _MASK63 = (1 << 63) - 1
+
+
+class ModelLoadError(CannotHealError):
+    """A checkpoint (folder or hub id) that does not load: no later episode can load it either, so a
+    campaign stops at once with this one line, which names the path, why and the fix."""
+
+    def __init__(self, source: str, exc: BaseException) -> None:
+        why = " ".join(str(exc).split())[:300] or type(exc).__name__
+        if isinstance(exc, MemoryError) or "out of memory" in why.lower():
+            fix = "free memory on the device, or choose one with more (the agent's device option)"
+        elif not os.path.exists(source) and (os.path.isabs(source) or source.startswith(".")
+                                             or source.count("/") != 1):
+            fix = f"give the checkpoint folder that exists (path: {source!r} is not there)"
+        else:
+            fix = (f"check that {source} is a complete checkpoint (config.json, the tokenizer's files and the "
+                   "*.safetensors weights, fully copied); a hub id needs the hub or its local cache")
+        super().__init__(f"model {source} does not load: {type(exc).__name__}: {why}", f"{fix}, then rerun")
+        self.source = source
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -387,8 +406,11 @@ def _load(model: Any, tokenizer: Any, device: str, dtype: Any):
 
         source = os.fspath(model)
         dev = _device(device)
-        tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(source)
-        mdl = AutoModelForCausalLM.from_pretrained(source, dtype=_dtype(dtype, dev), device_map=str(dev))
+        try:
+            tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(source)
+            mdl = AutoModelForCausalLM.from_pretrained(source, dtype=_dtype(dtype, dev), device_map=str(dev))
+        except Exception as exc:  # any reason a checkpoint does not load (files, format, memory) stops the run
+            raise ModelLoadError(source, exc) from exc
         return mdl.eval(), tok, source
     if tokenizer is None:
         raise ValueError("a model object needs its tokenizer: HFLocalPolicy(model, tokenizer) or "

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hydroagent_hpc.errors import ConfigError, HydroAgentError
+from hydroagent_hpc.errors import CannotHealError, ConfigError
 from hydroagent_hpc.settings import KeyPath, Settings, from_mapping, invalid, load_file, setting
 from hydroagent_hpc.yamlio import brief
 
@@ -60,8 +60,8 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 MAX_REPLY_CHARS = 200_000
 
 
-class MissingAPIKeyError(HydroAgentError, RuntimeError):
-    """The environment variable that should hold a model's API key is not set."""
+class MissingAPIKeyError(CannotHealError, RuntimeError):
+    """The environment variable that should hold a model's API key is not set (a campaign stops at once)."""
 
 
 @dataclass(frozen=True)
@@ -216,9 +216,10 @@ def resolve_api_key(spec: ModelSpec, environ: Mapping[str, str] | None = None) -
     if value.strip():
         return value.strip()
     if spec.api_key_required:
-        raise MissingAPIKeyError(f"model {spec.name!r} needs an API key in the environment variable "
-                                 f"{spec.api_key_env}, which is not set; export {spec.api_key_env}=... "
-                                 "(keys are read only from the variable the models file names)")
+        raise MissingAPIKeyError(f"model {spec.name!r} ({spec.model} at {spec.base_url}) needs an API key in the "
+                                 f"environment variable {spec.api_key_env}, which is not set",
+                                 f"export {spec.api_key_env}=... (keys are read only from the variable the models "
+                                 "file names), then rerun")
     return PLACEHOLDER_KEY
 
 
