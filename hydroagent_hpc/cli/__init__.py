@@ -9,7 +9,9 @@ for ``ef5 control.txt``; ``basin synth|from-camels``; ``data usgs|camels|verify`
 (``train submit sft``: NOUN VERB OBJECT), besides the single words ``simulate``, ``calibrate``, ``demo`` and
 ``report``. :mod:`hydroagent_hpc.cli.aliases` keeps the old spellings ``submit campaign|sft|grpo`` working
 (unlisted in ``--help``; each logs one warning naming the new spelling). Errors in the input print one clear
-message (file:line, key, fix) and exit with status 2 (an incomplete merge exits 1); no traceback unless ``--debug``.
+message (file:line, key, fix) and exit with status 2 (an incomplete merge exits 1); no traceback unless ``--debug``
+(which also sets :data:`hydroagent_hpc.errors.DEBUG_ENV`, so logs, worker processes included, carry tracebacks).
+Every path an option names is checked before the command runs (:mod:`hydroagent_hpc.cli.paths`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def _blas_single_threaded_for_simulate() -> None:
 _blas_single_threaded_for_simulate()
 
 from hydroagent_hpc import __version__  # noqa: E402  (after the BLAS choice above)
-from hydroagent_hpc.cli import aliases, basins, config, pipeline, runs, store, train  # noqa: E402
-from hydroagent_hpc.errors import HydroAgentError, one_line  # noqa: E402
+from hydroagent_hpc.cli import aliases, basins, config, paths, pipeline, runs, store, train  # noqa: E402
+from hydroagent_hpc.errors import DEBUG_ENV, HydroAgentError, one_line  # noqa: E402
 
 __all__ = ["build_parser", "main"]
 
@@ -61,6 +63,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     basins.add_parsers(sub)
     if argv is not None and _command(argv) in basins.COMMANDS:
+        paths.attach(p)
         return p
     runs.add_parsers(sub)
     store.add_parsers(sub)
@@ -69,6 +72,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     config.add_parsers(sub)
     aliases.add_parsers(sub)
     aliases.hide(sub)
+    paths.attach(p)
     return p
 
 
@@ -79,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if getattr(args, "old_spelling", None):
         logging.getLogger("hydroagent").warning("%s", args.old_spelling)
+    if args.debug:
+        os.environ[DEBUG_ENV] = "1"
     try:
+        paths.check(args)
         return int(args.func(args) or 0)
     except HydroAgentError as exc:  # every error raised on purpose: one message, no traceback
         if args.debug:
