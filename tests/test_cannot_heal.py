@@ -69,6 +69,10 @@ REFUSALS: list[tuple[int, str, dict[str, Any]]] = [
     (403, "plain-text", {"raw": "Forbidden"}),
     (403, "html", {"raw": HTML.format(code=403), "content_type": "text/html"}),
     (402, "openrouter-credits", {"body": {"error": {"message": "Insufficient credits", "code": 402}}}),
+    # OpenAI answers an account out of credit with a 429, but no wait heals it (unlike a rate limit)
+    (429, "openai-insufficient-quota", {"body": _openai_error("You exceeded your current quota, please check your "
+                                                              "plan and billing details.", "insufficient_quota",
+                                                              "insufficient_quota")}),
     (404, "openai-model-not-found", {"body": _openai_error(f"The model `{MODEL_ID}` does not exist or you do not "
                                                            "have access to it.", "invalid_request_error",
                                                            "model_not_found")}),

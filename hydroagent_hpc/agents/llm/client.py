@@ -57,8 +57,8 @@ from hydroagent_hpc.errors import CannotHealError, HydroAgentError
 log = logging.getLogger(__name__)
 
 __all__ = ["ChatClient", "Completion", "RateLimiter", "UsageMeter", "LLMError", "LLMRequestError", "LLMAccessError",
-           "RETRY_KINDS", "unknown_model_reply", "parse_retry_after", "CUT_MARK", "DISCARDED_MARK", "NOT_TEXT_MARK",
-           "clean_text"]
+           "RETRY_KINDS", "unknown_model_reply", "quota_exhausted_reply", "parse_retry_after", "CUT_MARK",
+           "DISCARDED_MARK", "NOT_TEXT_MARK", "clean_text"]
 
 RETRY_KINDS = ("rate_limit", "timeout", "connection", "server_error", "bad_response")
 _RETRY_STATUS = (408, 409)
@@ -96,6 +96,15 @@ class LLMAccessError(LLMRequestError, CannotHealError):
 _UNKNOWN_MODEL = re.compile(r"\bmodel\b[^\n]{0,120}?\b(?:does not exist|not found|is not a valid|no such)\b"
                             r"|\b(?:unknown|invalid|unsupported|no such) model\b|\bnot a valid model\b", re.I)
 _UNKNOWN_MODEL_CODES = ("model_not_found", "not_found_error", "notfounderror", "unknown_model", "invalid_model")
+
+
+def quota_exhausted_reply(body: Any) -> bool:
+    """Whether an error reply (a 429) says the account's quota or credit is used up: OpenAI's code
+    ``insufficient_quota`` ("You exceeded your current quota, please check your plan and billing
+    details"). Unlike a rate limit, no wait heals it within a run."""
+    err = body.get("error", body) if isinstance(body, Mapping) else None
+    return isinstance(err, Mapping) and any(
+        isinstance(err.get(k), str) and err[k].strip().lower() == "insufficient_quota" for k in ("code", "type"))
 
 
 def unknown_model_reply(body: Any) -> bool:
@@ -354,7 +363,7 @@ class ChatClient:
             t0 = self._clock()
             body: dict[str, Any] | None = None
             answered = False
-            unknown_model = False
+            unknown_model = out_of_credit = False
             kind: str | None
             status: int | None
             retry_after: float | None
@@ -366,6 +375,8 @@ class ChatClient:
             except Exception as exc:  # classified below; anything not from the API or HTTP is re-raised
                 kind, status, retry_after, detail = self._classify(exc)
                 unknown_model = unknown_model_reply(getattr(exc, "body", None))
+                if kind == "rate_limit" and quota_exhausted_reply(getattr(exc, "body", None)):
+                    kind, out_of_credit = None, True  # not a rate limit: no wait heals it within the run
             elapsed = self._clock() - t0
             self.meter.api_time_s += elapsed
             if answered:
@@ -376,7 +387,7 @@ class ChatClient:
                 self.meter.errors[label] = self.meter.errors.get(label, 0) + 1
                 why = f"giving up after {attempt} attempts" if retryable else "not retryable"
                 where = f"{self.spec.name} ({self.spec.model} at {self.spec.base_url})"
-                fix = None if retryable else self._cannot_heal(status, unknown_model)
+                fix = None if retryable else self._cannot_heal(status, unknown_model, out_of_credit)
                 if fix is not None:  # no retry or later episode can heal it: the caller stops, printing it once
                     message = self.scrub(f"model {where}: {detail} [{label}; not retryable]")
                     log.debug("%s; fix: %s", message, fix)
@@ -501,9 +512,12 @@ class ChatClient:
             return None, status, None, detail
         raise exc
 
-    def _cannot_heal(self, status: int | None, unknown_model: bool) -> str | None:
+    def _cannot_heal(self, status: int | None, unknown_model: bool, out_of_credit: bool = False) -> str | None:
         """The fix for a refusal no retry or later episode can heal; None for the others."""
         spec = self.spec
+        if out_of_credit:
+            return (f"the account behind {spec.base_url} is out of quota or credit: check its plan and billing, "
+                    "then rerun (stored episodes are kept)")
         if status in (401, 403):
             key = (f"check the key in ${spec.api_key_env}" if spec.api_key_env else
                    f"entry {spec.name!r} sends no key (api_key_env: null): name the variable holding the server's key")
