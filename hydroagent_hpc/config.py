@@ -46,17 +46,21 @@ class RewardConfig(Settings):
     Taken literally, the four activity bonuses (``set_parameters_ok``, ``simulation_ok``,
     ``eval_bonus``, ``improve_bonus``) pay for activity: no-op set_parameters, repeated runs,
     repeated run/evaluate pairs and worse-then-better ladders all earn more than going straight
-    to the same result. "safe" pays ``set_parameters_ok`` only for a change to a parameter set
-    not held before in the episode, and at most once between runs; ``simulation_ok`` only for
-    the first run of a parameter set; counts a distinct parameter set once in n_eval; and caps
-    the four bonuses together at ``shaping_cap`` per episode (a cut shows as a negative
-    ``shaping_cap`` term). Penalties (``parse_failure``, ``simulation_failed``) must then be
-    <= 0. "literal" pays the constants as written, uncapped: for ablations only.
+    to the same result. "safe" counts only novel activity (a change to a parameter set not held
+    before, at most once between runs; the first run of a set; distinct sets in n_eval) and
+    gives the four bonuses a per-episode budget ``B = b_min + shaping_cap``, where ``b_min`` is
+    what the shortest successful episode (run, evaluate) is paid: ``simulation_ok`` (when runs
+    are paid per turn) + ``eval_bonus``. Per turn, the first valid change and the first
+    successful run are paid (``simulation_ok + min(set_parameters_ok, shaping_cap)``); the
+    terminal evaluation and improvement bonuses get the rest of B. A cut shows as a negative
+    ``shaping_cap`` term. Penalties (``parse_failure``, ``simulation_failed``) must then be
+    <= 0. "literal" pays the constants as written, with no budget: farmable, for ablations only.
 
     Epsilon: with "safe", a transcript whose best NSE is that of parameter set P earns at most
-    ``shaping_cap`` (0.25) more than the direct transcript set P, run, evaluate, and farming at
+    ``shaping_cap`` (0.05) more than the direct transcript set P, run, evaluate, and farming at
     P itself (no-op sets, repeated runs, identical run/evaluate pairs) earns nothing over it
-    (tests/test_rewards_farming.py; :mod:`hydroagent_hpc.env.rewards` has the argument).
+    (:mod:`hydroagent_hpc.env.rewards` has the formula and the argument;
+    tests/test_rewards_farming.py and docs/guarantees.md the measured largest excess).
     """
 
     section: ClassVar[str] = "rewards"
@@ -82,10 +86,11 @@ class RewardConfig(Settings):
     shaping: str = setting("safe", choices=("safe", "literal"),
                            fix="use safe (the default) or literal (the constants as written, farmable; for "
                                "ablations)",
-                           help="safe: activity bonuses paid once per new parameter set and capped; literal: as "
-                                "written (farmable)")
-    shaping_cap: float = setting(0.25, ge=0, help="most the activity bonuses may pay per episode with safe shaping "
-                                                  "(0 pays none)")
+                           help="safe: activity bonuses paid once per new parameter set, within a budget "
+                                "(farming earns at most shaping_cap); literal: as written (farmable)")
+    shaping_cap: float = setting(0.05, ge=0, help="epsilon of safe shaping: the most a transcript's activity bonuses "
+                                                  "may exceed those of the shortest successful episode (run, "
+                                                  "evaluate); 0 pays those alone")
 
     def check(self) -> None:
         for name in ("delta_clip", "best_clip"):

@@ -85,57 +85,84 @@ def paid(pay):
 
 def test_both_presets_default_to_safe_shaping():
     for name, cfg in PRESETS.items():
-        assert cfg.rewards.shaping == "safe" and cfg.rewards.shaping_cap == 0.25, name
+        assert cfg.rewards.shaping == "safe" and cfg.rewards.shaping_cap == 0.05, name  # issue 32's bound
         assert to_dict(cfg)["rewards"]["shaping"] == "safe"
 
 
+UNPAID_SET = {"unpaid_set_parameters_ok": 0.02}
+
+
 def test_safe_ledger_pays_novel_activity_once():
+    """Novelty decides what counts at all: a call that is not novel is recorded unpaid and leaves the budget
+    to the calls that are."""
     led = RewardLedger(RewardConfig(), target=0.7)
-    p = sets(3)
-    assert led.set_parameters(p[0], p[0]).terms == {"unpaid_set_parameters_ok": 0.02}  # a no-op
-    assert led.set_parameters(p[0], p[1]).reward == pytest.approx(0.02)
-    assert led.set_parameters(p[1], p[0]).reward == 0.0  # back to a set held before
-    assert led.set_parameters(p[0], p[1]).reward == 0.0
-    assert led.set_parameters(p[1], p[2]).terms == {"unpaid_set_parameters_ok": 0.02}  # new, but no run since
-    assert led.set_parameters(p[2], p[1]).reward == 0.0
-    assert led.simulation(True, p[1]).reward == pytest.approx(0.05)
-    assert led.simulation(True, p[1]).terms == {"unpaid_simulation_ok": 0.05}  # the same set again
+    p = sets(5)
+    assert led.set_parameters(p[0], p[0]).terms == UNPAID_SET  # a no-op
+    assert led.simulation(True, p[0]).reward == pytest.approx(0.05)  # the first run of a set
+    assert led.simulation(True, p[0]).terms == {"unpaid_simulation_ok": 0.05}  # the same set again
+    assert led.set_parameters(p[0], p[1]).reward == pytest.approx(0.02)  # the first change
+    assert led.set_parameters(p[1], p[0]).terms == UNPAID_SET  # back to a set held before
+    assert led.set_parameters(p[0], p[1]).terms == UNPAID_SET
+    assert led.set_parameters(p[1], p[2]).terms == UNPAID_SET  # new, but no run since the paid one
     assert led.simulation(False, p[2]).terms == {"simulation_failed": 0.0}
-    assert led.simulation(True, p[2]).reward == 0.0  # p2 has run (and failed) before
+    assert led.simulation(True, p[2]).terms == {"unpaid_simulation_ok": 0.05}  # p2 has run (and failed) before
     assert led.parse_failure().reward == pytest.approx(-0.5)  # penalties always
+    pay = led.simulation(True, p[3])  # novel, but the per-turn part of the budget is spent: recorded as cut
+    assert pay.reward == 0.0 and pay.terms == {"simulation_ok": 0.05, "shaping_cap": -0.05}
+    assert led.shaping_paid == pytest.approx(0.07) == pytest.approx(led.turn_budget)
     led.evaluation(0.5, p[1])
     led.evaluation(0.5, p[1])  # a second fresh run of the same set, evaluated again
     assert led.n_eval == 2 and led.n_eval_paid == 1
-    assert led.terminal().terms["eval_bonus"] == pytest.approx(0.02)
-    pay = led.set_parameters(p[1], sets(4)[3])  # a new set after a run
-    assert pay.reward == pytest.approx(0.02) == pytest.approx(sum(paid(pay).values()))
+    assert led.terminal().terms["eval_bonus"] == pytest.approx(0.02) and "shaping_cap" not in led.terminal().terms
     assert led.queued().reward == 0.0 and not led.set_paid_since_run  # a queued candidate counts as a run
-    assert led.set_parameters(sets(4)[3], sets(5)[4]).reward == pytest.approx(0.02)
+    assert led.set_parameters(p[3], p[4]).terms == {"set_parameters_ok": 0.02, "shaping_cap": -0.02}
 
 
-def test_safe_ledger_caps_shaping_per_episode():
-    cfg = RewardConfig(shaping_cap=0.1)
-    led = RewardLedger(cfg, target=0.7)
-    p = sets(6)
-    assert led.set_parameters(p[0], p[1]).reward == pytest.approx(0.02)
-    assert led.simulation(True, p[1]).reward == pytest.approx(0.05)
-    pay = led.set_parameters(p[1], p[2])
-    assert pay.reward == pytest.approx(0.02) and "shaping_cap" not in pay.terms
-    pay = led.simulation(True, p[2])  # 0.01 left of the cap
-    assert pay.reward == pytest.approx(0.01) and pay.terms == {"simulation_ok": 0.05,
-                                                               "shaping_cap": pytest.approx(-0.04)}
-    assert led.set_parameters(p[2], p[3]).reward == 0.0 and led.shaping_paid == pytest.approx(0.1)
-    for i, nse in enumerate((0.1, 0.2, 0.3, 0.4), start=1):  # a ladder: 4 evaluations, 3 improvements after the first
-        pay, imp = led.evaluation(nse, p[i])
-        assert imp
+def ladder(led, n, start=0):
+    """n set/run/evaluate cycles of new sets, each better than the last; the sum of what they paid per turn."""
+    p = sets(start + n + 1)
+    paid = 0.0
+    for i in range(start, start + n):
+        paid += led.set_parameters(p[i], p[i + 1]).reward + led.simulation(True, p[i + 1]).reward
+        assert led.evaluation(0.1 + i / 100, p[i + 1])[1]
+    return paid
+
+
+def test_safe_ledger_budget():
+    """B = b_min + epsilon over the four bonuses (b_min: what run, evaluate is paid), the first valid change
+    and run paid per turn, the terminal evaluation and improvement bonuses paid from the rest."""
+    paper, released = PRESETS["paper"].rewards, PRESETS["released"].rewards
+    led = RewardLedger(paper, target=0.7)
+    assert led.budget == pytest.approx(0.05 + 0.02 + 0.05) and led.turn_budget == pytest.approx(0.05 + 0.02)
+    assert ladder(led, 6) == pytest.approx(0.07)  # the first cycle's set and run
     t = led.terminal()
-    assert t.terms["eval_bonus"] == pytest.approx(0.08) and t.terms["improve_bonus"] == pytest.approx(0.3)
-    assert t.terms["shaping_cap"] == pytest.approx(-0.38)  # the cap was spent per turn
-    assert t.reward == pytest.approx(sum(t.terms.values())) == pytest.approx(0.4)
-    assert led.terminal() == t  # pure
-    # the cap spans per-turn and terminal bonuses; literal shaping has none
+    assert t.terms["eval_bonus"] == pytest.approx(0.12) and t.terms["improve_bonus"] == pytest.approx(0.5)
+    assert t.terms["shaping_cap"] == pytest.approx(0.05 - 0.62)  # epsilon is left to evaluations and improvements
+    assert t.reward == pytest.approx(sum(t.terms.values())) and led.terminal() == t  # pure
+    # the direct route is paid in full: set, run, evaluate
+    one = RewardLedger(paper, target=0.7)
+    assert ladder(one, 1) == pytest.approx(0.07) and "shaping_cap" not in one.terminal().terms
+    assert one.terminal().terms["eval_bonus"] == pytest.approx(0.02)
+    # released pays no per-turn term: the budget is the first evaluation's bonus and epsilon
+    rel = RewardLedger(released, target=0.7)
+    assert rel.budget == pytest.approx(0.02 + 0.05) and ladder(rel, 7) == 0.0
+    assert rel.terminal().terms["shaping_cap"] == pytest.approx(0.07 - (7 * 0.02 + 6 * 0.1))
+    # the rounds protocol pays no run bonus, so its shortest episode is paid none and its budget counts none
+    rounds = RewardLedger(paper, target=0.7, protocol="rounds")
+    assert rounds.budget == pytest.approx(0.02 + 0.05) and rounds.turn_budget == pytest.approx(0.02)
+    # epsilon 0: only what run, evaluate is paid (a set_parameters can be skipped: the per-turn part is one run)
+    tight = RewardLedger(RewardConfig(shaping_cap=0.0), target=0.7)
+    assert ladder(tight, 3) == pytest.approx(0.05) and tight.terminal().terms["shaping_cap"] == pytest.approx(
+        0.02 - (3 * 0.02 + 2 * 0.1))
+    # a negative constant is a cost, paid in full outside the budget
+    cost = RewardLedger(RewardConfig(set_parameters_ok=-0.01, improve_bonus=-0.05), target=0.7)
+    assert ladder(cost, 3) == pytest.approx(-0.01 + 0.05 - 0.01 - 0.01)
+    assert cost.terminal().terms["improve_bonus"] == pytest.approx(-0.1) and "shaping_cap" not in cost.terminal().terms
+    # literal shaping has no budget
     lit = RewardLedger(RewardConfig(shaping="literal", shaping_cap=0.1), target=0.7)
-    assert sum(lit.simulation(True, p[0]).reward for _ in range(5)) == pytest.approx(0.25)
+    assert lit.budget == math.inf and sum(lit.simulation(True, sets(1)[0]).reward for _ in range(5)) == pytest.approx(
+        0.25)
+    assert ladder(lit, 4, start=1) == pytest.approx(4 * 0.07)
 
 
 def test_reward_config_refuses_bad_shaping(tmp_path):

@@ -245,7 +245,7 @@ def test_padding_in_one_message_is_paid_once(basin, small_sim):
     nse = env.sims[1].metrics["NSE"]
     assert r.reward == pytest.approx(0.07 + max(min(nse, 1.0), -1.0))
     ep = env.episode()
-    assert ep.config["env"]["rewards"]["shaping"] == "safe" and ep.config["env"]["rewards"]["shaping_cap"] == 0.25
+    assert ep.config["env"]["rewards"]["shaping"] == "safe" and ep.config["env"]["rewards"]["shaping_cap"] == 0.05
     assert ep.terminal_terms["eval_bonus"] == pytest.approx(0.02) and ep.counters["simulations"] == 2
 
 

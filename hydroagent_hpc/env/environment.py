@@ -121,7 +121,7 @@ class CalibrationEnv:
         self.params: ParamValues = self._initial  # validated and immutable: passed on, never copied or re-checked
         self.turns: list[Turn] = []
         self.sims: list[SimRecord] = []
-        self.ledger = RewardLedger(self.config.rewards, self.target)
+        self.ledger = RewardLedger(self.config.rewards, self.target, protocol=self.config.protocol)
         self.best_run: int | None = None
         self.done = False
         self.stop_reason = ""
