@@ -78,9 +78,14 @@ def test_a_run_started_before_a_key_existed_resumes_while_the_key_holds_its_defa
     for key in ("generator", "engine", "fsdp", "activation_checkpointing"):
         del doc["config"][key]  # as an older version wrote it
     (run / "config.yaml").write_text(yaml.safe_dump(doc))
-    (run / "checkpoints" / "step-3").mkdir(parents=True)
-    (run / "checkpoints" / "step-3" / "trainer.pt").write_bytes(b"")
-    (run / "checkpoints" / "latest").write_text("step-3\n")
+    import torch
+
+    from hydroagent_hpc.train.checkpoint import TrainerState, save_checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    save_checkpoint(run, model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                    TrainerState(step=3))  # its manifest records the config as the older version wrote it
     defaults = field_defaults(GRPOConfig)
     assert prepare_run_dir(run, config, True, ConfigError, defaults) == run / "checkpoints" / "step-3"
     with pytest.raises(ConfigError, match="differs in fsdp"):

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,35 +21,41 @@ import yaml
 
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.provenance import provenance
-from hydroagent_hpc.train.checkpoint import latest_checkpoint
+from hydroagent_hpc.train.checkpoint import config_changes, has_checkpoints, resume_point
+
+log = logging.getLogger(__name__)
 
 __all__ = ["prepare_run_dir", "field_defaults", "write_run_config", "package_version", "MetricsCSV"]
 
 
 def prepare_run_dir(run_dir: Path, config: Mapping[str, Any], resume: bool,
-                    error: type[ConfigError] = ConfigError, defaults: Mapping[str, Any] | None = None) -> Path | None:
+                    error: type[ConfigError] = ConfigError, defaults: Mapping[str, Any] | None = None,
+                    model: Any = None) -> Path | None:
     """The checkpoint to resume from (or None); ``config`` is the run's config as a dict.
 
     A resumed run must have the config it started with. ``defaults`` (the config class's field
     defaults, :func:`field_defaults`) lets a run started before a key existed resume: a key missing
     from the stored config counts as unchanged while the new config holds its default.
+
+    The checkpoint is the newest intact one (:func:`~hydroagent_hpc.train.checkpoint.resume_point`:
+    checksums, and the tensor shapes of ``model``, the unwrapped model about to load it, when given);
+    a damaged newer one is named in a warning, and when none is intact
+    :class:`~hydroagent_hpc.train.checkpoint.CheckpointError` says how to go on.
     """
-    latest = latest_checkpoint(run_dir)
-    if latest is not None and not resume:
-        raise error(f"--out {run_dir}: holds checkpoints of a run (latest {latest.name})",
+    if not has_checkpoints(run_dir):
+        return None
+    if not resume:
+        raise error(f"--out {run_dir}: holds checkpoints of a run ({run_dir / 'checkpoints'})",
                     "pass --resume to continue it, or choose a new --out folder")
     saved = run_dir / "config.yaml"
-    if latest is not None and saved.is_file():
+    if saved.is_file():
         old = dict((yaml.safe_load(saved.read_text()) or {}).get("config") or {})
-        for key, value in (defaults or {}).items():
-            if key not in old and key in config:  # a key added since the run started, at its default
-                old[key] = value
-        if old != dict(config):
-            changed = sorted(k for k in config if old.get(k) != config[k])
+        changed = config_changes(old, config, defaults)
+        if changed:
             raise error(f"--out {run_dir}: was started with another config (differs in {', '.join(changed)}); "
                         f"a resumed run must use the same one",
                         f"resume with the config in {saved}, or choose a new --out folder")
-    return latest
+    return resume_point(run_dir, config=config, defaults=defaults, model=model)
 
 
 def field_defaults(cls: type) -> dict[str, Any]:
@@ -89,14 +96,38 @@ class MetricsCSV:
         self.path, self.columns = path, tuple(columns)
         self.rows: list[list[str]] = []
         if resumed_step is not None and path.is_file():
-            with open(path, newline="") as fh:
-                self.rows = [r for r in list(csv.reader(fh))[1:] if r and int(r[0]) <= resumed_step]
+            self.rows = self._kept_rows(resumed_step)
         tmp = path.with_suffix(".csv.tmp")
         with open(tmp, "w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(self.columns)
             w.writerows(self.rows)
         os.replace(tmp, path)
+
+    def _kept_rows(self, resumed_step: int) -> list[list[str]]:
+        """The rows of steps 1 .. ``resumed_step`` (those the checkpoint holds), each once. A row that is
+        not whole (a write cut off by a kill or a full disk) is dropped with a warning, as is a step
+        after the checkpoint (it runs again)."""
+        with open(self.path, newline="", errors="replace") as fh:
+            rows = list(csv.reader(fh))[1:]
+        kept: dict[int, list[str]] = {}
+        for i, r in enumerate(rows, 2):
+            try:
+                step = int(r[0]) if len(r) == len(self.columns) else None
+            except ValueError:
+                step = None
+            if step is None:
+                if r:
+                    log.warning("%s:%d: an incomplete row (%d of %d fields), dropped", self.path, i, len(r),
+                                len(self.columns))
+                continue
+            if 1 <= step <= resumed_step:
+                kept[step] = r
+        missing = [s for s in range(1, resumed_step + 1) if s not in kept]
+        if missing:
+            log.warning("%s: no row for step(s) %s of the %d the checkpoint holds", self.path,
+                        ", ".join(map(str, missing[:10])), resumed_step)
+        return [kept[s] for s in sorted(kept)]
 
     def write(self, row: Mapping[str, Any]) -> None:
         with open(self.path, "a", newline="") as fh:

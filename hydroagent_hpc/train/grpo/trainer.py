@@ -198,14 +198,18 @@ class _Metrics(MetricsCSV):
         import h5py
 
         if resumed_step is not None and self.h5.is_file():
-            with h5py.File(self.h5, "a") as f:
-                keep = int(np.sum(f["metrics/step"][:] <= resumed_step))
-                for name in METRICS_COLUMNS:
-                    if name not in f["metrics"]:  # a column added since the run started: NaN so far
-                        f["metrics"].create_dataset(name, data=np.full(keep, np.nan), maxshape=(None,), chunks=(256,))
-                    f[f"metrics/{name}"].resize((keep,))
-                f.attrs["columns"] = list(METRICS_COLUMNS)
-            return
+            problem = self._h5_problem(resumed_step)
+            if problem is None:
+                with h5py.File(self.h5, "a") as f:
+                    keep = int(np.sum(f["metrics/step"][:] <= resumed_step))
+                    for name in METRICS_COLUMNS:
+                        if name not in f["metrics"]:  # a column added since the run started: NaN so far
+                            f["metrics"].create_dataset(name, data=np.full(keep, np.nan), maxshape=(None,),
+                                                        chunks=(256,))
+                        f[f"metrics/{name}"].resize((keep,))
+                    f.attrs["columns"] = list(METRICS_COLUMNS)
+                return
+            log.warning("%s: %s; rebuilt from %s (values at its 8 significant digits)", self.h5, problem, self.path)
         tmp = self.h5.with_suffix(".h5.tmp")
         with h5py.File(tmp, "w") as f:
             f.attrs["columns"] = list(METRICS_COLUMNS)
@@ -214,11 +218,33 @@ class _Metrics(MetricsCSV):
                 dtype = h5py.string_dtype("utf-8") if name == "stop_reasons" else np.float64
                 g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(256,))
         os.replace(tmp, self.h5)
+        for row in self.rows:  # the rows metrics.csv keeps (none on a fresh start)
+            self._append_h5(dict(zip(self.columns, row)))
 
-    def write(self, row: Mapping[str, Any]) -> None:
+    def _h5_problem(self, resumed_step: int) -> str | None:
+        """Why ``metrics.h5`` cannot be trimmed to the checkpoint's rows (a write cut off by a kill, a
+        damaged file), or None: it must open, hold the step column, and hold the same steps 1 .. the
+        checkpoint's step as ``metrics.csv``'s kept rows, every column as long as the step column."""
         import h5py
 
-        super().write(row)
+        try:
+            with h5py.File(self.h5, "r") as f:
+                g = f["metrics"]
+                steps = np.asarray(g["step"][:], dtype=np.float64)
+                lengths = {name: g[name].shape[0] for name in g}
+        except (OSError, KeyError, ValueError, TypeError) as exc:
+            return f"cannot be read ({type(exc).__name__})"
+        kept = steps[steps <= resumed_step]
+        if [int(s) for s in kept] != [int(r[0]) for r in self.rows]:
+            return f"its steps up to {resumed_step} differ from {self.path.name}'s"
+        short = sorted(name for name, n in lengths.items() if n < len(kept))
+        if short:
+            return f"column(s) {', '.join(short[:3])} shorter than the step column"
+        return None
+
+    def _append_h5(self, row: Mapping[str, Any]) -> None:
+        import h5py
+
         with h5py.File(self.h5, "a") as f:
             for name in METRICS_COLUMNS:
                 ds = f[f"metrics/{name}"]
@@ -228,8 +254,19 @@ class _Metrics(MetricsCSV):
                 if name == "stop_reasons":
                     ds[n] = str(value or "")
                 else:
-                    ds[n] = float("nan") if value is None else float(value)
+                    ds[n] = _as_float(value)
             f.flush()
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        super().write(row)
+        self._append_h5(row)
+
+
+def _as_float(value: Any) -> float:
+    """A metric value as a float: None and '' (a missing value, as metrics.csv writes it) are NaN."""
+    if value is None or value == "":
+        return float("nan")
+    return float(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,7 +454,8 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     require_fits(config, "grpo", world, device)  # on a GPU: the memory plan, before any weight is loaded
     torch.manual_seed(config.seed)
     model, tokenizer = load_policy(config, device)
-    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, ConfigError, field_defaults(GRPOConfig))
+    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, ConfigError, field_defaults(GRPOConfig),
+                                  model=model)
     if world > 1:
         dist.barrier()  # every rank has read the run folder before rank 0 writes to it
     reference = None

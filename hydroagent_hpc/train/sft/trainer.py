@@ -376,7 +376,8 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     require_fits(config, "sft", plan_world, plan_device)
     model, tokenizer = _load_model(config)
     lengths = _check_data_fits(dataset, config, model)
-    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, ConfigError, field_defaults(SFTConfig))
+    resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, ConfigError, field_defaults(SFTConfig),
+                                  model=model)
 
     # 2. processes and the model on them
     accelerator = make_accelerator(config.collective_timeout_s)
