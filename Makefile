@@ -52,8 +52,17 @@ else
 $(error TESTS=$(TESTS): use TESTS=fast (the default, without the tests marked slow) or TESTS=all)
 endif
 
+# JOBS=N runs the tests in N processes (pytest-xdist): each file on one process, the Slurm and MPI tests one
+# at a time (tests/conftest.py SHARED_MACHINERY).
+JOBS ?= 1
+ifeq ($(JOBS),1)
+PYTEST_JOBS :=
+else
+PYTEST_JOBS := -n $(JOBS) --dist loadgroup
+endif
+
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_SELECT) tests; rc=$$?; \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_JOBS) $(PYTEST_SELECT) tests; rc=$$?; \
 	if [ "$(TESTS)" = fast ]; then echo "make test: the tests marked slow (training processes, Slurm, MPI, learning runs," \
 	"long fuzzing) were left out; run every test with: make test TESTS=all  (as .ci/run does)"; fi; exit $$rc
 

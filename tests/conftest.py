@@ -83,8 +83,24 @@ def small_sim(small_basin_dir):
     return EmbeddedSimulator(small_basin_dir / "control.txt", cache_dir=False)
 
 
+#: Under pytest-xdist (``make test JOBS=2``, ``--dist loadgroup``) the tests of one file run on one worker
+#: (their module fixtures, a trained tiny model say, are built once), and every test that starts Slurm jobs
+#: or an MPI world runs on one worker, one at a time, as without xdist: two at once would queue behind each
+#: other on the single node and race their own timeouts.
+SHARED_MACHINERY = ("slurm", "mpi")
+
+
+def _xdist_groups(items) -> None:
+    for item in items:
+        shared = next((m for m in SHARED_MACHINERY if item.get_closest_marker(m) is not None), None)
+        item.add_marker(pytest.mark.xdist_group("cluster" if shared else item.nodeid.split("::")[0]))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device."""
+    """Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device; under xdist, each test
+    gets its group (:data:`SHARED_MACHINERY`)."""
+    if getattr(config.option, "dist", "no") != "no":
+        _xdist_groups(items)
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not marked:
         return
