@@ -30,7 +30,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     status = pipeline_status(args.run_dir)
     print(json.dumps(status, default=str) if args.json else format_status(status))
-    return 0
+    return 1 if any(r["status"] == "damaged" for r in status["stages"]) else 0  # its row names the file and field
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from hydroagent_hpc.pipeline.spec import POLICIES, STAGES, PipelineSpec
-from hydroagent_hpc.pipeline.state import read_record
+from hydroagent_hpc.pipeline.state import PipelineStateError, read_record
 from hydroagent_hpc.report import figures as fig
 from hydroagent_hpc.report import tables as tab
 from hydroagent_hpc.report.document import Block, Figure, Heading, Paragraph, Table, to_html, to_markdown
@@ -155,7 +155,11 @@ def format_table1(t1: pd.DataFrame) -> str:
 def _stage_rows(run_dir: Path) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for stage in STAGES:
-        rec = read_record(run_dir, stage) or {}
+        try:
+            rec = read_record(run_dir, stage) or {}
+        except PipelineStateError as exc:
+            rows.append((stage, "damaged", "", "", exc.message))
+            continue
         wall = rec.get("wall_s")
         rows.append((stage, str(rec.get("status", "not started")), "" if wall is None else f"{wall:.1f}",
                      str(rec.get("attempts", "")), str(rec.get("why", ""))))

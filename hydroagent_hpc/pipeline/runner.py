@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hydroagent_hpc.errors import one_line
 from hydroagent_hpc.hpc.jobs import slurm_active_jobs
 from hydroagent_hpc.pipeline import stages as st
 from hydroagent_hpc.pipeline.spec import STAGES, PipelineSpec, load_pipeline, pipeline_from_mapping
-from hydroagent_hpc.pipeline.state import PipelineError, read_record
+from hydroagent_hpc.pipeline.state import PipelineError, PipelineStateError, read_record, read_submit_record
 from hydroagent_hpc.yamlio import load_strict
 
 log = logging.getLogger(__name__)
@@ -91,12 +92,7 @@ def run_pipeline(path: str | Path, run_dir: str | Path, *, workers: int = 1, unt
 
 def _slurm_jobs_active(run: Path) -> list[str]:
     """Jobs of a `pipeline submit` of this folder that Slurm still has queued or running."""
-    import json
-
-    record = run / "submit.json"
-    if not record.is_file():
-        return []
-    submitted = json.loads(record.read_text())
+    submitted = read_submit_record(run)
     if submitted.get("cluster") != "slurm":  # local jobs are processes of a finished `submit --cluster local`
         return []
     jobs = submitted.get("jobs") or {}
@@ -141,10 +137,16 @@ def pipeline_status(run_dir: str | Path) -> dict[str, Any]:
     run = Path(run_dir).resolve()
     spec = load_run_spec(run)
     busy = _locked(run)
-    rows = []
+    rows: list[dict[str, Any]] = []
     pending: dict[str, str] = {}  # stage -> what a rerun would do, for the stages that would run
     for stage in STAGES:
-        rec = read_record(run, stage) or {}
+        try:
+            rec = read_record(run, stage) or {}
+        except PipelineStateError as exc:  # named in its row; `pipeline run` stops on it
+            pending[stage] = "-"
+            rows.append({"stage": stage, "status": "damaged", "next": "-", "why": one_line(exc), "attempts": None,
+                         "wall_s": None, "finished_utc": None, "job": None, "error": None, "summary": None})
+            continue
         after = [up for up in st.reads(spec, stage) if up in pending]
         if after:  # its inputs will change (or appear) when these run
             next_action, why = "wait", f"runs after {', '.join(after)}"

@@ -30,16 +30,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from hydroagent_hpc.agents.llm.models_file import default_models_file
 from hydroagent_hpc.campaign import load_campaign
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.pipeline.spec import STAGES, PipelineSpec
 from hydroagent_hpc.pipeline.state import (
+    PipelineStateError,
     input_digest,
     output_record,
     read_record,
@@ -87,6 +89,9 @@ class Plan:
     why: str
     inputs: str
     parts: Mapping[str, Any]
+    #: the records (size, time, checksum per file) of the files the stage reads besides upstream outputs and
+    #: its section (agents' model folders, scripts, the models file), kept so that unchanged ones are not re-read
+    input_files: Mapping[str, Any] = field(default_factory=dict)
 
 
 def stage_dir(run_dir: Path, stage: str) -> Path:
@@ -128,7 +133,11 @@ def reads(spec: PipelineSpec, stage: str) -> dict[str, tuple[str, ...] | None]:
 
 
 def upstream_outputs(spec: PipelineSpec, run_dir: Path, stage: str) -> dict[str, dict[str, Any]]:
-    """``{upstream stage: {output name: output record}}`` of what ``stage`` reads; each upstream must be done."""
+    """``{upstream stage: {output name: output record}}`` of what ``stage`` reads; each upstream must be done.
+
+    A basin's output is its ``manifest.json``, which holds the size and SHA-256 of every file of the
+    basin; the folder is checked against it here, so a grid edited after the basins stage (the
+    manifest left as it was) stops the stage instead of passing for the basin it was."""
     groups = {b.name: b.group for b in spec.basins}
     out: dict[str, dict[str, Any]] = {}
     for up, names in reads(spec, stage).items():
@@ -138,32 +147,95 @@ def upstream_outputs(spec: PipelineSpec, run_dir: Path, stage: str) -> dict[str,
             if names is None or key in names or (up == "basins" and f"@{groups.get(key)}" in names):
                 picked[key] = rec
         out[up] = picked
+    for name in out.get("basins", {}):
+        problem = _basin_changed(spec, run_dir, name)
+        if problem:
+            raise StageError(f"stage {stage} reads basin {name}, changed since the basins stage: {problem}",
+                             f"run the pipeline again: the basins stage comes first ({_basin_fix(spec, name)})")
     return out
+
+
+def _basin_folder(spec: PipelineSpec, run_dir: Path, name: str) -> Path:
+    b = next(b for b in spec.basins if b.name == name)
+    return Path(b.settings["folder"]) if b.kind == "folder" else run_dir / "basins" / b.name
+
+
+def _basin_changed(spec: PipelineSpec, run_dir: Path, name: str) -> str | None:
+    """How basin ``name``'s files differ from its manifest (the first differences), or None."""
+    if not any(b.name == name for b in spec.basins):
+        return None
+    problems = verify_manifest(_basin_folder(spec, run_dir, name), required=True)
+    return "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "") \
+        if problems else None
+
+
+def _basin_fix(spec: PipelineSpec, name: str) -> str:
+    b = next(b for b in spec.basins if b.name == name)
+    if b.kind == "folder":
+        return (f"to keep the edit, record it first with `hydroagent data verify {b.settings['folder']} --write`, "
+                "and every stage that reads the basin runs again; else restore the file")
+    return "a synthetic basin is built again from its settings; edit them in the pipeline file instead"
+
+
+def _files_read(spec: PipelineSpec, stage: str) -> list[Path]:
+    """The files and folders a campaign stage's agents read besides the pipeline's own outputs: an
+    ``hf_local`` agent's model folder, a ``scripted`` agent's script, the models file of ``openai`` agents."""
+    if stage not in CAMPAIGN_STAGES:
+        return []
+    base = Path(spec.source).resolve().parent
+    agents = spec.teacher.agents if stage == "teacher" else spec.evaluation.agents
+    paths: list[Path] = []
+    for agent in agents:
+        for key in ("path", "script"):
+            if isinstance(agent.get(key), str):
+                p = Path(agent[key]).expanduser()
+                paths.append(p if p.is_absolute() else base / p)
+        if agent.get("kind") == "openai":
+            paths.append(default_models_file())
+    return sorted({p.resolve() for p in paths if p.exists()})
+
+
+def _input_files(spec: PipelineSpec, run_dir: Path, stage: str, known: Any) -> dict[str, Any]:
+    """``{path: record}`` of :func:`_files_read` (files whose size and time are those of ``known`` keep
+    their checksum, so a model folder is hashed once)."""
+    known = known if isinstance(known, dict) else {}
+    return {str(p): output_record(run_dir, p, known.get(str(p)) if isinstance(known.get(str(p)), dict) else None)
+            for p in _files_read(spec, stage)}
 
 
 def decide(spec: PipelineSpec, run_dir: Path, stage: str) -> Plan:
     """Skip, resume or start ``stage`` afresh (see the module docstring); upstream stages must be done."""
-    ups = upstream_outputs(spec, run_dir, stage)
-    parts = {"section": spec.section(stage),
-             "upstream": {up: {k: r["sha256"] for k, r in recs.items()} for up, recs in ups.items()}}
-    digest = input_digest(parts)
     rec = read_record(run_dir, stage)
+    ups = upstream_outputs(spec, run_dir, stage)
+    files = _input_files(spec, run_dir, stage, (rec or {}).get("input_files"))
+    parts: dict[str, Any] = {"section": spec.section(stage),
+                             "upstream": {up: {k: r["sha256"] for k, r in recs.items()} for up, recs in ups.items()}}
+    if files:  # only where there are any: the checksum of a stage that reads none stays what it was
+        parts["files"] = {p: r["sha256"] for p, r in files.items()}
+    digest = input_digest(parts)
     if rec is None:
-        return Plan(stage, "fresh", "never run", digest, parts)
+        return Plan(stage, "fresh", "never run", digest, parts, files)
     if rec.get("inputs") != digest:
         old = rec.get("input_parts") or {}
         changed = [k for k in ("section",) if old.get("section") != parts["section"]]
         changed += [f"{up} outputs" for up in parts["upstream"] if (old.get("upstream") or {}).get(up) !=
                     parts["upstream"][up]]
-        return Plan(stage, "fresh", f"inputs changed ({', '.join(changed) or 'checksum'})", digest, parts)
+        changed += [f"file {p}" for p, sha in (parts.get("files") or {}).items()
+                    if (old.get("files") or {}).get(p) != sha]
+        return Plan(stage, "fresh", f"inputs changed ({', '.join(changed) or 'checksum'})", digest, parts, files)
     if rec.get("status") != "done":
         return Plan(stage, "resume", f"interrupted ({rec.get('status')}, attempt {rec.get('attempts', 1)})", digest,
-                    parts)
+                    parts, files)
     for name, out in (rec.get("outputs") or {}).items():
         problem = verify_output(run_dir, out) or _damaged_store(run_dir, stage, out)
         if problem:
-            return Plan(stage, "resume", f"output {name}: {problem}", digest, parts)
-    return Plan(stage, "skip", "done, inputs unchanged", digest, parts)
+            return Plan(stage, "resume", f"output {name}: {problem}", digest, parts, files)
+    if stage == "basins":
+        for b in spec.basins:
+            problem = _basin_changed(spec, run_dir, b.name)
+            if problem:
+                return Plan(stage, "resume", f"basin {b.name}: {problem}", digest, parts, files)
+    return Plan(stage, "skip", "done, inputs unchanged", digest, parts, files)
 
 
 def _damaged_store(run_dir: Path, stage: str, record: Mapping[str, Any]) -> str | None:
@@ -260,7 +332,8 @@ def begin(spec: PipelineSpec, run_dir: Path, stage: str, *, job: str | None = No
     before = (float(old.get("wall_s_before") or 0.0) + float(old.get("wall_s") or 0.0)
               if plan.action == "resume" else 0.0)
     write_record(run_dir, stage, {"stage": stage, "status": "running", "inputs": plan.inputs,
-                                  "input_parts": plan.parts, "action": plan.action, "why": plan.why,
+                                  "input_parts": plan.parts, "input_files": dict(plan.input_files),
+                                  "action": plan.action, "why": plan.why,
                                   "attempts": attempts, "job": job, "started_utc": utc_now(),
                                   "first_started_utc": old.get("first_started_utc", utc_now()),
                                   "wall_s_before": before})
@@ -280,7 +353,8 @@ def _basins(spec: PipelineSpec, run_dir: Path) -> dict[str, Any]:
             problems = verify_manifest(b.settings["folder"], required=True)
             if problems:
                 raise StageError(f"basin folder {b.settings['folder']}: {'; '.join(problems[:3])}",
-                                 "prepare it again (`hydroagent basin from-camels` or `basin synth`)")
+                                 f"prepare it again (`hydroagent basin from-camels` or `basin synth`); "
+                                 f"{_basin_fix(spec, b.name)}")
             kept.append(b.name)
             continue
         s = dict(b.settings)
@@ -455,7 +529,10 @@ def finish(spec: PipelineSpec, run_dir: Path, stage: str, summary: Mapping[str, 
 
 def fail(run_dir: Path, stage: str, error: BaseException) -> None:
     """Record that ``stage`` stopped with ``error`` (the next run resumes it)."""
-    rec = read_record(run_dir, stage)
+    try:
+        rec = read_record(run_dir, stage)
+    except PipelineStateError:  # the error being raised is the one to report; the damage is named next run
+        return
     if rec is None:
         return
     rec.update(status="failed", error=f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",

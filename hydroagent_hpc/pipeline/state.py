@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -29,8 +30,9 @@ from typing import Any
 from hydroagent_hpc.errors import HydroAgentError
 from hydroagent_hpc.sim.manifest import file_sha256
 
-__all__ = ["PipelineError", "file_sha256", "output_record", "verify_output", "input_digest", "read_record",
-           "write_record", "record_path", "utc_now", "write_json_atomic"]
+__all__ = ["PipelineError", "PipelineStateError", "file_sha256", "output_record", "verify_output", "input_digest",
+           "read_record", "check_record", "read_submit_record", "write_record", "record_path", "utc_now",
+           "write_json_atomic", "STATUSES"]
 
 
 class PipelineError(HydroAgentError):
@@ -38,7 +40,14 @@ class PipelineError(HydroAgentError):
     an unknown stage); a bad pipeline file is a :class:`~hydroagent_hpc.errors.ConfigError`."""
 
 
+class PipelineStateError(PipelineError):
+    """A state file of a run folder (``<stage>/stage.json``, ``submit.json``) that is damaged: the message
+    names the file and the field, and the fix says how to go on."""
+
+
 RECORD = "stage.json"
+STATUSES = ("running", "done", "failed")
+_HEX64 = frozenset("0123456789abcdef")
 
 
 def utc_now() -> str:
@@ -104,15 +113,116 @@ def record_path(run_dir: Path, stage: str) -> Path:
     return run_dir / stage / RECORD
 
 
-def read_record(run_dir: Path, stage: str) -> dict[str, Any] | None:
-    path = record_path(run_dir, stage)
+def _load_json(path: Path, fix: str) -> Any:
+    """The JSON in ``path`` (None when there is no such file); damage is a :class:`PipelineStateError`."""
     try:
-        data = json.loads(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):  # a damaged record is no record: the stage runs again
+    except OSError as exc:
+        raise PipelineStateError(f"{path}: cannot be read ({exc.strerror or exc})", fix) from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise PipelineStateError(f"{path}: not UTF-8 text (byte {exc.start})", fix) from None
+    except ValueError as exc:
+        where = f"line {exc.lineno}, column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) \
+            else str(exc)
+        raise PipelineStateError(f"{path}: not JSON ({where})", fix) from None
+    except RecursionError:
+        raise PipelineStateError(f"{path}: not JSON (nested too deep)", fix) from None
+
+
+def _is_hex64(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX64
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_record(path: Path, stage: str, data: Any) -> str | None:
+    """What is wrong with the stage record ``data`` read from ``path`` (a field and its problem), or None."""
+    if not isinstance(data, dict):
+        return f"is a JSON {type(data).__name__}, not an object"
+    if data.get("stage") != stage:
+        return f"field 'stage': {data.get('stage')!r}, the record is {stage}'s"
+    if data.get("status") not in STATUSES:
+        return f"field 'status': {data.get('status')!r} is not one of {', '.join(STATUSES)}"
+    if not _is_hex64(data.get("inputs")):
+        return f"field 'inputs': {str(data.get('inputs'))[:40]!r} is not a SHA-256 (64 hex digits)"
+    for key, kind in (("input_parts", dict), ("input_files", dict), ("summary", dict), ("outputs", dict)):
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            return f"field '{key}': a {type(data[key]).__name__}, not an object"
+    attempts = data.get("attempts")
+    if attempts is not None and (not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1):
+        return f"field 'attempts': {attempts!r} is not a whole number >= 1"
+    for key in ("wall_s", "wall_s_before"):
+        if data.get(key) is not None and not (_number(data[key]) and data[key] >= 0):
+            return f"field '{key}': {data[key]!r} is not a number of seconds >= 0"
+    for key in ("started_utc", "finished_utc", "first_started_utc", "failed_utc", "error", "why", "action"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            return f"field '{key}': {data[key]!r} is not text"
+    if data.get("job") is not None and not isinstance(data["job"], (str, int)):
+        return f"field 'job': {data['job']!r} is not a job id"
+    if data["status"] == "done" and not isinstance(data.get("outputs"), dict):
+        return "field 'outputs': missing from a done stage"
+    for name, out in (data.get("outputs") or {}).items():
+        at = f"outputs.{name}"
+        if not isinstance(out, dict):
+            return f"field '{at}': not an object"
+        if not isinstance(out.get("path"), str) or not out["path"]:
+            return f"field '{at}.path': {out.get('path')!r} is not a path"
+        if not _is_hex64(out.get("sha256")):
+            return f"field '{at}.sha256': {str(out.get('sha256'))[:40]!r} is not a SHA-256"
+        files = out.get("files")
+        if not isinstance(files, dict):
+            return f"field '{at}.files': not an object"
+        for rel, entry in files.items():
+            if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                        for v in entry[:2])
+                    and entry[0] >= 0 and _is_hex64(entry[2])):
+                return f"field '{at}.files.{rel}': {str(entry)[:60]} is not [size, mtime_ns, sha256]"
+    return None
+
+
+def read_record(run_dir: Path, stage: str) -> dict[str, Any] | None:
+    """``RUN/<stage>/stage.json``, checked field by field; None when there is none. A damaged one is a
+    :class:`PipelineStateError` naming the file and the field: nothing decides on a record it cannot read
+    (a stage whose record is lost would start afresh and clear its folder)."""
+    path = record_path(run_dir, stage)
+    fix = (f"restore {path} from a copy, or delete it to run stage {stage} again from its start "
+           f"(its folder {path.parent} is cleared then)")
+    data = _load_json(path, fix)
+    if data is None and not path.exists():
         return None
-    return data if isinstance(data, dict) else None
+    problem = check_record(path, stage, data)
+    if problem:
+        raise PipelineStateError(f"{path}: {problem}", fix)
+    return dict(data)
+
+
+def read_submit_record(run_dir: Path) -> dict[str, Any]:
+    """``RUN/submit.json`` (what ``pipeline submit`` recorded: ``cluster`` and ``jobs`` per stage), checked; {}
+    when there is none. A damaged one is a :class:`PipelineStateError` naming the file and the field."""
+    path = run_dir / "submit.json"
+    fix = f"restore {path} from a copy, or delete it once no job of the submission runs (squeue)"
+    data = _load_json(path, fix)
+    if data is None and not path.exists():
+        return {}
+    if not isinstance(data, dict):
+        raise PipelineStateError(f"{path}: is a JSON {type(data).__name__}, not an object", fix)
+    if data.get("cluster") is not None and not isinstance(data["cluster"], str):
+        raise PipelineStateError(f"{path}: field 'cluster': {data['cluster']!r} is not text", fix)
+    jobs = data.get("jobs")
+    if jobs is not None:
+        if not isinstance(jobs, dict):
+            raise PipelineStateError(f"{path}: field 'jobs': not an object", fix)
+        for stage, ids in jobs.items():
+            if not isinstance(ids, list) or not all(isinstance(j, str) for j in ids):
+                raise PipelineStateError(f"{path}: field 'jobs.{stage}': {str(ids)[:60]} is not a list of job ids",
+                                         fix)
+    return dict(data)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -23,7 +23,6 @@ Without Slurm (``--cluster local``) the same jobs run one after the other as loc
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -42,7 +41,7 @@ from hydroagent_hpc.hpc.slurm import SiteSettings, SlurmFields, array_id, make_e
 from hydroagent_hpc.pipeline import stages as st
 from hydroagent_hpc.pipeline.runner import RUN_SPEC, adopt_spec, load_run_spec
 from hydroagent_hpc.pipeline.spec import STAGES, load_pipeline
-from hydroagent_hpc.pipeline.state import read_record, utc_now, write_json_atomic
+from hydroagent_hpc.pipeline.state import read_record, read_submit_record, utc_now, write_json_atomic
 from hydroagent_hpc.settings import dump, from_mapping, invalid, setting
 from hydroagent_hpc.train.submit import GRPOJob, SFTJob
 from hydroagent_hpc.yamlio import brief, load_strict
@@ -249,7 +248,7 @@ def submit_pipeline(path: str | Path, run_dir: str | Path, site: Site, *, cluste
     """Submit every stage that is not done; return the job ids per stage (and the outcome when ``wait``)."""
     run = Path(run_dir).resolve()
     record_path = run / SUBMIT_RECORD
-    previous = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    previous = read_submit_record(run)
     old_ids = [j for ids in (previous.get("jobs") or {}).values() for j in ids]
     spec = load_pipeline(path)  # checked before anything is cancelled or written
     logs = run / "logs"
