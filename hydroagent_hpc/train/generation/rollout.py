@@ -26,8 +26,18 @@ group, a seed) as a full calibration episode through the same
   assistant message caused (:attr:`Rollout.turn_rewards`) and the terminal payment. The text the
   model wrote never scores itself.
 
-A rollout whose thread fails outside the episode loop (which already records policy crashes and
-parse failures as such) is returned with ``error`` set and no sequence; the batch goes on.
+Faults stay on the rollout they hit; the batch and the run go on:
+
+- a simulator that fails in any way (not only with :class:`~hydroagent_hpc.sim.errors.SimulationError`:
+  an ``OSError`` of a basin file deleted under an EF5 run, a ``MemoryError``, a kernel's ``RuntimeError``)
+  is a failed simulation of that rollout, recorded in its episode like any other
+  (:class:`RolloutSimulator`);
+- a policy that writes garbage is recorded by the environment as parse failures, one that raises as
+  ``policy_error`` (:func:`~hydroagent_hpc.env.episode.run_episode`);
+- anything else that escapes the episode (the environment itself failing on what it was given) ends
+  that episode with the stop reason ``rollout_error: <type>: <message>``; the episode so far is
+  returned and stored with ``error`` set, so it is not trained on. Only a rollout whose environment or
+  policy could not even be built comes back without an episode (``error`` says why).
 """
 
 from __future__ import annotations
@@ -41,9 +51,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.episode import run_episode
+from hydroagent_hpc.errors import HydroAgentError, one_line
 from hydroagent_hpc.sim import Simulator
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.sim.errors import SimulationError
@@ -256,16 +269,56 @@ class RolloutSimulator:
             return self._run_one(params)
 
     def _run_one(self, params: Params) -> SimulationResult:
-        if self.runner is not None:
-            return self.runner(self.basin_key, params)
-        return self.inner.run(params)
+        with self._failures_recorded():
+            if self.runner is not None:
+                return self._usable(self.runner(self.basin_key, params))
+            return self._usable(self.inner.run(params))
 
     def _run_many(self, param_sets: Sequence[Params]) -> list[SimulationResult]:
         """One batched call: on a worker (one task), or here on this thread only (the batch holds one slot)."""
-        if isinstance(self.runner, RemoteRunner):
-            return self.runner.run_batch(self.basin_key, param_sets)
-        with thread_cap(1):
-            return self.inner.run_batch(param_sets)
+        with self._failures_recorded():
+            if isinstance(self.runner, RemoteRunner):
+                results = self.runner.run_batch(self.basin_key, param_sets)
+            else:
+                with thread_cap(1):
+                    results = self.inner.run_batch(param_sets)
+            if len(results) != len(param_sets):
+                raise SimulationError(f"{self.basin_key}: the simulator returned {len(results)} results for "
+                                      f"{len(param_sets)} runs", fix="see the trainer's log")
+            return [self._usable(r) for r in results]
+
+    def _usable(self, result: Any) -> SimulationResult:
+        """``result`` when it is a run's output: one finite discharge per step after the warm-up (an EF5
+        run checks its own output so; this holds any backend to it)."""
+        try:
+            q = np.asarray(result.discharge, dtype=np.float64)
+            keep = ~np.asarray(result.warmup, dtype=bool)
+            whole = q.shape == keep.shape == (len(result.times),)
+        except Exception as exc:
+            raise SimulationError(f"{self.basin_key}: the simulator returned no run output "
+                                  f"({type(result).__name__}: {type(exc).__name__})", fix="see the trainer's log") \
+                from None
+        if not whole:
+            raise SimulationError(f"{self.basin_key}: the simulator returned {q.shape} discharge values for "
+                                  f"{len(result.times)} steps", fix="see the trainer's log")
+        if not np.isfinite(q[keep]).all():
+            raise SimulationError(f"{self.basin_key}: the simulator returned non-finite discharge at "
+                                  f"{int((~np.isfinite(q[keep])).sum())} steps", fix="see the trainer's log")
+        return result  # type: ignore[no-any-return]
+
+    @contextlib.contextmanager
+    def _failures_recorded(self) -> Iterator[None]:
+        """Any failure of the simulator as a :class:`SimulationError` naming the basin: the environment
+        records it as that rollout's failed simulation and the episode goes on."""
+        try:
+            yield
+        except HydroAgentError:
+            raise
+        except Exception as exc:
+            log.warning("%s: the simulator failed: %s: %s", self.basin_key, type(exc).__name__, one_line(exc))
+            raise SimulationError(f"{self.basin_key}: the simulator failed: {type(exc).__name__}: {one_line(exc)}",
+                                  fix="see the trainer's log; the rollout records it as a failed simulation") \
+                from exc
 
     def run(self, params: Mapping[str, float] | None = None) -> SimulationResult:
         if self.shared is None:
@@ -367,6 +420,27 @@ def message_rewards(episode: Episode, n_messages: int) -> list[float]:
     return out
 
 
+def _failed(spec: RolloutSpec, env: CalibrationEnv | None, exc: Exception, wall_s: float) -> Rollout:
+    """A rollout that an error ended: its episode so far, closed with ``rollout_error: <type>: <message>``
+    (None when no episode began or the environment cannot give one), and ``error`` set (not trained on)."""
+    reason = f"{type(exc).__name__}: {one_line(exc)}"[:300]
+    log.error("rollout %s (group %d member %d) failed: %s", spec.episode_id, spec.group, spec.member, reason)
+    log.debug("rollout %s: the traceback", spec.episode_id, exc_info=exc)
+    episode = None
+    if env is not None:
+        try:
+            env.close(f"rollout_error: {reason}")
+            episode = env.episode()
+        except Exception as again:  # an environment that cannot even say what it did
+            log.error("rollout %s: no episode record (%s: %s)", spec.episode_id, type(again).__name__,
+                      one_line(again))
+    if episode is None:
+        return Rollout(spec, None, error=reason, wall_s=wall_s)
+    messages = 1 + max((t.message_index for t in episode.turns), default=-1)
+    return Rollout(spec, episode, turn_rewards=message_rewards(episode, messages),
+                   terminal=float(episode.terminal_reward or 0.0), error=reason, wall_s=wall_s)
+
+
 def run_rollouts(specs: Sequence[RolloutSpec], *, env_factory: Callable[[RolloutSpec, Simulator], CalibrationEnv],
                  simulators: Mapping[str, Simulator], policy_factory: Callable[[RolloutSpec], RolloutPolicy],
                  slots: SimulationSlots, shared: SharedRuns | None = None, max_workers: int | None = None,
@@ -392,14 +466,17 @@ def run_rollouts(specs: Sequence[RolloutSpec], *, env_factory: Callable[[Rollout
     def play(spec: RolloutSpec) -> Rollout:
         t0 = time.perf_counter()
         try:
-            sim = RolloutSimulator(simulators[spec.basin_dir], slots, shared, spec.basin_dir, runner, coalescer)
-            env = env_factory(spec, sim)
-            policy = policy_factory(spec)
-            policy.gate = gate
-            episode = run_episode(policy, env)
-        except Exception as exc:  # the batch goes on; this rollout is recorded as failed
-            log.exception("rollout %s (group %d member %d) failed", spec.episode_id, spec.group, spec.member)
-            return Rollout(spec, None, error=f"{type(exc).__name__}: {exc}"[:500], wall_s=time.perf_counter() - t0)
+            try:
+                sim = RolloutSimulator(simulators[spec.basin_dir], slots, shared, spec.basin_dir, runner, coalescer)
+                env = env_factory(spec, sim)
+                policy = policy_factory(spec)
+                policy.gate = gate
+            except Exception as exc:  # no episode began: the rollout is recorded as failed, the batch goes on
+                return _failed(spec, None, exc, time.perf_counter() - t0)
+            try:
+                episode = run_episode(policy, env)
+            except Exception as exc:  # the episode so far is kept, ended with the error; the batch goes on
+                return _failed(spec, env, exc, time.perf_counter() - t0)
         finally:
             if gate is not None:
                 gate.leave()
