@@ -181,11 +181,11 @@ def test_a_zero_weight_example_changes_nothing(tmp_path, trajs, tok):
     _assert_same_params(_params(tmp_path / "z"), _params(tmp_path / "a"), atol=SHAPE_ATOL)
     assert [r["loss"] for r in _metrics(tmp_path / "z")] == pytest.approx([r["loss"] for r in _metrics(tmp_path / "a")],
                                                                           rel=1e-5)
-    # only zero weights: no token carries weight, so no parameter moves at all
+    # only zero weights: nothing would be learned, so the data is refused before anything trains
     only = _cfg(tmp_path / "o.yaml", write_sft_data(tmp_path / "o.h5", [b], [0.0]), epochs=1)
-    assert train_sft(load_sft_config(only), tmp_path / "o")["steps"] == 1
-    init = {k: v for k, v in tiny.build_tiny_qwen3(tok, seed=0).state_dict().items() if k in _params(tmp_path / "o")}
-    _assert_same_params(_params(tmp_path / "o"), init, atol=0.0)
+    with pytest.raises(ConfigError, match=r"o\.h5: the weights sum to 0\.0: nothing would be learned"):
+        train_sft(load_sft_config(only), tmp_path / "o")
+    assert not (tmp_path / "o").exists()
 
 
 def test_doubling_every_weight_changes_nothing(tmp_path, trajs):

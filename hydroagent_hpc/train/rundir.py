@@ -85,7 +85,11 @@ def write_run_config(run_dir: Path, config: Mapping[str, Any], extra: Mapping[st
     record = {"config": dict(config), **extra, "provenance": provenance(),
               "versions": {n: package_version(n) for n in ("torch", "transformers", "accelerate", "h5py")}}
     tmp = run_dir / "config.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(record, sort_keys=False))
+    try:
+        tmp.write_text(yaml.safe_dump(record, sort_keys=False))
+    except OSError:  # a full disk: no half-written file is left beside the config.yaml that stays
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, run_dir / "config.yaml")
 
 

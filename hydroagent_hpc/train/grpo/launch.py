@@ -30,6 +30,7 @@ from hydroagent_hpc.hpc.mpi import mpi_pool, split_trainers
 from hydroagent_hpc.settings import add_arguments, arguments_given, option_names
 from hydroagent_hpc.train.grpo.config import GRPOConfig, load_grpo_config
 from hydroagent_hpc.train.signals import early_usr1_ignored
+from hydroagent_hpc.train.writes import stopped_by_io
 
 log = logging.getLogger("hydroagent_hpc.train.grpo")
 
@@ -72,7 +73,16 @@ def _positive(text: str) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run from parsed arguments: rank 0 (or the only process) trains and gets the summary; MPI
-    simulation ranks serve until training is done and get ``{"worker": True, "stopped": None}``."""
+    simulation ranks serve until training is done and get ``{"worker": True, "stopped": None}``. An
+    ``OSError`` of the run (its folder, a full disk) ends as one line
+    (:func:`~hydroagent_hpc.train.writes.stopped_by_io`)."""
+    try:
+        return _run(args)
+    except OSError as exc:
+        raise stopped_by_io(exc, args.out) from None
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun / accelerate launch set it
     pool_kind = getattr(args, "pool", "threads")

@@ -76,7 +76,6 @@ from hydroagent_hpc.train.checkpoint import (
     TrainerState,
     fault,
     load_checkpoint,
-    save_checkpoint,
 )
 from hydroagent_hpc.train.distributed import (
     Signals,
@@ -88,6 +87,14 @@ from hydroagent_hpc.train.distributed import (
     pretrained_copy,
     process_group_timeout,
     shard,
+)
+from hydroagent_hpc.train.finite import (
+    NonFiniteError,
+    check_step,
+    check_weights,
+    describe_last,
+    first_nonfinite,
+    stopped_at,
 )
 from hydroagent_hpc.train.generation.engine import EngineSampler, serve_rollouts
 from hydroagent_hpc.train.generation.engine_process import EngineWeights
@@ -106,6 +113,7 @@ from hydroagent_hpc.train.grpo.config import GRPOConfig, check_world_size
 from hydroagent_hpc.train.grpo.loss import LogprobModel, grpo_loss
 from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
+from hydroagent_hpc.train.writes import check_run_dir, save_checkpoint_or_stop, write_folder
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +186,8 @@ def load_policy(config: GRPOConfig, device: torch.device) -> tuple[Any, Any]:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"model: {path}: cannot load ({one_line(exc)})",
                                   "point model at a complete save_pretrained folder") from None
+    check_weights(model, f"model: {config.model}", error=ConfigError,
+                  fix="start from a model whose weights are finite (an SFT run's final/ or the base model)")
     return model.to(device=device, dtype=torch.float32), tokenizer
 
 
@@ -430,6 +440,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
 
     started = time.perf_counter()
     run_dir = Path(run_dir)
+    check_run_dir(run_dir)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         check_world_size(config, world)
@@ -491,6 +502,9 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     if resume_from is not None:
         # the reference was copied above: it stays the initial policy, not the resumed one
         state = load_checkpoint(resume_from, model, optimizer, scheduler)
+        check_weights(model, f"--resume from {resume_from}: the checkpoint's model", distributed=world > 1,
+                      device=device, fix="resume from an earlier checkpoint (write its step-N name into "
+                                         "checkpoints/latest) or start a new --out folder")
     metrics: _Metrics | None = None
     store: EpisodeStore | None = None
     engine = None
@@ -665,7 +679,13 @@ def _play_step(run: _Run, step: int, idx: Sequence[int], t_step: float) -> _Roll
 def _optimizer_step(run: _Run, batch: list[_Sequence]) -> tuple[dict[str, float], float]:
     """The loss over ``batch`` and one optimizer step on every rank, then one scheduler step; (the loss's
     parts, the learning rate the step used)."""
-    parts = optimise(run.config, run.model, run.optimizer, batch, run.pad_id, run.ranks)
+    step = run.state.step + 1
+    try:
+        parts = optimise(run.config, run.model, run.optimizer, batch, run.pad_id, run.ranks, step)
+        check_weights(run.model, f"step {step}: after the optimizer step the policy", distributed=run.ranks.distributed,
+                      device=run.ranks.device)
+    except NonFiniteError as exc:  # nothing is saved after a non-finite step: the last checkpoint stays
+        raise stopped_at(exc, run.run_dir) from None
     lr = float(run.scheduler.get_last_lr()[0])
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
@@ -719,7 +739,7 @@ def _checkpoint_if_due(run: _Run, signals: Signals, step: int, saved_at: int) ->
     # a stop always saves this step: a SIGTERM that arrived during the last save had its save flag
     # cleared with that save's
     if want_save or (want_stop and saved_at != step) or (run.config.save_every and step % run.config.save_every == 0):
-        save_checkpoint(run.run_dir, run.model, run.optimizer, run.scheduler, run.state,
+        save_checkpoint_or_stop(run.run_dir, run.model, run.optimizer, run.scheduler, run.state,
                         keep=run.config.keep_checkpoints)
         saved_at = step
         signals.save = False
@@ -731,7 +751,7 @@ def _save_last(run: _Run, saved_at: int, final: Path) -> None:
     """After the last step: its checkpoint (unless saved already) and the final model (gathered from
     the shards when several ranks train)."""
     if saved_at != run.state.step:
-        save_checkpoint(run.run_dir, run.model, run.optimizer, run.scheduler, run.state,
+        save_checkpoint_or_stop(run.run_dir, run.model, run.optimizer, run.scheduler, run.state,
                         keep=run.config.keep_checkpoints)
     if run.ranks.distributed:
         full = pretrained_copy(run.model, run.ranks.dtype)  # collective
@@ -894,10 +914,12 @@ _SUMMED = ("loss", "pg", "kl", "entropy", "clip_fraction", "mismatch_abs_sum", "
 
 
 def optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, batch: Sequence[_Sequence],
-             pad_id: int, ranks: Ranks) -> dict[str, float]:
+             pad_id: int, ranks: Ranks, step: int | None = None) -> dict[str, float]:
     """One optimizer step over the trainable rollouts (one sequence per backward pass), this rank's
     share (:func:`rank_passes`) of them; the step's token and sequence counts are summed over the
-    ranks before any backward pass, so the gradient is the single-process one (:func:`_accumulate`)."""
+    ranks before any backward pass, so the gradient is the single-process one (:func:`_accumulate`).
+    A loss or gradient norm that is not finite raises :class:`~hydroagent_hpc.train.finite.NonFiniteError`
+    before the optimizer steps (``step`` names it)."""
     passes = rank_passes(len(batch), ranks.world, ranks.rank)
     counts = torch.tensor(_local_counts(batch, passes), dtype=torch.float64, device=ranks.device)
     total_tokens, n_seq = (float(v) for v in all_reduce_sum(counts, ranks.distributed))
@@ -917,6 +939,7 @@ def optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, b
                                                              device=ranks.device), ranks.distributed))
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    check_step(sums["loss"], grad_norm, step)  # before the weights move: a NaN never reaches them
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     tokens = max(total_tokens, 1.0)
@@ -941,12 +964,15 @@ def _validate(config: GRPOConfig, model: Any, tokenizer: Any, sims: dict[str, An
 
 
 def _save_final(final: Path, model: Any, tokenizer: Any) -> None:
-    import shutil
+    """``final/`` through a temporary folder (never with non-finite weights; a failed write leaves none)."""
+    bad = first_nonfinite(model.named_parameters())
+    if bad is not None:
+        raise NonFiniteError(f"{final}: not written, its tensor {bad} holds NaN or infinite values; "
+                             f"{describe_last(final.parent)}", "resume from the last checkpoint with a lower lr")
 
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    write_folder(final, write, "the final policy")
 

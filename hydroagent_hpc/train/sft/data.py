@@ -754,6 +754,166 @@ def _write(out: Path, pairs: list[tuple[_Example, Trajectory]], r: SFTDataReport
 # Reading
 
 
+#: The schema versions :class:`SFTDataset` reads: 1 (before augmentation: no ``variant`` /
+#: ``n_variants``) and :data:`DATA_VERSION`.
+KNOWN_VERSIONS = (1, DATA_VERSION)
+#: The datasets every data file holds (``variant``, ``n_variants``, ``best_nse``, ``source``,
+#: ``basin_id`` and ``agent`` are optional: the trainer does not need them).
+REQUIRED_DATASETS = ("input_ids", "assistant_mask", "offsets", "spans", "span_offsets", "weight", "episode_id")
+_REBUILD = "rebuild it with `hydroagent train sft-data --from STORE.h5 --out DATA.h5`"
+_CHUNK = 1 << 22  # tokens read at once when the whole file is checked
+
+
+class _DataCheck:
+    """The whole-file check of an SFT data file (:meth:`SFTDataset.__init__` runs it before anything
+    trains): every error names the file, the dataset and the example (row) that is wrong."""
+
+    def __init__(self, path: Path, f: h5py.File) -> None:
+        self.path, self.f = path, f
+        self.episode_ids: list[str] = []
+
+    def fail(self, what: str, row: int | None = None) -> SFTDataError:
+        at = ""
+        if row is not None:
+            eid = self.episode_ids[row] if 0 <= row < len(self.episode_ids) else None
+            at = f" (example {row}" + (f", episode {eid}" if eid else "") + ")"
+        return SFTDataError(f"{self.path}: {what}{at}; it is never trained on", fix=_REBUILD)
+
+    def read(self, name: str, kind: str, ndim: int = 1) -> np.ndarray:
+        """Dataset ``name`` whole, refused unless it has ``ndim`` dimensions and numbers of ``kind`` (i, u, f)."""
+        if name not in self.f:
+            raise self.fail(f"dataset {name} is missing")
+        ds = self.f[name]
+        if not isinstance(ds, h5py.Dataset) or ds.ndim != ndim or ds.dtype.kind not in kind:
+            shape = getattr(ds, "shape", None)
+            dtype = getattr(ds, "dtype", None)
+            raise self.fail(f"dataset {name} is {dtype} of shape {shape}, expected a {ndim}-D array of "
+                            f"{'whole numbers' if 'f' not in kind else 'numbers'}")
+        try:
+            out: np.ndarray = ds[()]
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise self.fail(f"dataset {name} cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
+        return out
+
+    def index(self, name: str, n: int, end: int, of: str, *, strict: bool) -> np.ndarray:
+        """An offsets array into dataset ``of``: ``n + 1`` entries from 0 to ``end`` (its length), increasing
+        (``strict``: no empty entry)."""
+        a = self.read(name, "iu").astype(np.int64)
+        if len(a) != n + 1:
+            raise self.fail(f"dataset {name} holds {len(a)} entries, expected {n + 1} (one more than the {n} "
+                            f"examples)")
+        if a[0] != 0:
+            raise self.fail(f"{name}[0] is {a[0]}, not 0", 0)
+        step = np.diff(a)
+        bad = np.flatnonzero(step <= 0 if strict else step < 0)
+        if bad.size:
+            i = int(bad[0])
+            word = "increase" if strict else "decrease"
+            raise self.fail(f"{name} does not {word} at entry {i + 1} ({a[i]} then {a[i + 1]})", i)
+        if a[-1] != end:
+            raise self.fail(f"{name}[{n}] is {a[-1]}, but dataset {of} holds {end} entries", n - 1)
+        return a
+
+    def run(self) -> dict[str, Any]:
+        f = self.f
+        if f.attrs.get("schema") != DATA_SCHEMA:
+            raise SFTDataError(f"{self.path}: not an SFT data file (schema {f.attrs.get('schema')!r})",
+                               fix="build it with `hydroagent train sft-data`")
+        version = f.attrs.get("schema_version")
+        if isinstance(version, np.generic):
+            version = version.item()
+        if isinstance(version, bool) or not isinstance(version, int) or version not in KNOWN_VERSIONS:
+            raise SFTDataError(f"{self.path}: schema_version {version!r} is not one this version reads "
+                               f"({', '.join(map(str, KNOWN_VERSIONS))})",
+                               fix="rebuild it with this version's `hydroagent train sft-data`")
+        for name in REQUIRED_DATASETS:
+            if name not in f:
+                raise self.fail(f"dataset {name} is missing")
+        weights = self.read("weight", "fiu").astype(np.float64)
+        n = len(weights)
+        ids = self.read("episode_id", "OSU")
+        if len(ids) != n:
+            raise self.fail(f"dataset episode_id holds {len(ids)} entries, weight {n}")
+        self.episode_ids = [v.decode() if isinstance(v, bytes) else str(v) for v in ids]
+        if n == 0:
+            raise self.fail("holds no example")
+        bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
+        if bad.size:
+            i = int(bad[0])
+            raise self.fail(f"weight[{i}] is {weights[i]!r}: a weight must be a finite number >= 0", i)
+        with np.errstate(over="ignore"):
+            total = float(weights.sum())
+        if not total > 0 or not math.isfinite(total):
+            raise self.fail(f"the weights sum to {total!r}: nothing would be learned" if total == 0 else
+                            f"the weights sum to {total!r}, beyond what a float holds")
+        extra: dict[str, np.ndarray] = {}
+        for name in ("variant", "n_variants"):
+            if name in f:
+                extra[name] = self.read(name, "iu")
+                if len(extra[name]) != n:
+                    raise self.fail(f"dataset {name} holds {len(extra[name])} entries, weight {n}")
+        n_tokens = self._tokens_length()
+        offsets = self.index("offsets", n, n_tokens, "input_ids", strict=True)
+        spans = self.read("spans", "iu", ndim=2).astype(np.int64)
+        if spans.ndim != 2 or spans.shape[1:] != (2,):
+            raise self.fail(f"dataset spans has shape {spans.shape}, expected (turns, 2)")
+        span_offsets = self.index("span_offsets", n, len(spans), "spans", strict=False)
+        lengths = np.diff(offsets)
+        row_of_span = np.repeat(np.arange(n), np.diff(span_offsets))
+        bad = np.flatnonzero((spans[:, 0] < 0) | (spans[:, 0] >= spans[:, 1]) | (spans[:, 1] > lengths[row_of_span]))
+        if bad.size:
+            j = int(bad[0])
+            row = int(row_of_span[j])
+            raise self.fail(f"spans[{j}] = [{spans[j, 0]}, {spans[j, 1]}) is not a turn inside its sequence of "
+                            f"{lengths[row]} tokens", row)
+        top, top_row, weighted = self._tokens(offsets, weights)
+        if weighted == 0:
+            raise self.fail("no assistant token (assistant_mask 1) of an example with a weight above 0: "
+                            "nothing would be learned")
+        return {"weights": weights, "offsets": offsets, "span_offsets": span_offsets, "n": n, "extra": extra,
+                "max_token": top, "max_token_row": top_row}
+
+    def _tokens_length(self) -> int:
+        for name in ("input_ids", "assistant_mask"):
+            ds = self.f[name]
+            if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.kind not in "iu":
+                raise self.fail(f"dataset {name} is {getattr(ds, 'dtype', None)} of shape {getattr(ds, 'shape', None)}"
+                                f", expected a 1-D array of whole numbers")
+        n_ids, n_mask = len(self.f["input_ids"]), len(self.f["assistant_mask"])
+        if n_ids != n_mask:
+            raise self.fail(f"dataset assistant_mask holds {n_mask} entries, input_ids {n_ids}")
+        return n_ids
+
+    def _tokens(self, offsets: np.ndarray, weights: np.ndarray) -> tuple[int, int, int]:
+        """Token ids >= 0 and mask values 0/1, read in chunks; (largest id, its example, weighted mask-1 tokens)."""
+        ids_ds, mask_ds = self.f["input_ids"], self.f["assistant_mask"]
+        top, top_row, weighted = -1, -1, 0
+        token_weight = np.repeat(weights > 0, np.diff(offsets))
+        for a in range(0, len(ids_ds), _CHUNK):
+            b = min(a + _CHUNK, len(ids_ds))
+            try:
+                ids = ids_ds[a:b].astype(np.int64)
+                mask = mask_ds[a:b]
+            except (OSError, RuntimeError, ValueError) as exc:
+                raise self.fail(f"tokens {a}..{b} cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
+            for name, bad in (("input_ids", ids < 0), ("assistant_mask", (mask != 0) & (mask != 1))):
+                if bad.any():
+                    k = a + int(np.flatnonzero(bad)[0])
+                    value = ids[k - a] if name == "input_ids" else mask[k - a]
+                    what = "a token id below 0" if name == "input_ids" else "neither 0 nor 1"
+                    raise self.fail(f"{name}[{k}] is {value}: {what}", self.row(offsets, k))
+            if ids.size and int(ids.max()) > top:
+                k = a + int(ids.argmax())
+                top, top_row = int(ids[k - a]), self.row(offsets, k)
+            weighted += int(np.count_nonzero((mask == 1) & token_weight[a:b]))
+        return top, top_row, weighted
+
+    @staticmethod
+    def row(offsets: np.ndarray, token: int) -> int:
+        """The example that token position ``token`` belongs to."""
+        return int(np.searchsorted(offsets, token, side="right")) - 1
+
+
 class SFTDataset(Dataset[dict[str, Any]]):
     """A data file of :func:`build_sft_data` as a ``torch.utils.data.Dataset``.
 
@@ -763,6 +923,13 @@ class SFTDataset(Dataset[dict[str, Any]]):
     number of variants (0 / 1 for files written before augmentation). The index arrays are read
     once; token slices are read on demand from a handle opened per process (safe with forked
     ``DataLoader`` workers).
+
+    The whole file is checked when it is opened, so nothing bad is ever trained on: a known schema
+    version, every dataset present with its shape, ``offsets`` and ``span_offsets`` from 0,
+    increasing, ending at the data they address, every span inside its sequence, token ids >= 0
+    (:meth:`check_vocabulary` checks them against a model), mask values 0/1, one finite weight
+    >= 0 per example, not all 0, and some weighted assistant token. :class:`SFTDataError` names the
+    file, the dataset and the example (row).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -770,20 +937,34 @@ class SFTDataset(Dataset[dict[str, Any]]):
         if not self.path.is_file():
             raise SFTDataError(f"{self.path}: no such SFT data file",
                                fix="build it with `hydroagent train sft-data --from STORE.h5 --out DATA.h5`")
-        with h5py.File(self.path, "r") as f:
-            if f.attrs.get("schema") != DATA_SCHEMA:
-                raise SFTDataError(f"{self.path}: not an SFT data file (schema {f.attrs.get('schema')!r})",
-                                   fix="build it with `hydroagent train sft-data`")
-            self.offsets = f["offsets"][()]
-            self.span_offsets = f["span_offsets"][()]
-            self.weights = f["weight"][()]
-            self.episode_ids = [s.decode() if isinstance(s, bytes) else s for s in f["episode_id"][()]]
-            n = len(self.weights)  # files before augmentation: one full variant per episode
-            self.variants = f["variant"][()] if "variant" in f else np.zeros(n, np.int32)
-            self.n_variants = f["n_variants"][()] if "n_variants" in f else np.ones(n, np.int32)
+        try:
+            f = h5py.File(self.path, "r")
+        except OSError as exc:
+            raise SFTDataError(f"{self.path}: not a readable HDF5 file ({str(exc)[:120]}); it is never trained on",
+                               fix=_REBUILD) from None
+        with f:
+            check = _DataCheck(self.path, f)
+            found = check.run()
+            self.offsets = found["offsets"]
+            self.span_offsets = found["span_offsets"]
+            self.weights = found["weights"]
+            self.episode_ids = check.episode_ids
+            n = found["n"]  # files before augmentation: one full variant per episode
+            self.variants = found["extra"].get("variant", np.zeros(n, np.int32))
+            self.n_variants = found["extra"].get("n_variants", np.ones(n, np.int32))
+            self.max_token_id, self._max_token_row = int(found["max_token"]), int(found["max_token_row"])
             self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
         self._f: h5py.File | None = None
         self._pid = -1
+
+    def check_vocabulary(self, vocab: int, model: str = "the model") -> None:
+        """Refuse token ids at or above ``vocab`` (the model's embedding rows), naming the example."""
+        if self.max_token_id >= vocab:
+            row = self._max_token_row
+            raise SFTDataError(f"{self.path}: token id {self.max_token_id} is outside the vocabulary of {vocab} of "
+                               f"{model} (example {row}, episode {self.episode_ids[row]}; data tokenizer "
+                               f"{self.attrs.get('tokenizer')!r}); it is never trained on",
+                               fix="build the data with the model's own tokenizer")
 
     def __len__(self) -> int:
         return len(self.weights)

@@ -18,6 +18,7 @@ from hydroagent_hpc.errors import HydroAgentError, one_line
 from hydroagent_hpc.settings import add_arguments, arguments_given, option_names
 from hydroagent_hpc.train.sft.config import SFTConfig, load_sft_config
 from hydroagent_hpc.train.signals import early_usr1_ignored
+from hydroagent_hpc.train.writes import stopped_by_io
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = load_sft_config(args.config, overrides=arguments_given(args, CONFIG_OPTIONS))
     from hydroagent_hpc.train.sft.trainer import train_sft  # torch: only once the config is known good
 
-    return train_sft(config, args.out, resume=args.resume)
+    try:
+        return train_sft(config, args.out, resume=args.resume)
+    except OSError as exc:  # the run folder or the data failed outside a checkpoint: one line, not a traceback
+        raise stopped_by_io(exc, args.out) from None
 
 
 def result_line(summary: dict[str, Any]) -> str:

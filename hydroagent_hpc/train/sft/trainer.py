@@ -56,7 +56,6 @@ import math
 import os
 import re
 import resource
-import shutil
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -73,7 +72,6 @@ from hydroagent_hpc.train.checkpoint import (
     TrainerState,
     fault,
     load_checkpoint,
-    save_checkpoint,
 )
 from hydroagent_hpc.train.distributed import (
     Signals,
@@ -85,10 +83,19 @@ from hydroagent_hpc.train.distributed import (
     process_group_timeout,
     shard,
 )
+from hydroagent_hpc.train.finite import (
+    NonFiniteError,
+    check_step,
+    check_weights,
+    describe_last,
+    first_nonfinite,
+    stopped_at,
+)
 from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sft.config import SFTConfig, load_sft_config
 from hydroagent_hpc.train.sft.data import SFTDataError, SFTDataset
+from hydroagent_hpc.train.writes import check_run_dir, save_checkpoint_or_stop, write_folder
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +203,8 @@ def _load_model(config: SFTConfig) -> tuple[Any, Any]:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"model: {path}: cannot load ({one_line(exc)})",
                              "give a complete save_pretrained folder") from None
+    check_weights(hf_model, f"model: {path}", error=ConfigError,
+                  fix="train from a model whose weights are finite (re-export it, or an earlier SFT final/)")
     return hf_model, hf_tokenizer
 
 
@@ -213,15 +222,10 @@ def _check_data_fits(ds: SFTDataset, config: SFTConfig, model: Any) -> np.ndarra
                              f"raise max_seq_len (the model allows "
                              f"{getattr(model.config, 'max_position_embeddings', '?')}), or rebuild the data "
                              f"with a smaller --max-tokens")
-    import h5py
-
-    with h5py.File(ds.path, "r") as f:
-        top = int(f["input_ids"][()].max())
-    vocab = int(model.get_input_embeddings().weight.shape[0])
-    if top >= vocab:
-        raise ConfigError(f"data: {ds.path} holds token id {top}, outside the model's vocabulary of {vocab} "
-                             f"(data tokenizer {ds.attrs.get('tokenizer')!r}, model {config.model!r})",
-                             "build the data with the model's own tokenizer")
+    try:
+        ds.check_vocabulary(int(model.get_input_embeddings().weight.shape[0]), f"model {config.model!r}")
+    except SFTDataError as exc:
+        raise ConfigError(f"data: {exc.message}", exc.fix) from None
     return lengths
 
 
@@ -308,6 +312,10 @@ def _resume(resume_from: Path, model: Any, optimizer: torch.optim.Optimizer, sch
                           f"per step (processes x grad_accum), this run has {world} x {grad_accum}; "
                           f"the data position would not match",
                           "resume with the same number of processes, or start a new --out folder")
+    check_weights(model, f"--resume from {resume_from}: the checkpoint's model", distributed=world > 1,
+                  device=next(model.parameters()).device,
+                  fix="resume from an earlier checkpoint (write its step-N name into checkpoints/latest) or start "
+                      "a new --out folder")
     return state
 
 
@@ -347,8 +355,11 @@ def _optimizer_step(model: Any, batches: list[dict[str, torch.Tensor]], autocast
     grad_norm_t = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
     grad_norm = float(grad_norm_t.full_tensor() if hasattr(grad_norm_t, "full_tensor") else grad_norm_t)
     lr = float(scheduler.get_last_lr()[0])
+    check_step(loss, grad_norm, step)  # before the weights move: a NaN never reaches them
     if denominator > 0:
         optimizer.step()
+        check_weights(model, f"step {step}: after the optimizer step the model", distributed=distributed,
+                      device=device)
     else:
         log.warning("step %d: no assistant token carries weight; the optimizer does not step", step)
     optimizer.zero_grad(set_to_none=True)
@@ -367,6 +378,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     started = time.perf_counter()
     run_dir = Path(run_dir)
     # 1. checks, before anything is written
+    check_run_dir(run_dir)
     dataset = _open_data(config)
     # on a GPU: the memory plan against the free memory, before any weight is loaded (the process
     # group and its device come later, from accelerate; LOCAL_RANK names this rank's device)
@@ -418,7 +430,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     from tqdm.auto import tqdm
 
     bar = tqdm(total=max_steps, initial=state.step, disable=rank != 0, desc="sft", unit="step", leave=False)
-    with Signals() as signals:
+    with bar, Signals() as signals:  # the bar is cleared on an error too: its message stays one line
         while state.step < max_steps:
             t0 = time.perf_counter()
             # 4. this rank's micro-batches of the step, and the step's denominator
@@ -427,8 +439,11 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
             batches = _micro_batches(dataset, plan, state.index * micro_per_step + rank, world, config.grad_accum,
                                      pad_id, device)
             # 5. forward/backward per micro-batch, then one optimizer step
-            loss, grad_norm, lr, tokens = _optimizer_step(model, batches, autocast, optimizer, scheduler, config,
-                                                          world, device, state.step + 1)
+            try:
+                loss, grad_norm, lr, tokens = _optimizer_step(model, batches, autocast, optimizer, scheduler, config,
+                                                              world, device, state.step + 1)
+            except NonFiniteError as exc:  # nothing is saved after a non-finite step: the last checkpoint stays
+                raise stopped_at(exc, run_dir) from None
             state.step += 1
             state.index += 1
             state.tokens += int(tokens)
@@ -450,7 +465,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
             # cleared with that save's
             if (want_save or (want_stop and saved_at != state.step)
                     or (config.save_every and state.step % config.save_every == 0)):
-                save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
+                save_checkpoint_or_stop(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
                 saved_at = state.step
                 signals.save = False
             fault("kill", state.step)
@@ -463,7 +478,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     final = run_dir / "final"
     if stopped is None:
         if saved_at != state.step:
-            save_checkpoint(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
+            save_checkpoint_or_stop(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
         _save_final(final, model, tokenizer, dtype)
     if distributed:
         dist.barrier()
@@ -479,14 +494,19 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
 
 
 def _save_final(final: Path, model: torch.nn.Module, tokenizer: Any, dtype: torch.dtype) -> None:
-    """``final/``: a save_pretrained folder, written beside and renamed into place by rank 0."""
+    """``final/``: a save_pretrained folder, written beside and renamed into place by rank 0 (never with
+    non-finite weights; a failed write leaves no half-written folder)."""
     fresh = pretrained_copy(model, dtype)  # collective
     if fresh is None:
         return
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    fresh.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    bad = first_nonfinite(fresh.named_parameters())
+    if bad is not None:
+        raise NonFiniteError(f"{final}: not written, its tensor {bad} holds NaN or infinite values in {dtype}; "
+                             f"{describe_last(final.parent)}", "resume from the last checkpoint with a lower lr")
+
+    def write(tmp: Path) -> None:
+        fresh.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    write_folder(final, write)
     log.info("wrote %s", final)

@@ -1,0 +1,111 @@
+"""Non-finite numbers stop a run: a NaN or infinite loss, gradient norm or weight is never stepped on,
+checkpointed or written as ``final/``.
+
+Both trainers check, in this order:
+
+- the model's weights when it is loaded (the base model or an SFT checkpoint: :func:`check_weights`
+  with :class:`~hydroagent_hpc.errors.ConfigError`, exit status 2) and after a resumed checkpoint is
+  loaded;
+- each step's loss and gradient norm before the optimizer steps (:func:`check_step`): a non-finite
+  one leaves the weights as they were after the previous step;
+- the weights after each optimizer step (:func:`check_weights`);
+- the weights of ``final/`` before it is written (:func:`first_nonfinite` on the gathered copy).
+
+A run stopped so raises :class:`NonFiniteError` (exit status 1) whose one line names the step, what
+is not finite, and the last checkpoint, which is untouched (checkpoints are written only after a step
+that passed). With several processes the loss is all-reduced and the gradient norm global, so every
+rank stops at the same step; the weight check all-reduces its count of non-finite tensors, so every
+rank stops together there too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from hydroagent_hpc.errors import HydroAgentError
+
+__all__ = ["NonFiniteError", "first_nonfinite", "check_weights", "check_step", "stopped_at", "describe_last"]
+
+
+class NonFiniteError(HydroAgentError):
+    """A run stopped by a NaN or infinite loss, gradient or weight (the message names which, the step and
+    the last intact checkpoint)."""
+
+    exit_code = 1
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor (an FSDP2 DTensor's shard; a plain tensor itself)."""
+    to_local = getattr(t, "to_local", None)
+    out: torch.Tensor = to_local() if callable(to_local) else t
+    return out
+
+
+def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The name of the first floating-point tensor of ``named`` holding a NaN or an infinity (this rank's
+    shards only), or None. One device synchronisation for all tensors."""
+    names: list[str] = []
+    flags: list[torch.Tensor] = []
+    for name, t in named:
+        local = _local(t.detach())
+        if local.is_floating_point() and local.numel():
+            names.append(name)
+            flags.append(torch.isfinite(local).all())
+    if not flags:
+        return None
+    ok = torch.stack([f.to(flags[0].device) for f in flags]).cpu()
+    bad = torch.nonzero(~ok)
+    return names[int(bad[0])] if bad.numel() else None
+
+
+def check_weights(model: torch.nn.Module, what: str, *, error: type[HydroAgentError] = NonFiniteError,
+                  fix: str = "", distributed: bool = False, device: torch.device | None = None) -> None:
+    """Raise ``error`` when a parameter or buffer of ``model`` is not finite (``what``: the model and the
+    moment, for the message). With ``distributed`` every rank must call it (the count is all-reduced)."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    bad = first_nonfinite(named)
+    if distributed:
+        from hydroagent_hpc.train.distributed import all_reduce_sum
+
+        count = all_reduce_sum(torch.tensor([0.0 if bad is None else 1.0], device=device), True)
+        if float(count) == 0:
+            return
+    elif bad is None:
+        return
+    where = f"tensor {bad}" if bad is not None else "a tensor of another rank's shard"
+    raise error(f"{what}: {where} holds NaN or infinite values",
+                fix or "start from a model whose weights are finite (a base model or an earlier checkpoint)")
+
+
+def check_step(loss: float, grad_norm: float, step: int | None = None) -> None:
+    """Raise :class:`NonFiniteError` before an optimizer step whose loss or gradient norm is not finite
+    (the weights stay those of the previous step)."""
+    parts = [f"{name} is {value!r}" for name, value in (("loss", loss), ("gradient norm", grad_norm))
+             if not math.isfinite(value)]
+    if not parts:
+        return
+    at = f"step {step}: " if step is not None else ""
+    raise NonFiniteError(f"{at}the {' and the '.join(parts)}; the run stopped before the optimizer step",
+                         "lower lr (or max_grad_norm), look for an example or a reward that explodes, then resume "
+                         "with --resume from the last checkpoint (or start again)")
+
+
+def stopped_at(exc: NonFiniteError, run_dir: Any) -> NonFiniteError:
+    """``exc`` with what is left on disk: no ``final/``, and the last checkpoint, untouched."""
+    return NonFiniteError(f"{exc.message}; no final/ was written, and {describe_last(run_dir)}", exc.fix)
+
+
+def describe_last(run_dir: Any) -> str:
+    """``"the last checkpoint, step-N, is intact"`` or ``"no checkpoint was written yet"`` (for the messages)."""
+    from pathlib import Path
+
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    try:
+        name = pointer.read_text().strip()
+    except OSError:
+        return "no checkpoint was written yet"
+    return f"the last checkpoint, {pointer.parent / name}, is intact" if name else "no checkpoint was written yet"
