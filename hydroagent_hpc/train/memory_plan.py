@@ -76,6 +76,11 @@ bf16 additive mask (3 bytes per element, measured), repeats the keys and values 
 90 KiB per token for Qwen3-4B): without the prefix cache every turn prefills the whole history.
 ``generator: engine`` puts no cache on the trainers: the engine's GPU holds bf16 weights and a
 paged KV pool, planned as a warning (an engine preempts and queues; it does not fail).
+``generator: colocated`` puts an engine on every trainer GPU, asleep while the trainer trains (the
+training phase is the trainer's alone) and awake during the rollouts: then the GPU holds the trainer's
+master weights, AdamW state and reference (its gradients are freed) beside the engine's bf16 weights,
+workspace and KV pool (phase ``colocated generation``); the engine's share of the GPU is what that
+resident state leaves (:func:`colocated_memory_fraction`).
 
 Peaks: each phase has terms resident throughout and *moments* (the forward pass, the loss's
 backward, a checkpointed layer's backward, the optimizer step, a decode step, a prefill) whose
@@ -104,6 +109,7 @@ __all__ = ["ModelShape", "GPU", "GPUS", "QWEN3_4B_INSTRUCT_2507", "SHAPES", "Ter
            "MemoryPlanError", "plan_sft", "plan_grpo", "check_plan", "free_device_memory", "require_fits",
            "shape_for_model", "decoder_saved_bytes", "layer_saved_bytes", "layer_backward_bytes",
            "prefill_layer_bytes", "kv_bytes_per_token", "gpu_named", "engine_memory_fraction",
+           "colocated_memory_fraction",
            "GiB", "SLACK", "CONTEXT_RESERVE", "PREFIX_NEW_TOKENS", "ENGINE_MEMORY_FRACTION", "TRAINER_ADAMW",
            "LOCAL_GENERATION_MODE"]
 
@@ -848,6 +854,63 @@ def engine_memory_fraction(engine: Any) -> float:
     return ENGINE_MEMORY_FRACTION
 
 
+def _colocated_resident(shape: ModelShape, config: Any, lay: _Layout) -> list[Term]:
+    """What a colocated trainer keeps on its GPU while its engine is awake: its master weights and AdamW
+    state (gradients are freed by ``zero_grad(set_to_none=True)``), the reference, and one bucket of
+    gathered weights during a sync."""
+    out = [t for t in _static_terms(shape, lay, reference=config.kl_coef > 0) if not t.name.startswith("gradients")]
+    bucket_mb = getattr(getattr(config, "colocated", None), "bucket_mb", None) or 512
+    out.append(_t("one bucket of gathered weights during a sync", bucket_mb * MiB, "colocated.bucket_mb"))
+    return out
+
+
+def colocated_memory_fraction(config: Any, *, world: int = 1, device: Any = None, total_bytes: int | None = None,
+                              shape: ModelShape | None = None) -> float:
+    """The share of its GPU's ``total_bytes`` a colocated engine may take while awake: what the trainer's
+    resident state (:func:`_colocated_resident`), the CUDA context (:data:`CONTEXT_RESERVE`) and
+    :data:`SLACK` leave, at most :data:`ENGINE_MEMORY_FRACTION` and at least 0.05. ``total_bytes``
+    defaults to ``device``'s (CUDA); without either (a CPU run, the stand-in engine) the share is 0.5,
+    which nothing reads."""
+    if total_bytes is None:
+        import torch
+
+        dev = torch.device(device) if device is not None else None
+        if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
+            return 0.5
+        total_bytes = int(torch.cuda.get_device_properties(dev).total_memory)
+    if shape is None:
+        shape, _ = shape_for_model(config.model)
+    lay = _layout(config.dtype, config.fsdp, world)
+    resident = sum(t.bytes for t in _colocated_resident(shape, config, lay)) + CONTEXT_RESERVE
+    share = (total_bytes * (1 - SLACK) - resident) / total_bytes
+    return float(min(ENGINE_MEMORY_FRACTION, max(0.05, share)))
+
+
+def _colocated_phase(shape: ModelShape, config: Any, lay: _Layout, capacity: int, device: str
+                     ) -> tuple[Phase, list[str]]:
+    """A colocated trainer GPU while its engine is awake: the trainer's resident state and the engine's
+    bf16 weights, workspace and KV pool (the rollouts of the step spread over ``W`` engines)."""
+    r = -(-(config.prompts_per_step * config.group_size) // lay.world)
+    m = config.max_context_tokens
+    kvt = kv_bytes_per_token(shape)
+    resident = [*_colocated_resident(shape, config, lay),
+                _t("engine weights (bf16)", 2 * shape.params, "2 N"),
+                _t("engine workspace (activations, CUDA graphs)", ENGINE_WORKSPACE, "estimate")]
+    pool = int(capacity / (1 + SLACK)) - sum(t.bytes for t in resident)  # what the engine's KV pool can take
+    demand = r * m * kvt
+    notes = []
+    if pool <= 0:
+        notes.append(f"colocated: {device} cannot hold the trainer's resident state and the engine's weights")
+    elif demand > pool:
+        notes.append(f"colocated: the KV demand of {r} rollouts per engine x {m:,} tokens is {_g(demand)} GiB, the "
+                     f"pool beside the trainer about {_g(pool)} GiB ({pool // (m * kvt)} rollouts at full context); "
+                     f"the engine queues or preempts the rest (slower steps, not a failure)")
+    kv = min(demand, max(pool, 0))
+    moment = Moment("rollouts on the awake engine",
+                    (_t("engine KV pool (bf16)", kv, f"min(R/W M kv, pool), R/W = {r}"),))
+    return Phase("colocated generation", tuple(resident), (moment,), capacity, device), notes
+
+
 # ---------------------------------------------------------------------------------------------
 # Public planners
 
@@ -930,6 +993,10 @@ def plan_grpo(config: Any, *, world: int = 1, gpu: str | GPU | None = None, free
     if config.generator == "engine":
         engine, engine_notes = _engine_phase(shape, config, capacity, device)
         notes += engine_notes
+    elif config.generator == "colocated":
+        colocated, colocated_notes = _colocated_phase(shape, config, lay, capacity, device)
+        phases.append(colocated)
+        notes += colocated_notes
     else:
         if world > 1:
             notes.append(f"generator: local with {world} trainers is refused by the trainer (generator: engine needed)")

@@ -111,7 +111,7 @@ from hydroagent_hpc.train.generation.sampler import GenerationServer, RolloutSam
 log = logging.getLogger(__name__)
 
 __all__ = ["EngineError", "EngineSettings", "EngineAPI", "SGLangAPI", "VLLMAPI", "ENGINE_APIS", "EngineSampler",
-           "EngineRequests", "serve_rollouts", "make_api", "parse_gpus", "api_key"]
+           "EngineRequests", "serve_rollouts", "make_api", "parse_gpus", "api_key", "finish_sample", "top_k_value"]
 
 class EngineError(HydroAgentError, RuntimeError):
     """The engine cannot be reached, refused a request or answered something unusable."""
@@ -238,8 +238,8 @@ class EngineAPI:
                         " ".join(f"{k}={v}" for k, v in self.launch_env.items()))
 
     def _finish(self, ids: list[int], logprobs: list[float], stop_ids: Sequence[int], max_new: int) -> Sample:
-        """:func:`_finish`, and a warning (once) when the engine ended a row on its own."""
-        sample = _finish(ids, logprobs, stop_ids, max_new)
+        """:func:`finish_sample`, and a warning (once) when the engine ended a row on its own."""
+        sample = finish_sample(ids, logprobs, stop_ids, max_new)
         if len(sample.ids) < max_new and (not sample.ids or sample.ids[-1] not in set(stop_ids)):
             last = sample.ids[-1] if sample.ids else None
             self._warn_once("foreign-stop", "engine %s at %s ended a row after %d ids at id %s, which is not one of "
@@ -249,11 +249,12 @@ class EngineAPI:
         return sample
 
 
-def _top_k(sampling: Sampling) -> int:
+def top_k_value(sampling: Sampling) -> int:
+    """The engines' ``top_k`` of a sampling setting: -1 (off) when greedy or when ``top_k`` is 0."""
     return -1 if sampling.greedy or not sampling.top_k else int(sampling.top_k)
 
 
-def _finish(ids: list[int], logprobs: list[float], stop_ids: Sequence[int], max_new: int) -> Sample:
+def finish_sample(ids: list[int], logprobs: list[float], stop_ids: Sequence[int], max_new: int) -> Sample:
     """Cut a row at its first stop id (kept) and at ``max_new`` ids, as BatchedSampler ends rows."""
     stop = set(stop_ids)
     end = min(len(ids), max_new)
@@ -277,7 +278,7 @@ class SGLangAPI(EngineAPI):
         """One row's ``sampling_params``. ``ignore_eos`` is false: in SGLang it would switch off
         ``stop_token_ids`` too (module doc)."""
         p: dict[str, Any] = {"temperature": 0.0 if sampling.greedy else sampling.temperature,
-                             "top_p": 1.0 if sampling.greedy else sampling.top_p, "top_k": _top_k(sampling),
+                             "top_p": 1.0 if sampling.greedy else sampling.top_p, "top_k": top_k_value(sampling),
                              "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
                              "presence_penalty": 0.0, "max_new_tokens": sampling.max_new_tokens,
                              "stop_token_ids": list(stop_ids), "ignore_eos": False,
@@ -353,7 +354,7 @@ class VLLMAPI(EngineAPI):
     def request_extra(self, stop_ids: Sequence[int], sampling: Sampling) -> dict[str, Any]:
         """vLLM's fields beyond the OpenAI ones. ``ignore_eos: true`` skips only the tokenizer's eos
         in vLLM; ``stop_token_ids`` still stop (module doc)."""
-        return {"top_k": _top_k(sampling), "min_p": 0.0, "repetition_penalty": 1.0,
+        return {"top_k": top_k_value(sampling), "min_p": 0.0, "repetition_penalty": 1.0,
                 "stop_token_ids": list(stop_ids), "ignore_eos": True, "skip_special_tokens": False,
                 "include_stop_str_in_output": True, "return_tokens_as_token_ids": True}
 

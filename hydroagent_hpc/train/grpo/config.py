@@ -30,7 +30,10 @@ Generation (``docs/grpo.md``, "Generation by an engine"):
 =====================  ==============================================================================
 key                    meaning
 =====================  ==============================================================================
-generator              ``local`` (default: in-process transformers) or ``engine`` (an HTTP server)
+generator              ``local`` (default: in-process transformers), ``engine`` (an HTTP server) or
+                       ``colocated`` (an engine inside every trainer process; ``docs/colocated.md``:
+                       ``colocated.backend`` sglang, vllm or standin, ``colocated.memory_fraction``,
+                       ``colocated.bucket_mb``)
 engine.api             ``sglang`` or ``vllm`` (:data:`hydroagent_hpc.train.generation.engine.ENGINE_APIS`)
 engine.url             the server's base URL, e.g. ``http://node12:30000`` (required)
 engine.launch          null (a server you started) or the argument list that starts one; ``{model}``
@@ -64,7 +67,7 @@ collective_timeout_s     how long a rank may wait in a collective (10800 s). Ran
 =======================  ============================================================================
 
 With more than one process the policy is trained on every rank but only rank 0 generates, so
-``generator: engine`` is required (checked by :func:`load_grpo_config` when ``world_size`` > 1).
+``generator: engine`` or ``colocated`` is required (checked by :func:`load_grpo_config` when ``world_size`` > 1).
 
 Both: lr 1e-6 with ``warmup_steps`` linear warm-up then constant, weight decay 0, gradient clip
 1.0, entropy 0.01, clip 0.2 / 0.2, ``token-mean`` aggregation, temperature 1.0, top-p 0.95,
@@ -95,6 +98,7 @@ from hydroagent_hpc.settings import (
     load_file,
     setting,
 )
+from hydroagent_hpc.train.generation.colocated_config import ColocatedSettings
 from hydroagent_hpc.train.generation.engine_config import ENGINE_API_RELOAD, EngineSettings
 from hydroagent_hpc.yamlio import load_strict
 
@@ -102,6 +106,8 @@ __all__ = ["GRPOConfig", "load_grpo_config", "grpo_config_from_mapping", "check_
            "ADVANTAGES", "AGGREGATIONS"]
 
 ADVANTAGES = ("episode", "turn", "released")
+#: Who samples the rollouts: the trainer's own model, an external server, or an engine in every trainer process.
+GENERATORS = ("local", "engine", "colocated")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 #: The most episodes one step may play (group_size x prompts_per_step): every one is held in memory.
 MAX_ROLLOUTS_PER_STEP = 65536
@@ -176,9 +182,12 @@ class GRPOConfig(Settings):
     keep_checkpoints: int = setting(2, ge=0, help="checkpoints kept")
     validate_every: int = setting(0, ge=0, help="greedy episodes on the validation basins every N steps (0: off)")
     simulator: str = setting("embedded", nonempty=True, help="the simulator backend")
-    generator: str = setting("local", choices=("local", "engine"),
-                             help="local (in-process transformers) or engine (an SGLang/vLLM server)")
+    generator: str = setting("local", choices=GENERATORS,
+                             help="local (in-process transformers), engine (an SGLang/vLLM server) or colocated (an "
+                                  "engine inside every trainer process, asleep while it trains)")
     engine: EngineSettings | None = setting(None, help="the inference server (generator: engine)")
+    colocated: ColocatedSettings | None = setting(None, help="the engine in every trainer process (generator: "
+                                                             "colocated; null: its defaults)")
     fsdp: bool | str = setting("auto", choices=(True, False, "auto"), source="paper",
                                help="FSDP2 sharding: auto (with more than one process), true or false (DDP)")
     activation_checkpointing: bool = setting(False, help="recompute each decoder layer's activations in the backward "
@@ -196,8 +205,11 @@ class GRPOConfig(Settings):
             raise invalid("generator", "engine needs an engine mapping",
                           "add engine: {api: sglang, url: http://HOST:PORT} (docs/grpo.md)")
         if self.engine is not None and self.generator != "engine":
-            raise invalid("engine", "given, but generator is local", "set generator: engine, or remove the engine "
-                                                                     "mapping")
+            raise invalid("engine", f"given, but generator is {self.generator}",
+                          "set generator: engine, or remove the engine mapping")
+        if self.colocated is not None and self.generator != "colocated":
+            raise invalid("colocated", f"given, but generator is {self.generator}",
+                          "set generator: colocated, or remove the colocated mapping")
         if self.engine is not None and self.engine.launch is None and not ENGINE_API_RELOAD[self.engine.api]:
             raise invalid("engine", f"api {self.engine.api} cannot reload weights from disk while it runs",
                           "give engine.launch so the trainer restarts the engine on each new checkpoint")
@@ -244,12 +256,13 @@ def check_world_size(config: GRPOConfig, world_size: int, where: str = "<config>
     rollouts, so in-process generation (``generator: local``) would need the other ranks to follow
     every one of rank 0's decoding steps; generation goes to an engine instead.
     """
-    if world_size > 1 and config.generator != "engine":
+    if world_size > 1 and config.generator == "local":
         raise ConfigError(f"{where}: generator: {config.generator} with {world_size} training processes: only "
                           f"rank 0 plays the rollouts, and in-process generation with a sharded policy would "
                           f"need every rank in every decoding step",
-                          "set generator: engine (an SGLang/vLLM server, or our engine_server; docs/grpo.md), "
-                          "or train with one process")
+                          "set generator: colocated (an engine in every trainer process; docs/colocated.md) or "
+                          "engine (an SGLang/vLLM server, or our engine_server; docs/grpo.md), or train with one "
+                          "process")
 
 
 def grpo_config_from_mapping(data: Any, *, at: KeyPath = (), where: Where | None = None,
@@ -268,7 +281,7 @@ def load_grpo_config(path: str | Path, world_size: int = 1, overrides: dict[str,
     ``world_size``: the number of training processes it will run with (:func:`check_world_size`);
     ``overrides``: command-line values by key (:func:`hydroagent_hpc.settings.load_file`)."""
     config = load_file(GRPOConfig, path, what="GRPO config", overrides=overrides)
-    if world_size > 1 and config.generator != "engine":
+    if world_size > 1 and config.generator == "local":
         doc = load_strict(path, what="GRPO config")
         check_world_size(config, world_size, doc.where(("generator",)))
     return config

@@ -96,6 +96,8 @@ from hydroagent_hpc.train.finite import (
     first_nonfinite,
     stopped_at,
 )
+from hydroagent_hpc.train.generation.colocated import ColocatedGenerator
+from hydroagent_hpc.train.generation.colocated import for_run as colocated_for_run
 from hydroagent_hpc.train.generation.engine import EngineSampler, serve_rollouts
 from hydroagent_hpc.train.generation.engine_process import EngineWeights
 from hydroagent_hpc.train.generation.rollout import (
@@ -111,7 +113,7 @@ from hydroagent_hpc.train.generation.sampler import BatchedSampler, RolloutSampl
 from hydroagent_hpc.train.grpo.advantages import group_advantages, token_advantages
 from hydroagent_hpc.train.grpo.config import GRPOConfig, check_world_size
 from hydroagent_hpc.train.grpo.loss import LogprobModel, grpo_loss
-from hydroagent_hpc.train.memory_plan import require_fits
+from hydroagent_hpc.train.memory_plan import colocated_memory_fraction, require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.writes import check_run_dir, save_checkpoint_or_stop, write_folder
 
@@ -305,9 +307,12 @@ class EpisodeStore:
 
 def play_episodes(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[RolloutSpec], sims: dict[str, Any],
                   basins: dict[str, Any], *, greedy: bool = False, agent: str = "grpo",
-                  runner: Any = None, engine: EngineWeights | None = None) -> tuple[list[Rollout], dict[str, Any]]:
+                  runner: Any = None, engine: EngineWeights | None = None,
+                  generator: ColocatedGenerator | None = None) -> tuple[list[Rollout], dict[str, Any]]:
     """Play ``specs`` with ``model`` (all episodes' model turns batched; the simulations on ``runner``,
-    a pool, or in threads): the rollouts and the step's sampling figures. ``greedy`` for evaluation."""
+    a pool, or in threads): the rollouts and the step's sampling figures. ``greedy`` for evaluation.
+    ``generator``: the colocated engines (each group's turns on its engine), instead of ``engine`` or
+    the in-process sampler."""
     from hydroagent_hpc.env.environment import CalibrationEnv
 
     env_config = preset(config.preset, **config.env)
@@ -315,10 +320,10 @@ def play_episodes(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[Ro
                         max_new_tokens=config.max_new_tokens, greedy=greedy)
     was_training = model.training  # before the probe: building it puts the model in eval mode
     probe = HFLocalPolicy(model, tokenizer)  # stop and pad ids as evaluation uses them
-    sampler: RolloutSampler
+    sampler: RolloutSampler | None = None  # None: the colocated engines sample (synced after each step)
     if engine is not None:  # an external engine serving the current weights (engine.push after each step)
         sampler = EngineSampler(engine.api, probe.stop_ids, sampling, max_batch=config.generation_batch)
-    else:
+    elif generator is None:
         compute = _compute_dtype(config, model.device)  # the trainer's compute dtype over its fp32 weights
         sampler = BatchedSampler(model, probe.stop_ids, probe.pad_id, sampling, max_batch=config.generation_batch,
                                  prefix_cache=config.prefix_cache,
@@ -327,13 +332,19 @@ def play_episodes(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[Ro
     shared = SharedRuns() if config.share_runs else None
     model.eval()
     t0 = time.perf_counter()
-    with serve_rollouts(sampler) as server:  # an engine: one request per turn, continuously batched there
+    if sampler is not None:
+        serving = serve_rollouts(sampler)
+    else:  # each group's turns on its colocated engine
+        assert generator is not None
+        serving = generator.routes(sampling, probe.stop_ids, [s.group for s in specs])
+    with serving as server:  # an engine: one request per turn, continuously batched there
+        route = server.for_group if generator is not None else (lambda group: server)  # type: ignore[attr-defined]
         rollouts = run_rollouts(
             specs,
             env_factory=lambda spec, sim: CalibrationEnv(basins[spec.basin_dir], sim, env_config, agent=agent,
                                                          seed=spec.seed, episode_id=spec.episode_id),
             simulators=sims,
-            policy_factory=lambda spec: RolloutPolicy(model, tokenizer, server, sampling, seed=spec.seed,
+            policy_factory=lambda spec: RolloutPolicy(model, tokenizer, route(spec.group), sampling, seed=spec.seed,
                                                       max_context_tokens=config.max_context_tokens, name=agent),
             slots=slots, shared=shared, runner=runner, sim_batch=config.sim_batch)
         stats = dict(server.stats)
@@ -508,6 +519,7 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     metrics: _Metrics | None = None
     store: EpisodeStore | None = None
     engine = None
+    generator: ColocatedGenerator | None = None
     if lead:
         write_run_config(run_dir, config.to_dict(), {"device": str(device), "compute_dtype": str(dtype),
                                                      "world_size": world, "fsdp": use_fsdp,
@@ -526,13 +538,19 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
             assert config.engine is not None  # checked with the config
             engine = EngineWeights(config.engine, run_dir,
                                    context_tokens=config.max_context_tokens + config.max_new_tokens)
+        if config.generator == "colocated":  # every rank: an engine in this process
+            share = colocated_memory_fraction(config, world=world, device=device)  # beside the trainer's state
+            generator = colocated_for_run(config, model, tokenizer, device, dtype, world=world, rank=rank,
+                                          planned_fraction=share)
         return _run(_Run(config, run_dir, model, tokenizer, optimizer, scheduler, state, resume_from, metrics,
-                         store, sims, basins, runner, pad_id, ranks, engine, started))
+                         store, sims, basins, runner, pad_id, ranks, engine, started, generator))
     finally:
         if store is not None:
             store.close()
         if engine is not None:
             engine.close()
+        if generator is not None:
+            generator.close()
 
 
 def _push(engine: EngineWeights | None, model: Any, tokenizer: Any, step: int, ranks: Ranks) -> float:
@@ -549,6 +567,16 @@ def _push(engine: EngineWeights | None, model: Any, tokenizer: Any, step: int, r
         return float("nan")
     engine.push(full, tokenizer, step)
     return time.perf_counter() - t0
+
+
+def _sync_weights(run: _Run, step: int) -> float:
+    """Make the generator serve the current weights: the colocated engines (every rank syncs its own,
+    in memory), or the external engine (gathered onto rank 0 and pushed); the seconds (NaN without one)."""
+    if run.generator is not None:
+        return run.generator.sync(run.model, step)
+    if run.engine is not None or run.ranks.distributed:
+        return _push(run.engine, run.model, run.tokenizer, step, run.ranks)
+    return float("nan")
 
 
 def _share(batch: list[_Sequence] | None, ranks: Ranks) -> list[_Sequence]:
@@ -583,6 +611,7 @@ class _Run:
     ranks: Ranks
     engine: EngineWeights | None
     started: float
+    generator: ColocatedGenerator | None = None  # generator: colocated, on every rank
 
 
 @dataclass
@@ -604,8 +633,7 @@ def _run(run: _Run) -> dict[str, Any]:
     """
     config, state, ranks = run.config, run.state, run.ranks
     # the engine serves the current (initial or resumed) weights before any rollout
-    if run.engine is not None or ranks.distributed:
-        _push(run.engine, run.model, run.tokenizer, state.step, ranks)
+    _sync_weights(run, state.step)
     last_val: dict[str, Any] = {}
     if ranks.lead and config.validation_basins and config.validate_every and run.resume_from is None:
         last_val = _validate_now(run, state.step)
@@ -622,6 +650,8 @@ def _run(run: _Run) -> dict[str, Any]:
             played = _play_step(run, step, idx, t_step) if ranks.lead else None
             # 3. advantages per group, from the ledger (rank 0), shared with every rank
             batch = _share(training_batch(played.rollouts, played.per_turn) if played is not None else None, ranks)
+            if run.generator is not None:  # the rollouts are over on every engine: release their memory
+                run.generator.sleep()
             # 4. loss and one optimizer step
             t_train = time.perf_counter()
             parts, lr = _optimizer_step(run, batch)
@@ -629,8 +659,7 @@ def _run(run: _Run) -> dict[str, Any]:
             state.step, state.epoch, state.index = step, epoch, index
             state.tokens += int(parts["tokens"])
             # the engine serves the new weights before anything samples again (validation included)
-            weight_sync_s = _push(run.engine, run.model, run.tokenizer, step, ranks) \
-                if run.engine is not None or ranks.distributed else float("nan")
+            weight_sync_s = _sync_weights(run, step)
             # 5. record
             if played is not None:
                 if config.validation_basins and config.validate_every and step % config.validate_every == 0:
@@ -657,7 +686,7 @@ def _validate_now(run: _Run, step: int) -> dict[str, Any]:
     """Rank 0: the greedy validation episodes at ``step``."""
     assert run.store is not None
     return _validate(run.config, run.model, run.tokenizer, run.sims, run.basins, run.store, step, run.runner,
-                     run.engine)
+                     run.engine, run.generator)
 
 
 def _play_step(run: _Run, step: int, idx: Sequence[int], t_step: float) -> _Rollouts:
@@ -668,7 +697,7 @@ def _play_step(run: _Run, step: int, idx: Sequence[int], t_step: float) -> _Roll
     specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k), f"grpo-s{step:05d}-g{g}-k{k}")
              for g, b in enumerate(idx) for k in range(config.group_size)]
     rollouts, stats = play_episodes(config, run.model, run.tokenizer, specs, run.sims, run.basins, runner=run.runner,
-                                    engine=run.engine)
+                                    engine=run.engine, generator=run.generator)
     run.store.write(rollouts)
     fault("kill_after_rollouts", step)
     seconds = time.perf_counter() - t_step
@@ -680,6 +709,8 @@ def _optimizer_step(run: _Run, batch: list[_Sequence]) -> tuple[dict[str, float]
     """The loss over ``batch`` and one optimizer step on every rank, then one scheduler step; (the loss's
     parts, the learning rate the step used)."""
     step = run.state.step + 1
+    if run.generator is not None:  # never train while an engine of this process holds its memory
+        run.generator.check_released()
     try:
         parts = optimise(run.config, run.model, run.optimizer, batch, run.pad_id, run.ranks, step)
         check_weights(run.model, f"step {step}: after the optimizer step the policy", distributed=run.ranks.distributed,
@@ -951,11 +982,11 @@ def optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, b
 
 def _validate(config: GRPOConfig, model: Any, tokenizer: Any, sims: dict[str, Any], basins: dict[str, Any],
               store: EpisodeStore, step: int, runner: Any = None,
-              engine: EngineWeights | None = None) -> dict[str, Any]:
+              engine: EngineWeights | None = None, generator: ColocatedGenerator | None = None) -> dict[str, Any]:
     specs = [RolloutSpec(g, 0, d, config.seed, f"grpo-val-s{step:05d}-g{g}")
              for g, d in enumerate(config.validation_basins)]
     rollouts, _ = play_episodes(config, model, tokenizer, specs, sims, basins, greedy=True, agent="grpo-val",
-                                runner=runner, engine=engine)
+                                runner=runner, engine=engine, generator=generator)
     store.write(rollouts)
     summary = _episode_summary(rollouts)
     log.info("validation at step %d: reward %.3f, best NSE %.3f on %d held-out basins", step,
