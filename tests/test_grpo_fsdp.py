@@ -137,6 +137,20 @@ def test_two_processes_train_what_one_process_trains(basins, server, one, tmp_pa
     assert len(extra["rng_ranks"]) == 2 and extra["rng"] is not None
     # only rank 0 wrote the run folder: the one-process run's files, each once (metrics not appended twice)
     assert _files(run) == _files(one)
+    # the step timeline has both ranks' lanes (gathered on rank 0): rank 1 waits while rank 0 plays the
+    # rollouts, both train and take part in the weight gather for the engine
+    from hydroagent_hpc.train.grpo.timeline import read_timeline, utilisation
+
+    records = read_timeline(run)
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        names = [x["name"] for x in r["lanes"]]
+        phases = {lane: {s[1] for s in r["spans"] if names[s[0]] == lane} for lane in ("rank 0", "rank 1")}
+        assert {"generate", "train", "forward", "backward", "sync"} <= phases["rank 0"], phases
+        assert {"wait", "train", "forward", "backward", "sync"} <= phases["rank 1"], phases
+        assert "generate" not in phases["rank 1"]
+    lanes = utilisation(records)["lanes"]
+    assert lanes["rank 1"]["seconds"]["wait"] >= 0.8 * lanes["rank 0"]["seconds"]["generate"]
     import h5py
 
     with h5py.File(run / "metrics.h5") as f:

@@ -83,6 +83,7 @@ PATHS: dict[tuple[str, ...], dict[str, PathKind]] = {
     ("train", "sft"): {"config": _in_file("sft.yaml"), "out": OUT_DIR},
     ("train", "grpo"): {"config": _in_file("grpo.yaml"), "out": OUT_DIR},
     ("train", "plan"): {"config": _in_file("sft.yaml")},
+    ("train", "timeline"): {"run": IN_DIR, "out": _out_file("timeline.png")},
     ("train", "submit", "sft"): {"config": _in_file("sft.yaml"), "run_dir": OUT_DIR},
     ("train", "submit", "grpo"): {"config": _in_file("grpo.yaml"), "run_dir": OUT_DIR},
     ("pipeline", "run"): {"file": _in_file("pipeline.yaml"), "run_dir": OUT_DIR},

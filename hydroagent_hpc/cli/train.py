@@ -3,6 +3,7 @@
 ``hydroagent train grpo CONFIG --out RUN_DIR [--resume] [--KEY VALUE ...]``: GRPO on the simulator's reward
 (train/grpo/launch.py); both parsers are the entry modules' own, their config-key options made from the configs;
 ``hydroagent train plan CONFIG --gpu H100-80GB [--gpus N]``: the run's GPU memory plan (train/memory_plan.py);
+``hydroagent train timeline RUN [--out PNG] [--steps A:B]``: a GRPO run's step timeline (train/grpo/timeline.py);
 ``hydroagent train submit sft|grpo CONFIG ...``: those runs as requeueable submitit jobs (train/submit.py).
 :func:`add_submit_sft` and :func:`add_submit_grpo` also build the old spellings ``submit sft|grpo``
 (:mod:`hydroagent_hpc.cli.aliases`)."""
@@ -21,6 +22,14 @@ from hydroagent_hpc.cli.runs import add_site_options, site_from_args
 from hydroagent_hpc.errors import ConfigError, UsageError, one_line
 from hydroagent_hpc.train.grpo import launch as grpo_launch
 from hydroagent_hpc.train.grpo.config import load_grpo_config
+from hydroagent_hpc.train.grpo.timeline import (
+    FILE_NAME,
+    draw,
+    format_utilisation,
+    parse_steps,
+    read_timeline,
+    utilisation,
+)
 from hydroagent_hpc.train.memory_plan import GPUS, SHAPES, MemoryPlanError, check_plan, gpu_named, plan_grpo, plan_sft
 from hydroagent_hpc.train.sft import launch as sft_launch
 from hydroagent_hpc.train.sft.config import load_sft_config
@@ -80,6 +89,28 @@ def cmd_submit_grpo(args: argparse.Namespace) -> int:
                       trainers=args.trainers)
     print(json.dumps(out, default=str))
     return 0
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    """Draw a GRPO run's step timeline (PNG) and print each lane's utilisation per phase."""
+    records = read_timeline(args.run, args.steps)
+    table = utilisation(records)
+    out = Path(args.out) if args.out else Path(args.run) / FILE_NAME.replace(".jsonl", ".png")
+    draw(records, out)
+    if args.json:
+        print(json.dumps({**table, "png": str(out)}))
+    else:
+        print(format_utilisation(table), end="")
+        print(f"\nwrote {out}")
+    return 0
+
+
+def _steps(text: str) -> tuple[int | None, int | None]:
+    """``--steps``: ``A:B``, ``A:``, ``:B`` or ``N`` (train/grpo/timeline.py parse_steps)."""
+    try:
+        return parse_steps(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _load_run_config(path: str, gpus: int) -> tuple[str, object]:
@@ -267,6 +298,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                          "Qwen3-4B-Instruct-2507 as published)")
     pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     pl.set_defaults(func=cmd_plan)
+    tl = tsub.add_parser("timeline", help="a GRPO run's step timeline: a PNG and the utilisation per lane",
+                         description="Read RUN/timeline.jsonl (written by the GRPO trainer every step: when each "
+                                     "training process generated, waited, trained and synced weights, when each "
+                                     "simulation slot was busy, and when each rollout waited for a GPU batch or a "
+                                     "simulation slot), draw it as a PNG with one lane per process, slot and rollout, "
+                                     "and print the share of the wall time each lane spent in each phase "
+                                     "(train/grpo/timeline.py, docs/grpo.md).")
+    tl.add_argument("run", metavar="RUN", help="GRPO run folder (it holds timeline.jsonl)")
+    tl.add_argument("--out", metavar="PNG", default=None, help="the figure to write (default RUN/timeline.png)")
+    tl.add_argument("--steps", type=_steps, default=(None, None), metavar="A:B",
+                    help="steps A to B, both included (A:, :B and N also work; default: every step)")
+    tl.add_argument("--json", action="store_true", help="print the utilisation as one JSON object")
+    tl.set_defaults(func=cmd_timeline)
     ts = tsub.add_parser("submit", help="an SFT or GRPO run as one requeueable job (Slurm or a local process)",
                          description="Submit an SFT or GRPO run through submitit as one job that checkpoints and "
                                      "requeues itself before a time limit or preemption.")

@@ -27,7 +27,10 @@ One step, top to bottom (:func:`train_grpo`):
    until an engine other than the trainer samples. Then gradient clipping and AdamW.
 5. **Record.** One row per step in ``RUN/metrics.csv`` (reward parts, best NSE, simulations,
    turns, parse failures, stop reasons, entropy, KL, clip fraction, advantage statistics, time
-   split into generation / simulation / training) and one console line.
+   split into generation / simulation / training), one console line, and the step's timeline: when
+   each process generated, waited, trained and synced, and when each rollout waited for a GPU batch
+   or a simulation slot, one line of ``RUN/timeline.jsonl`` (:mod:`hydroagent_hpc.train.grpo.timeline`,
+   drawn by ``hydroagent train timeline RUN``).
 6. **Checkpoints** every ``save_every`` steps, on SIGUSR1 (and SIGTERM, which then stops), and at
    the end, atomically (:mod:`hydroagent_hpc.train.checkpoint`); a resumed run replays nothing
    twice: a step is either complete in the checkpoint or redone from its start. ``RUN/final`` is a
@@ -106,10 +109,10 @@ from hydroagent_hpc.train.generation.rollout import (
     RolloutPolicy,
     RolloutSpec,
     SharedRuns,
-    SimulationSlots,
     run_rollouts,
 )
 from hydroagent_hpc.train.generation.sampler import BatchedSampler, RolloutSampler, Sampling
+from hydroagent_hpc.train.grpo import timeline
 from hydroagent_hpc.train.grpo.advantages import group_advantages, token_advantages
 from hydroagent_hpc.train.grpo.config import GRPOConfig, check_world_size
 from hydroagent_hpc.train.grpo.loss import LogprobModel, grpo_loss
@@ -328,7 +331,9 @@ def play_episodes(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[Ro
         sampler = BatchedSampler(model, probe.stop_ids, probe.pad_id, sampling, max_batch=config.generation_batch,
                                  prefix_cache=config.prefix_cache,
                                  autocast_dtype=None if compute == torch.float32 else compute)
-    slots = SimulationSlots(config.max_simulations_in_flight)
+    if sampler is not None:
+        sampler = timeline.timed_sampler(sampler)  # its batches on the step timeline (when a run records one)
+    slots = timeline.timed_slots(config.max_simulations_in_flight)
     shared = SharedRuns() if config.share_runs else None
     model.eval()
     t0 = time.perf_counter()
@@ -341,10 +346,13 @@ def play_episodes(config: GRPOConfig, model: Any, tokenizer: Any, specs: list[Ro
         route = server.for_group if generator is not None else (lambda group: server)  # type: ignore[attr-defined]
         rollouts = run_rollouts(
             specs,
-            env_factory=lambda spec, sim: CalibrationEnv(basins[spec.basin_dir], sim, env_config, agent=agent,
-                                                         seed=spec.seed, episode_id=spec.episode_id),
+            env_factory=lambda spec, sim: CalibrationEnv(basins[spec.basin_dir],
+                                                         timeline.rollout_simulator(spec, sim, agent), env_config,
+                                                         agent=agent, seed=spec.seed, episode_id=spec.episode_id),
             simulators=sims,
-            policy_factory=lambda spec: RolloutPolicy(model, tokenizer, route(spec.group), sampling, seed=spec.seed,
+            policy_factory=lambda spec: RolloutPolicy(model, tokenizer,
+                                                      timeline.rollout_server(spec, route(spec.group), agent),
+                                                      sampling, seed=spec.seed,
                                                       max_context_tokens=config.max_context_tokens, name=agent),
             slots=slots, shared=shared, runner=runner, sim_batch=config.sim_batch)
         stats = dict(server.stats)
@@ -640,32 +648,42 @@ def _run(run: _Run) -> dict[str, Any]:
     summary_rows: list[dict[str, Any]] = []
     stopped = None
     saved_at = state.step if run.resume_from is not None else -1
-    with Signals() as signals:
+    with Signals() as signals, timeline.recording(run.run_dir, rank=ranks.rank, world=ranks.world, device=ranks.device,
+                                                  resumed_step=state.step if run.resume_from is not None else 0):
         while state.step < config.max_steps:
             step = state.step + 1
             t_step = time.perf_counter()
+            timeline.begin_step(step)
             # 2. prompts and rollouts
             idx, epoch, index = plan_prompts(len(config.basins), config.prompts_per_step, config.seed,
                                              state.epoch, state.index)
             played = _play_step(run, step, idx, t_step) if ranks.lead else None
             # 3. advantages per group, from the ledger (rank 0), shared with every rank
-            batch = _share(training_batch(played.rollouts, played.per_turn) if played is not None else None, ranks)
+            with timeline.span("wait"):  # the other ranks wait here for rank 0's rollouts
+                batch = _share(training_batch(played.rollouts, played.per_turn) if played is not None else None, ranks)
             if run.generator is not None:  # the rollouts are over on every engine: release their memory
-                run.generator.sleep()
+                with timeline.span("sleep"):
+                    run.generator.sleep()
             # 4. loss and one optimizer step
             t_train = time.perf_counter()
-            parts, lr = _optimizer_step(run, batch)
+            with timeline.span("train"):
+                parts, lr = _optimizer_step(run, batch)
             training_s = time.perf_counter() - t_train
             state.step, state.epoch, state.index = step, epoch, index
             state.tokens += int(parts["tokens"])
             # the engine serves the new weights before anything samples again (validation included)
-            weight_sync_s = _sync_weights(run, step)
+            weight_sync_s = float("nan")
+            if run.engine is not None or ranks.distributed or run.generator is not None:
+                with timeline.span("sync"):
+                    weight_sync_s = _sync_weights(run, step)
             # 5. record
             if played is not None:
                 if config.validation_basins and config.validate_every and step % config.validate_every == 0:
-                    last_val = _validate_now(run, step)
+                    with timeline.span("validate"):
+                        last_val = _validate_now(run, step)
                 summary_rows.append(_record_step(run, step, played, batch, parts, lr, len(idx), training_s,
                                                  time.perf_counter() - t_step, weight_sync_s, last_val))
+            timeline.end_step()  # the step's line of RUN/timeline.jsonl, before its checkpoint
             # 6. checkpoints (every rank agrees on a signal that reached any of them)
             saved_at, want_stop = _checkpoint_if_due(run, signals, step, saved_at)
             if want_stop:
@@ -696,8 +714,9 @@ def _play_step(run: _Run, step: int, idx: Sequence[int], t_step: float) -> _Roll
     assert run.store is not None
     specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k), f"grpo-s{step:05d}-g{g}-k{k}")
              for g, b in enumerate(idx) for k in range(config.group_size)]
-    rollouts, stats = play_episodes(config, run.model, run.tokenizer, specs, run.sims, run.basins, runner=run.runner,
-                                    engine=run.engine, generator=run.generator)
+    with timeline.span("generate"):
+        rollouts, stats = play_episodes(config, run.model, run.tokenizer, specs, run.sims, run.basins,
+                                        runner=run.runner, engine=run.engine, generator=run.generator)
     run.store.write(rollouts)
     fault("kill_after_rollouts", step)
     seconds = time.perf_counter() - t_step
@@ -902,11 +921,11 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
         adv = torch.from_numpy(token_advantages(seq.advantages, seq.spans, len(seq.ids)))[None].to(
             device=device, dtype=torch.float32)
         with grad_sync(scorer, j == len(passes) - 1):
-            with _autocast(device, autocast_dtype):
+            with _autocast(device, autocast_dtype), timeline.span("forward"):
                 logp, entropy = scorer(ids, attn, chunk_size=config.logprob_chunk, with_entropy=True)
             ref_logp = None
             if reference is not None:
-                with torch.no_grad(), _autocast(device, autocast_dtype):
+                with torch.no_grad(), _autocast(device, autocast_dtype), timeline.span("forward"):
                     ref_logp, _ = reference(ids, attn, chunk_size=config.logprob_chunk, with_entropy=False)
             # the generator's log-probs of the sampled ids against the trainer's: the engine mismatch
             gen = torch.zeros_like(mask)
@@ -927,7 +946,8 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
                               clip_high=config.clip_high, kl_coef=config.kl_coef, entropy_coef=config.entropy_coef,
                               aggregation=config.aggregation, norm_length=config.norm_length,
                               total_tokens=total_tokens, num_sequences=n_seq)
-            (parts.loss * (world * weight)).backward()
+            with timeline.span("backward"):
+                (parts.loss * (world * weight)).backward()
         reshard = getattr(reference, "reshard", None)  # FSDP2 keeps a root's parameters gathered after forward
         if reshard is not None:
             reshard()
@@ -971,7 +991,8 @@ def optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, b
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     check_step(sums["loss"], grad_norm, step)  # before the weights move: a NaN never reaches them
-    optimizer.step()
+    with timeline.span("optimizer"):
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     tokens = max(total_tokens, 1.0)
     return {"loss": sums["loss"], "pg": sums["pg"], "kl": sums["kl"], "entropy": sums["entropy"],
