@@ -14,13 +14,22 @@
   with the number of layers that would (``--layers``). The FLOP count and its formula are in
   :mod:`hydroagent_hpc.train.measure.throughput`. Without CUDA it refuses with exit status 2.
 
+* ``--grpo --layouts`` (CPU, no model, instant): the paper-sized step per layout (engine on its own GPU,
+  as the audit found it and with its fixes; colocated; colocated with one-step overlap) from the
+  layout model (:func:`hydroagent_hpc.train.measure.grpo_throughput.estimate_layout`) and its documented
+  default parts (:func:`~hydroagent_hpc.train.measure.grpo_throughput.paper_costs`: roofline decode and
+  prefill on H100, training at 35 % MFU, sync, sleep/wake, 1 s simulations on 32 slots). ``--gpus``,
+  ``--turn-cv`` (spread of the turn lengths: convoying) and the shape flags apply.
 * ``--grpo`` (with or without ``--gpu``): the parts of a GRPO step measured with the trainer's own
   code (prefill, decode through the rollout sampler, one GRPO optimizer step with the reference
   model, activation checkpointing on unless ``--no-activation-checkpointing``;
   :mod:`hydroagent_hpc.train.measure.grpo_throughput`) and the step they add up to for the paper's
   setting (4 prompts x K=8 episodes of up to 50 turns), on 1 GPU and on 4, the assumptions printed
   with it. On the CPU it runs the tiny model with small sizes (seconds), which checks the code, not
-  the GPU figure.
+  the GPU figure. With ``--gpu`` it also measures what one GPU can of the layouts (an engine's sleep and
+  wake as torch does them, the in-device part of a weight sync of the 4B model in 1 GiB buckets, decode
+  at batch 8 and 32) and prints the layout table from those parts beside the documented one. Without a
+  CUDA device ``--gpu --grpo`` says why it skips the measurement and prints the documented table (exit 0).
 
 What is timed is the model math of one SFT step on one device, not the trainer's data pipeline,
 checkpointing or FSDP communication (one device has none). Issue 14's goal: MFU >= 35 % for the 4B
@@ -33,6 +42,7 @@ yet; run it on a GPU node and record the numbers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -43,7 +53,7 @@ from hydroagent_hpc.train.memory_plan import MemoryPlanError, ModelShape, check_
 from hydroagent_hpc.train.sft.config import SFTConfig
 
 __all__ = ["cpu_rows", "gpu_result", "markdown", "grpo_result", "grpo_markdown", "main", "build_parser",
-           "bench_sft_config", "bench_shape", "bench_sft_plan"]
+           "bench_sft_config", "bench_shape", "bench_sft_plan", "layouts_result", "layouts_markdown", "measured_costs"]
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +183,17 @@ def grpo_result(gpu: bool, shape: Any, *, sim_s: float, sim_slots: int, layers: 
     rows = [{"gpus": g, "engines": e, **estimate_step(parts, shape, gpus=g, engines=e, sim_s_per_run=sim_s,
                                                       sim_slots=sim_slots)}
             for g, e in GRPO_LAYOUTS]
-    return {"parts": parts.as_dict(), "shape": {**vars(shape), "tokens": shape.tokens}, "sim_s": sim_s,
-            "sim_slots": sim_slots, "activation_checkpointing": activation_checkpointing, "estimates": rows}
+    out = {"parts": parts.as_dict(), "shape": {**vars(shape), "tokens": shape.tokens}, "sim_s": sim_s,
+           "sim_slots": sim_slots, "activation_checkpointing": activation_checkpointing, "estimates": rows}
+    if gpu:  # what one GPU measures of the layouts, and the layout table from it
+        import dataclasses
+
+        del reference
+        costs, raw = measured_costs(model, parts, shape, decode_ctx=sizes["decode_ctx"])
+        costs = dataclasses.replace(costs, sim_s=sim_s, sim_slots=sim_slots)
+        out["layout_parts"] = raw
+        out["layouts_measured"] = layouts_result(shape, costs)
+    return out
 
 
 def grpo_markdown(r: dict[str, Any]) -> str:
@@ -206,6 +225,85 @@ def grpo_markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def layouts_result(shape: Any, costs: Any = None, *, gpus: int = 4, group_size: int = 8,
+                   turn_cv: float = 0.0) -> dict[str, Any]:
+    """The step of ``shape`` per layout on ``gpus`` GPUs
+    (:func:`~hydroagent_hpc.train.measure.grpo_throughput.paper_layouts`) from ``costs`` (default: the
+    documented parts, :func:`~hydroagent_hpc.train.measure.grpo_throughput.paper_costs`)."""
+    from hydroagent_hpc.train.measure.grpo_throughput import layout_table, paper_costs, paper_layouts
+
+    costs = costs if costs is not None else paper_costs(shape)
+    rows = layout_table(shape, costs, paper_layouts(gpus), group_size=group_size, turn_cv=turn_cv)
+    mean_ctx = shape.prompt + (shape.turns - 1) / 2 * (shape.turn + shape.tool)
+    return {"shape": {**vars(shape), "tokens": shape.tokens}, "gpus": gpus, "group_size": group_size,
+            "turn_cv": turn_cv, "costs": costs.as_dict(),
+            "decode_ms": {str(b): costs.decode.step(b, b * mean_ctx) * 1e3 for b in (shape.episodes // gpus,
+                                                                                    shape.episodes)},
+            "mean_ctx": mean_ctx, "layouts": rows}
+
+
+def layouts_markdown(r: dict[str, Any]) -> str:
+    sh, c = r["shape"], r["costs"]
+    d = r["decode_ms"]
+    lines = [f"## GRPO step per layout on {r['gpus']} GPUs ({c['source']})", "",
+             f"{sh['episodes']} episodes (groups of {r['group_size']}, a group on one engine) x {sh['turns']} turns: "
+             f"{sh['prompt']:,}-token prompt, {sh['turn']} tokens per turn (spread: cv {r['turn_cv']:g}), "
+             f"{sh['tool']} per tool reply ({sh['tokens']:,} per episode); {sh['sims_per_episode']} simulations "
+             f"per episode at {c['sim_s']:g} s on {c['sim_slots']} slots, on each episode's own path. Decode "
+             + ", ".join(f"{ms:.1f} ms/step at batch {b}" for b, ms in d.items())
+             + f" (mean context {r['mean_ctx']:,.0f}); training {c['train_s_per_token'] * 1e6:.2f} us/token on one "
+             f"GPU; sleep {c['sleep_s']:.2f} s, wake {c['wake_s']:.2f} s; a sync through the disk "
+             f"{c['disk_sync_s']:g} s.", "",
+             "| layout | GPUs generating / training | rollouts s (busiest engine) | waits per episode s "
+             "(GPU / slot) | train s | weight sync s | sleep + wake s | step s | step min |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for e in r["layouts"]:
+        shared = " (the same)" if e["engines"] == e["trainers"] and e["gpus"] == e["trainers"] else ""
+        lines.append(f"| {e['layout']} | {e['engines']} / {e['trainers']}{shared} | {e['rollouts_s']:.1f} "
+                     f"({e['engine_busy_s']:.1f}) | {e['gpu_wait_s']:.1f} / {e['sim_wait_s']:.1f} | "
+                     f"{e['train_s']:.1f} | "
+                     f"{e['sync_s']:.1f} | {e['sleep_wake_s']:.1f} | {e['step_s']:.1f} | {e['step_s'] / 60:.2f} |")
+    lines += ["", "The model: hydroagent_hpc/train/measure/grpo_throughput.py (the rollouts played decode step by "
+              "decode step; FSDP's gathers during training not counted). Goal (issue 33): <= 2 min on 4 H100s; "
+              "the audit: ~23 min as coded with SGLang, ~5 with every first-contact fix.", ""]
+    return "\n".join(lines)
+
+
+def measured_costs(model: Any, parts: Any, shape: Any, *, decode_ctx: tuple[int, int], decode_tokens: int = 16,
+                   bucket_bytes: int = 2**30) -> tuple[Any, dict[str, Any]]:
+    """The layout model's parts from this device (``model``: the BF16 policy of :func:`grpo_result`; ``parts``
+    its :class:`~hydroagent_hpc.train.measure.grpo_throughput.GRPOStepParts`): decode through the in-process
+    sampler at batch ``episodes / 4`` and ``episodes`` (fitted, :class:`DecodeCost`), an engine's sleep and
+    wake as torch does them, the in-device part of a weight sync; the training and prefill of ``parts``; the
+    link bandwidth and the rest from the documented defaults. Returns the costs and the raw measurements."""
+    import dataclasses
+
+    from hydroagent_hpc.train.measure.grpo_throughput import (
+        DecodeCost,
+        PrefillCost,
+        measure_decode,
+        measure_sleep_wake,
+        measure_weight_sync,
+        paper_costs,
+    )
+
+    small = max(1, shape.episodes // 4)
+    points = [(parts.decode_batch, float(c), s) for c, s in zip(parts.decode_ctx, parts.decode_s)]
+    points += [(small, float(c), measure_decode(model, batch=small, ctx=c, new_tokens=decode_tokens))
+               for c in decode_ctx]
+    sleep_s, wake_s = measure_sleep_wake(model)
+    sync = measure_weight_sync(model, bucket_bytes=bucket_bytes)
+    costs = dataclasses.replace(
+        paper_costs(shape), decode=DecodeCost.fit(points), prefill=PrefillCost(1.0 / parts.prefill_tps),
+        train_s_per_token=parts.train_at(shape.tokens), weight_bytes=float(sync["bytes"]),
+        copy_bytes_per_s=sync["bytes"] / sync["seconds"], sync_per_bucket_s=0.0, sleep_s=sleep_s, wake_s=wake_s,
+        source=f"measured on one {parts.device}: decode through the in-process sampler (not an engine), the "
+               f"training step, prefill, sleep/wake as torch offload, the in-device sync; link bandwidth and "
+               f"disk sync documented defaults")
+    raw = {"decode_points": points, "sleep_s": sleep_s, "wake_s": wake_s, "weight_sync": sync}
+    return costs, raw
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The benchmark's command line (its defaults are the ``--gpu`` runs' settings)."""
     ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.bench.train", description=__doc__.splitlines()[0])
@@ -232,6 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds per simulator run (default 1.0: a 10,000-cell basin, 90 days hourly, one core)")
     g.add_argument("--sim-slots", type=int, default=32, help="simulations in flight (default 32, the paper's)")
     g.add_argument("--decode-ctx", type=int, help="the longer decode context (default: the episode, at most 8192)")
+    g.add_argument("--layouts", action="store_true",
+                   help="no measurement: the step per layout from the layout model's documented default parts")
+    g.add_argument("--gpus", type=int, default=4, help="--layouts: GPUs of the node (default 4)")
+    g.add_argument("--group-size", type=int, default=8, help="--layouts: rollouts per group, one engine each "
+                                                             "(default 8)")
+    g.add_argument("--turn-cv", type=float, default=0.0,
+                   help="--layouts: spread of the turn lengths (coefficient of variation; default 0: every turn "
+                        "the same; >0 shows convoying)")
     return ap
 
 
@@ -287,14 +393,35 @@ def _grpo_main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc} (the --episodes/--turns/--*-tokens/--sims-per-episode flags)", file=sys.stderr)
         return 2
-    if args.gpu and cuda_device_count() == 0:
-        print("error: --gpu --grpo needs a CUDA device and a CUDA build of torch; this machine has none "
-              "(run it on a GPU node, e.g. `srun --gpus=1 python -m hydroagent_hpc.bench.train --gpu --grpo`, or "
-              "drop --gpu to check the code on the CPU with the tiny model)", file=sys.stderr)
+    if args.gpus < 2 or args.group_size < 1 or args.turn_cv < 0:
+        print(f"error: --gpus {args.gpus} / --group-size {args.group_size} / --turn-cv {args.turn_cv}: the layouts "
+              "need 2 or more GPUs, a group of 1 or more, a spread of 0 or more", file=sys.stderr)
         return 2
+    skipped = args.gpu and cuda_device_count() == 0
+    if skipped:
+        print("skipped: --gpu --grpo measures on a CUDA device and this machine has none (or torch has no CUDA "
+              "build); the layout table below is the model's, from its documented default parts, not a "
+              "measurement (run it on a GPU node, e.g. `srun --gpus=1 python -m hydroagent_hpc.bench.train --gpu "
+              "--grpo`)", file=sys.stderr)
+    if args.layouts or skipped:
+        from hydroagent_hpc.train.measure.grpo_throughput import paper_costs
+
+        costs = dataclasses.replace(paper_costs(shape), sim_s=args.sim_s, sim_slots=args.sim_slots)
+        table = layouts_result(shape, costs, gpus=args.gpus, group_size=args.group_size, turn_cv=args.turn_cv)
+        sys.stdout.write(json.dumps(table) + "\n" if args.json else layouts_markdown(table))
+        return 0
     r = grpo_result(args.gpu, shape, sim_s=args.sim_s, sim_slots=args.sim_slots, layers=args.layers,
                     activation_checkpointing=args.activation_checkpointing, decode_ctx=args.decode_ctx)
-    sys.stdout.write(json.dumps(r) + "\n" if args.json else grpo_markdown(r))
+    if args.json:
+        sys.stdout.write(json.dumps(r) + "\n")
+        return 0
+    sys.stdout.write(grpo_markdown(r))
+    if "layouts_measured" in r:
+        from hydroagent_hpc.train.measure.grpo_throughput import paper_costs
+
+        sys.stdout.write("\n" + layouts_markdown(r["layouts_measured"]) + "\n"
+                         + layouts_markdown(layouts_result(shape, dataclasses.replace(
+                             paper_costs(shape), sim_s=args.sim_s, sim_slots=args.sim_slots))))
     return 0
 
 
