@@ -273,7 +273,8 @@ def test_the_plan_bounds_a_real_sft_and_grpo_step(ac):
 
     grpo_step()
     measured = _peak_bytes(grpo_step)
-    cfg_g = GRPOConfig(basins=("b",), max_context_tokens=s, logprob_chunk=chunk, activation_checkpointing=ac,
+    cfg_g = GRPOConfig(basins=("b",), max_context_tokens=s, max_new_tokens=s // 2, logprob_chunk=chunk,
+                       activation_checkpointing=ac,
                        dtype="bf16", generator="engine", engine=ENGINE["engine"])
     plan = plan_grpo(cfg_g, world=1, free_bytes=GiB, shape=shape)
     planned = plan.training.tensors - 14 * shape.params

@@ -1109,8 +1109,9 @@ def _suggest_grpo(config: Any, world: int, gpu: str | GPU | None, free_bytes: in
     def context_fits(k: int) -> bool:
         return plan(dataclasses.replace(start, max_context_tokens=1024 * k)).fits
 
-    m = _largest_fitting(1, max(1, config.max_context_tokens // 1024 - 1), context_fits)
-    if m is not None and 1024 * m > config.max_new_tokens:
+    # a context no longer than one turn's max_new_tokens is not a config (GRPOConfig.check refuses it)
+    m = _largest_fitting(config.max_new_tokens // 1024 + 1, config.max_context_tokens // 1024 - 1, context_fits)
+    if m is not None:
         out.append(f"{pre}max_context_tokens: {1024 * m} (episodes end at that length)")
     if free_bytes is None:
         eng = dataclasses.replace(start, generator="engine", engine=config.engine or _ANY_ENGINE)
