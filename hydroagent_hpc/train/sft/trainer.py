@@ -378,14 +378,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     started = time.perf_counter()
     run_dir = Path(run_dir)
     # 1. checks, before anything is written
-    check_run_dir(run_dir)
-    dataset = _open_data(config)
-    # on a GPU: the memory plan against the free memory, before any weight is loaded (the process
-    # group and its device come later, from accelerate; LOCAL_RANK names this rank's device)
-    plan_world = int(os.environ.get("WORLD_SIZE", "1"))
-    plan_device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-                   if torch.cuda.is_available() else torch.device("cpu"))
-    require_fits(config, "sft", plan_world, plan_device)
+    dataset = _preflight(config, run_dir)
     model, tokenizer = _load_model(config)
     lengths = _check_data_fits(dataset, config, model)
     resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, ConfigError, field_defaults(SFTConfig),
@@ -444,11 +437,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
                                                               world, device, state.step + 1)
             except NonFiniteError as exc:  # nothing is saved after a non-finite step: the last checkpoint stays
                 raise stopped_at(exc, run_dir) from None
-            state.step += 1
-            state.index += 1
-            state.tokens += int(tokens)
-            if state.index >= steps_per_epoch:
-                state.epoch, state.index = state.epoch + 1, 0
+            _advance(state, steps_per_epoch, int(tokens))
             elapsed = time.perf_counter() - t0
             row = {"step": state.step, "loss": loss, "tokens": int(tokens), "tokens_per_s": tokens / elapsed,
                    "lr": lr, "grad_norm": grad_norm, "peak_mem_mb": _peak_mem_mb(device)}
@@ -491,6 +480,28 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
                "final": str(final) if stopped is None else None, "wall_s": time.perf_counter() - started}
     log.info("SFT done: %s", {k: summary[k] for k in ("steps", "first_loss", "final_loss", "tokens_per_s")})
     return summary
+
+
+def _preflight(config: SFTConfig, run_dir: Path) -> SFTDataset:
+    """What is checked before any weight loads: the run folder can be written, the data is whole
+    (:func:`_open_data`), and on a GPU the memory plan fits the free memory (the process group and its
+    device come later, from accelerate; ``LOCAL_RANK`` names this rank's device). The opened data."""
+    check_run_dir(run_dir)
+    dataset = _open_data(config)
+    plan_world = int(os.environ.get("WORLD_SIZE", "1"))
+    plan_device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+                   if torch.cuda.is_available() else torch.device("cpu"))
+    require_fits(config, "sft", plan_world, plan_device)
+    return dataset
+
+
+def _advance(state: TrainerState, steps_per_epoch: int, tokens: int) -> None:
+    """Count one optimizer step of ``tokens`` tokens in ``state``, moving to the next epoch at its end."""
+    state.step += 1
+    state.index += 1
+    state.tokens += tokens
+    if state.index >= steps_per_epoch:
+        state.epoch, state.index = state.epoch + 1, 0
 
 
 def _save_final(final: Path, model: torch.nn.Module, tokenizer: Any, dtype: torch.dtype) -> None:
