@@ -274,12 +274,11 @@ def _compose(step: int, payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]
 def append_line(path: Path, record: Mapping[str, Any]) -> None:
     """Append ``record`` as one JSON line: one write, flushed and fsynced."""
     data = (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with open(path, "ab", buffering=0) as fh:  # unbuffered: the line goes in one write call (O_APPEND)
+        view = memoryview(data)
+        while view:  # a raw write may take less than it is given
+            view = view[fh.write(view) or 0:]
+        os.fsync(fh.fileno())
 
 
 def _parse_line(line: bytes) -> dict[str, Any] | None:
@@ -308,7 +307,10 @@ def trim(path: Path, last_step: int) -> int:
     if dropped == 0:
         return 0
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"".join(ln + b"\n" for ln in kept))
+    with open(tmp, "wb") as fh:
+        fh.write(b"".join(ln + b"\n" for ln in kept))
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
     log.info("%s: dropped %d line(s) after step %d (the run resumes from there)", path, dropped, last_step)
     return dropped
