@@ -310,6 +310,11 @@ NOT_YET: tuple[str, ...] = ()
 #: (importing file, imported module) -> why the import stays inside a function. Each entry must still
 #: occur (the test fails when it is gone, so the entry gets deleted).
 LAZY_OWN_IMPORTS: dict[tuple[str, str], str] = {
+    # `hydroagent` builds `train grpo`'s parser from the entry module, so its top is imported by every
+    # command: the MPI pool's module loads multiprocessing and subprocess, which `hydroagent simulate`'s
+    # warm start must not (tests/test_ckernel.py test_a_repeat_simulate_process_imports_only_what_it_needs)
+    ("train/grpo/launch.py", "hpc.mpi"): "keeps multiprocessing/subprocess out of every command's start",
+    ("cli/train.py", "train.submit"): "submitit's job classes load subprocess; only the submit commands need them",
     # optional backends, built only when a campaign names them: `hydroagent` imports the factory for every
     # command (the agent kinds), and these would add the HTTP client and the tool-call package to each
     ("agents/factory.py", "agents.llm.openai_api"): "the openai agent (extra [llm]); its client loads openai lazily",

@@ -212,7 +212,7 @@ def test_several_processes_need_an_engine_and_the_thread_pool(basins, tmp_path, 
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert launch([str(local), "--out", str(tmp_path / "run")]) == 2
     assert "local.yaml:2: generator: local with 2 training processes" in caplog.text
-    assert "fix: set generator: engine" in caplog.text
+    assert "fix: set generator: colocated" in caplog.text and "or engine" in caplog.text
     assert not (tmp_path / "run").exists()
     engine = _config(tmp_path / "engine.yaml", basins, "http://127.0.0.1:9")
     caplog.clear()

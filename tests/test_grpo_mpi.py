@@ -92,7 +92,7 @@ def test_grpo_launch_refuses_trainer_layouts_that_cannot_work(tmp_path, caplog):
     caplog.clear()
     assert launch([str(cfg), "--out", str(tmp_path / "run"), "--pool", "mpi", "--trainers", "2"]) == 2
     assert "local.yaml:2: generator: local with 2 training processes" in caplog.text
-    assert "fix: set generator: engine" in caplog.text
+    assert "fix: set generator: colocated" in caplog.text and "or engine" in caplog.text
     assert not (tmp_path / "run").exists()
     with pytest.raises(SystemExit):
         launch([str(cfg), "--out", str(tmp_path / "run"), "--pool", "mpi", "--trainers", "0"])

@@ -652,7 +652,7 @@ def test_submit_grpo_arguments_and_errors_name_the_problem(tmp_path):
     p = subprocess.run([*cli, "g.yaml", "--out", "r", "--trainers", "2", "--cluster", "local"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 2 and "generator: local with 2 training processes" in p.stderr, p.stderr
-    assert "set generator: engine" in p.stderr
+    assert "set generator: colocated" in p.stderr and "or engine" in p.stderr
     p = subprocess.run([*cli, "c.yaml", "--out", "r", "--cluster", "local"], capture_output=True,
                        text=True, env=env, cwd=tmp_path, timeout=120)
     # the trainer's own strict loader refuses the config before anything is queued

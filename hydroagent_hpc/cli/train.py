@@ -33,7 +33,6 @@ from hydroagent_hpc.train.grpo.timeline import (
 from hydroagent_hpc.train.memory_plan import GPUS, SHAPES, MemoryPlanError, check_plan, gpu_named, plan_grpo, plan_sft
 from hydroagent_hpc.train.sft import launch as sft_launch
 from hydroagent_hpc.train.sft.config import load_sft_config
-from hydroagent_hpc.train.submit import submit_grpo, submit_sft
 
 log = logging.getLogger("hydroagent")
 
@@ -75,6 +74,8 @@ def cmd_grpo(args: argparse.Namespace) -> int:
 
 
 def cmd_submit_sft(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.train.submit import submit_sft  # lazy: tests/test_architecture.py LAZY_OWN_IMPORTS
+
     site = site_from_args(args)
     out = submit_sft(args.config, args.run_dir, site, gpus=args.gpus, nodes=args.nodes, cluster=args.cluster,
                      wait=args.wait, max_requeues=args.max_requeues, save_wait_s=args.save_wait)
@@ -83,6 +84,8 @@ def cmd_submit_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_submit_grpo(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.train.submit import submit_grpo  # lazy: tests/test_architecture.py LAZY_OWN_IMPORTS
+
     site = site_from_args(args)
     out = submit_grpo(args.config, args.run_dir, site, gpus=args.gpus, cluster=args.cluster, wait=args.wait,
                       max_requeues=args.max_requeues, save_wait_s=args.save_wait, sim_ranks=args.sim_ranks,

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from hydroagent_hpc.errors import ConfigError, HydroAgentError, one_line
-from hydroagent_hpc.hpc.mpi import mpi_pool, split_trainers
 from hydroagent_hpc.settings import add_arguments, arguments_given, option_names
 from hydroagent_hpc.train.grpo.config import GRPOConfig, load_grpo_config
 from hydroagent_hpc.train.signals import early_usr1_ignored
@@ -105,6 +104,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         from hydroagent_hpc.train.grpo.trainer import train_grpo
 
         return train_grpo(config, args.out, resume=args.resume)
+
+    from hydroagent_hpc.hpc.mpi import mpi_pool, split_trainers  # lazy: tests/test_architecture.py LAZY_OWN_IMPORTS
 
     comm = None
     if trainers > 1:
