@@ -25,6 +25,7 @@ copy, times included).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -43,6 +44,7 @@ from hydroagent_hpc.sim.grids import read_grid, write_asc, write_tif
 from hydroagent_hpc.store import read_episodes
 
 KILLPOINTS = ROOT / "tests" / "helpers" / "killpoints"
+log = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -318,4 +320,5 @@ def test_an_interrupted_teacher_stage_resumes_without_duplicating_episodes(fresh
         ids = list(read_episodes(run / "teacher" / "campaign.h5").episode_id)
         if sorted(ids) != fresh["episodes"]:
             failed[event] = f"{len(ids)} episodes ({len(set(ids))} distinct), the run has {len(fresh['episodes'])}"
+    log.info("teacher-stage kill cases: %d of %d failed", len(failed), len(events))
     assert not failed, f"{len(failed)} of {len(events)} kill points: {failed}"
