@@ -180,7 +180,8 @@ def test_the_loss_of_a_batch_split_over_ranks_has_the_one_process_gradient(aggre
     model, _ = build_tiny(seed=1)
     reference, _ = build_tiny(seed=2)
     scorer, ref = LogprobModel(model), LogprobModel(reference).eval()
-    cfg = grpo_config_from_mapping({"basins": ["x"], "aggregation": aggregation, "norm_length": 32,
+    norm = {"norm_length": 32} if aggregation == "seq-mean-token-sum-norm" else {}  # only that mode takes one
+    cfg = grpo_config_from_mapping({"basins": ["x"], "aggregation": aggregation, **norm,
                                     "kl_coef": 0.2, "entropy_coef": 0.01, "logprob_chunk": 4})
     batch = _batch()
     device = torch.device("cpu")
