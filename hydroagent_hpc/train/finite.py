@@ -27,8 +27,10 @@ from typing import Any
 import torch
 
 from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.train.writes import describe_last, write_folder
 
-__all__ = ["NonFiniteError", "first_nonfinite", "check_weights", "check_step", "stopped_at", "describe_last"]
+__all__ = ["NonFiniteError", "first_nonfinite", "check_weights", "check_step", "stopped_at", "describe_last",
+           "save_final"]
 
 
 class NonFiniteError(HydroAgentError):
@@ -99,13 +101,18 @@ def stopped_at(exc: NonFiniteError, run_dir: Any) -> NonFiniteError:
     return NonFiniteError(f"{exc.message}; no final/ was written, and {describe_last(run_dir)}", exc.fix)
 
 
-def describe_last(run_dir: Any) -> str:
-    """``"the last checkpoint, step-N, is intact"`` or ``"no checkpoint was written yet"`` (for the messages)."""
-    from pathlib import Path
 
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    try:
-        name = pointer.read_text().strip()
-    except OSError:
-        return "no checkpoint was written yet"
-    return f"the last checkpoint, {pointer.parent / name}, is intact" if name else "no checkpoint was written yet"
+def save_final(final: Any, model: Any, tokenizer: Any, what: str = "the final model", note: str = "") -> None:
+    """``final/`` as a save_pretrained folder of ``model`` and ``tokenizer``, written through a temporary
+    folder (:func:`hydroagent_hpc.train.writes.write_folder`: a failed write leaves none), and never with
+    non-finite weights (:class:`NonFiniteError` naming the tensor; ``note`` adds to its message)."""
+    bad = first_nonfinite(model.named_parameters())
+    if bad is not None:
+        raise NonFiniteError(f"{final}: not written, its tensor {bad} holds NaN or infinite values{note}; "
+                             f"{describe_last(final.parent)}", "resume from the last checkpoint with a lower lr")
+
+    def write(tmp: Any) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    write_folder(final, write, what)

@@ -25,7 +25,8 @@ from typing import Any
 
 from hydroagent_hpc.errors import ConfigError, HydroAgentError, one_line
 
-__all__ = ["RunWriteError", "check_run_dir", "save_checkpoint_or_stop", "write_folder", "write_fix", "stopped_by_io"]
+__all__ = ["RunWriteError", "check_run_dir", "save_checkpoint_or_stop", "write_folder", "write_fix", "stopped_by_io",
+           "describe_last"]
 
 _SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _PERMISSION = {errno.EROFS, errno.EACCES, errno.EPERM}
@@ -82,8 +83,6 @@ def save_checkpoint_or_stop(run_dir: Path, *args: Any, **kwargs: Any) -> Path:
     """:func:`~hydroagent_hpc.train.checkpoint.save_checkpoint` (same arguments after ``run_dir``); a write
     that fails removes the checkpoint's temporary folder and raises :class:`RunWriteError`."""
     from hydroagent_hpc.train.checkpoint import save_checkpoint
-    from hydroagent_hpc.train.finite import describe_last
-
     state = args[3] if len(args) > 3 else kwargs["state"]
     ckpts = run_dir / "checkpoints"
     tmp = ckpts / f"step-{state.step}.tmp"
@@ -118,8 +117,16 @@ def write_folder(final: Path, write: Callable[[Path], None], what: str = "the fi
 
 def stopped_by_io(exc: OSError, run_dir: str | os.PathLike[str]) -> RunWriteError:
     """A run stopped by ``exc`` outside a checkpoint or ``final/`` write, as one clear error."""
-    from hydroagent_hpc.train.finite import describe_last
-
     where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
     return RunWriteError(f"--out {run_dir}: the run stopped on an I/O error{where}: {_cause(exc)}; "
                          f"{describe_last(run_dir)}", write_fix(exc, Path(run_dir)))
+
+
+def describe_last(run_dir: Any) -> str:
+    """``"the last checkpoint, step-N, is intact"`` or ``"no checkpoint was written yet"`` (for the messages)."""
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    try:
+        name = pointer.read_text().strip()
+    except OSError:
+        return "no checkpoint was written yet"
+    return f"the last checkpoint, {pointer.parent / name}, is intact" if name else "no checkpoint was written yet"

@@ -95,8 +95,7 @@ from hydroagent_hpc.train.finite import (
     NonFiniteError,
     check_step,
     check_weights,
-    describe_last,
-    first_nonfinite,
+    save_final,
     stopped_at,
 )
 from hydroagent_hpc.train.generation.colocated import ColocatedGenerator
@@ -118,7 +117,7 @@ from hydroagent_hpc.train.grpo.config import GRPOConfig, check_world_size
 from hydroagent_hpc.train.grpo.loss import LogprobModel, grpo_loss
 from hydroagent_hpc.train.memory_plan import colocated_memory_fraction, require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
-from hydroagent_hpc.train.writes import check_run_dir, save_checkpoint_or_stop, write_folder
+from hydroagent_hpc.train.writes import check_run_dir, save_checkpoint_or_stop
 
 log = logging.getLogger(__name__)
 
@@ -1017,14 +1016,5 @@ def _validate(config: GRPOConfig, model: Any, tokenizer: Any, sims: dict[str, An
 
 def _save_final(final: Path, model: Any, tokenizer: Any) -> None:
     """``final/`` through a temporary folder (never with non-finite weights; a failed write leaves none)."""
-    bad = first_nonfinite(model.named_parameters())
-    if bad is not None:
-        raise NonFiniteError(f"{final}: not written, its tensor {bad} holds NaN or infinite values; "
-                             f"{describe_last(final.parent)}", "resume from the last checkpoint with a lower lr")
-
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-
-    write_folder(final, write, "the final policy")
+    save_final(final, model, tokenizer, "the final policy")
 

@@ -87,15 +87,14 @@ from hydroagent_hpc.train.finite import (
     NonFiniteError,
     check_step,
     check_weights,
-    describe_last,
-    first_nonfinite,
+    save_final,
     stopped_at,
 )
 from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sft.config import SFTConfig, load_sft_config
 from hydroagent_hpc.train.sft.data import SFTDataError, SFTDataset
-from hydroagent_hpc.train.writes import check_run_dir, save_checkpoint_or_stop, write_folder
+from hydroagent_hpc.train.writes import check_run_dir, save_checkpoint_or_stop
 
 log = logging.getLogger(__name__)
 
@@ -510,14 +509,5 @@ def _save_final(final: Path, model: torch.nn.Module, tokenizer: Any, dtype: torc
     fresh = pretrained_copy(model, dtype)  # collective
     if fresh is None:
         return
-    bad = first_nonfinite(fresh.named_parameters())
-    if bad is not None:
-        raise NonFiniteError(f"{final}: not written, its tensor {bad} holds NaN or infinite values in {dtype}; "
-                             f"{describe_last(final.parent)}", "resume from the last checkpoint with a lower lr")
-
-    def write(tmp: Path) -> None:
-        fresh.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-
-    write_folder(final, write)
+    save_final(final, fresh, tokenizer, note=f" in {dtype}")
     log.info("wrote %s", final)
