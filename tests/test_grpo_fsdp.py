@@ -39,7 +39,11 @@ ROOT = Path(__file__).resolve().parents[1]
 LOSS_REL = 1e-6
 GRAD_REL = 5e-5
 PARAM_ATOL = 1e-5
-COMPARED = ("loss", "pg", "kl", "entropy", "tokens", "reward_mean", "logprob_mismatch_max")
+COMPARED = ("loss", "pg", "kl", "entropy", "tokens", "reward_mean")
+#: The sampler's and the trainer's log-probabilities of the sampled tokens differ by float rounding only
+#: (same weights, same FP32): a few units in the last place of a log-probability, 4.8e-7 or 9.5e-7 as the
+#: thread counts of the sampling and training processes fall. Compared against a bound, not between runs.
+MISMATCH_MAX = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +124,7 @@ def test_two_processes_train_what_one_process_trains(basins, server, one, tmp_pa
         got = [float(r[col]) for r in two_rows]
         want = [float(r[col]) for r in one_rows]
         assert got == pytest.approx(want, rel=LOSS_REL, abs=1e-9), col
+    assert all(0 <= float(r["logprob_mismatch_max"]) <= MISMATCH_MAX for r in two_rows + one_rows), two_rows
     assert [float(r["grad_norm"]) for r in two_rows] == pytest.approx([float(r["grad_norm"]) for r in one_rows],
                                                                       rel=GRAD_REL)
     a, b = _params(run), _params(one)
