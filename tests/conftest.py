@@ -96,10 +96,13 @@ def _xdist_groups(items) -> None:
         item.add_marker(pytest.mark.xdist_group("cluster" if shared else item.nodeid.split("::")[0]))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` skip, saying why, where torch sees no CUDA device; under xdist, each test
     gets its group (:data:`SHARED_MACHINERY`)."""
-    if getattr(config.option, "dist", "no") != "no":
+    # the groups are read in the worker processes, where xdist has set ``dist`` to "no" and ``loadgroup`` to
+    # whether the run asked for --dist loadgroup
+    if getattr(config.option, "loadgroup", False) or getattr(config.option, "dist", "no") == "loadgroup":
         _xdist_groups(items)
     marked = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not marked:
