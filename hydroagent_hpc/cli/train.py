@@ -1,4 +1,6 @@
-"""``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft/data.py);
+"""``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft/data.py; ``--export-hf
+DIR`` also writes it as a conversational JSON Lines data set); ``hydroagent train sft-import``: such a data set
+back to an SFT data file (train/sft/hf_data.py);
 ``hydroagent train sft CONFIG --out RUN_DIR [--resume] [--KEY VALUE ...]``: weighted SFT (train/sft/launch.py);
 ``hydroagent train grpo CONFIG --out RUN_DIR [--resume] [--KEY VALUE ...]``: GRPO on the simulator's reward
 (train/grpo/launch.py); both parsers are the entry modules' own, their config-key options made from the configs;
@@ -49,12 +51,22 @@ def cmd_sft_data(args: argparse.Namespace) -> int:
 
     report = build_sft_data(args.stores, args.out, preset=args.preset, tokenizer=args.tokenizer,
                             max_tokens=args.max_tokens, augment=args.augment, render=args.render,
-                            recovery=args.recovery, recovery_seed=args.recovery_seed)
-    summary = {"out": str(report.out), "preset": report.preset, "augment": report.augment, "kept": report.kept,
+                            recovery=args.recovery, recovery_seed=args.recovery_seed, export_hf=args.export_hf)
+    summary = {"out": str(report.out), "export_hf": args.export_hf, "preset": report.preset,
+               "augment": report.augment, "kept": report.kept,
                "examples": report.examples, "recovery_turns": report.recovery_turns, "dropped": report.dropped,
                "weights": {k: report.weights[k] for k in ("min", "median", "mean", "max")},
                "tokens": {k: report.lengths[k] for k in ("median", "max", "budget", "total_tokens")}}
     print(json.dumps(summary))
+    return 0
+
+
+def cmd_sft_import(args: argparse.Namespace) -> int:
+    from hydroagent_hpc.train.sft.data import import_hf_dataset
+
+    report = import_hf_dataset(args.source, args.out, tokenizer=args.tokenizer, max_tokens=args.max_tokens)
+    print(json.dumps({"out": str(report.out), "examples": report.examples, "episodes": report.kept,
+                      "tokens": {k: report.lengths[k] for k in ("median", "max", "budget", "total_tokens")}}))
     return 0
 
 
@@ -266,7 +278,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="seed of the error-recovery draws (with the episode id; default 0)")
     d.add_argument("--tokenizer", default="tiny", help="tokenizer folder or hub id (its chat template), or 'tiny'")
     d.add_argument("--max-tokens", type=positive_int, default=16384, help="context budget per sequence (default 16384)")
+    d.add_argument("--export-hf", default=None, metavar="DIR",
+                   help="also write the examples into DIR as a conversational JSON Lines data set (train.jsonl: "
+                        "messages with tool_calls, tools, weight, episode_id, best_nse, train_mask; Hugging Face "
+                        "datasets / TRL SFTTrainer) with a dataset card README.md")
     d.set_defaults(func=cmd_sft_data)
+    im = tsub.add_parser("sft-import", help="a conversational JSON Lines data set -> an SFT data file (HDF5)",
+                         description="Read a conversational data set (a .jsonl file, or a folder of them such as "
+                                     "one --export-hf wrote: messages with role/content and assistant tool_calls, "
+                                     "tools, optional weight, train_mask, episode_id, best_nse), check every record "
+                                     "(one error naming the file, line and field), tokenise each with the chat "
+                                     "template by the same trajectory builder as sft-data, and write one SFT data "
+                                     "file atomically (preset imported).")
+    im.add_argument("source", metavar="JSONL_OR_DIR", help="a .jsonl file or a folder of .jsonl files")
+    im.add_argument("--out", required=True, metavar="DATA.h5", help="data file to write")
+    im.add_argument("--tokenizer", default="tiny", help="tokenizer folder or hub id (its chat template), or 'tiny'")
+    im.add_argument("--max-tokens", type=positive_int, default=16384,
+                    help="context budget per sequence (default 16384)")
+    im.set_defaults(func=cmd_sft_import)
     s = tsub.add_parser("sft", help="weighted full-parameter SFT of a model on an sft-data file",
                         description="Assistant-only, per-example-weighted SFT (transformers + accelerate; FSDP2 "
                                     "under torchrun with several processes). Writes RUN_DIR/config.yaml, metrics.csv, "

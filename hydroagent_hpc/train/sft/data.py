@@ -114,6 +114,14 @@ episode), ``variant`` (0-based index among its episode's variants), ``n_variants
 sha256, episodes), ``counts`` (kept/dropped episodes and examples per basin and agent),
 ``weights`` (distribution of the episode weights) and ``lengths`` (of the examples).
 :class:`SFTDataset` reads it as a ``torch.utils.data.Dataset``.
+
+Hugging Face form (``--export-hf DIR``; ``export_hf=`` of :func:`build_sft_data`;
+:func:`export_hf_dataset`): the same examples as conversational records in ``DIR/train.jsonl``
+(messages with standard ``tool_calls``, tools, weight, episode id, final NSE, per-message training
+mask; :mod:`hydroagent_hpc.train.sft.hf_data`) and a dataset card ``DIR/README.md``. Each record is
+read back and tokenised before anything is written and must give its example's ids, mask and spans.
+:func:`import_hf_dataset` (``hydroagent train sft-import``) turns such records, ours or another
+project's, into a data file (preset ``imported``) with the same builder.
 """
 
 from __future__ import annotations
@@ -156,6 +164,7 @@ from hydroagent_hpc.provenance import git_commit
 from hydroagent_hpc.sim.manifest import file_sha256
 from hydroagent_hpc.store import iter_episodes
 from hydroagent_hpc.store.writer import install_file
+from hydroagent_hpc.train.sft import hf_data
 from hydroagent_hpc.types import Basin, Episode, ToolCall
 
 log = logging.getLogger(__name__)
@@ -164,7 +173,8 @@ __all__ = ["SFT_PRESETS", "AUGMENT_MODES", "RENDERERS", "RECOVERY_KINDS", "corru
            "add_recovery_turns",
            "render_calls", "DEFAULT_AUGMENT", "PAPER_MIN_NSE", "stopping_points", "DATA_SCHEMA",
            "SFTDataError", "SFTDataReport", "episode_messages",
-           "episode_tools", "paper_weights", "released_weights", "load_tokenizer", "build_sft_data", "SFTDataset"]
+           "episode_tools", "paper_weights", "released_weights", "load_tokenizer", "build_sft_data", "SFTDataset",
+           "IMPORTED", "export_hf_dataset", "import_hf_dataset"]
 
 SFT_PRESETS = ("paper", "released")
 #: ``augment`` modes (see the module doc).
@@ -177,6 +187,8 @@ RECOVERY_KINDS = ("repeated_key", "value_for_object", "truncated", "missing_brac
 DEFAULT_AUGMENT = {"paper": "stopping_points", "released": "none"}
 #: ``paper`` drops episodes whose final best NSE is at or below this.
 PAPER_MIN_NSE = 0.6
+#: The ``preset`` attribute of a data file made by :func:`import_hf_dataset`.
+IMPORTED = "imported"
 #: Root attribute ``schema`` of a data file.
 DATA_SCHEMA = "hydroagent_hpc.sft_data"
 DATA_VERSION = 2
@@ -465,6 +477,8 @@ class _Example:
     weight: float = 0.0
     variant: int = 0
     n_variants: int = 1
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation the example tokenises
+    tools: list[dict[str, Any]] | None = None  # the tool schemas the template received
 
 
 @dataclass
@@ -614,7 +628,8 @@ def _tokenise(pairs: list[tuple[_Example, Episode]], tokenizer: Any, augment: st
         variants = _variants(traj, points)
         for vi, (_, v) in enumerate(variants):
             built.append((dataclasses.replace(ex, weight=ex.weight / len(variants), variant=vi,
-                                              n_variants=len(variants)), v))
+                                              n_variants=len(variants),
+                                              messages=messages[:v.message_index[-1] + 1], tools=tools), v))
     lengths = np.array([len(t) for _, t in built])
     if too_long:
         named = ", ".join(f"{eid} ({n} tokens)" for eid, n in too_long[:10])
@@ -658,7 +673,7 @@ def _report(out: Path, preset: str, pairs: list[tuple[_Example, Episode]], built
 def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, preset: str = "paper",
                    tokenizer: Any = "tiny", max_tokens: int = 16384, tokenizer_name: str | None = None,
                    augment: str | None = None, render: str = "none", recovery: float = 0.0,
-                   recovery_seed: int = 0) -> SFTDataReport:
+                   recovery_seed: int = 0, export_hf: str | os.PathLike[str] | None = None) -> SFTDataReport:
     """Read ``stores``, filter and weight by ``preset``, tokenise, augment, and write ``out`` atomically.
 
     ``tokenizer``: a tokenizer object or a name for :func:`load_tokenizer`. ``augment``: one of
@@ -667,6 +682,8 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     its seed (module doc, "Error recovery"). Raises :class:`SFTDataError` for a missing store, a
     store without text episodes, an unknown preset or augment mode, a ``recovery`` outside
     [0, 1], no episode left, or sequences longer than ``max_tokens``; nothing is written then.
+    ``export_hf``: a folder that also gets the examples as a conversational JSON Lines data set
+    (:func:`export_hf_dataset`).
     """
     augment, recovery, paths, out = _check_arguments(stores, out, preset, max_tokens, augment, render, recovery,
                                                      recovery_seed)
@@ -686,6 +703,8 @@ def build_sft_data(stores: Sequence[str | os.PathLike[str]], out: str | os.PathL
     _log_report(report)
     # 5. write atomically
     _write(out, built, report, tokenizer_name)
+    if export_hf is not None:
+        export_hf_dataset(built, export_hf, tokenizer, data_file=out, report=report, tokenizer_name=tokenizer_name)
     return report
 
 
@@ -705,6 +724,12 @@ def _log_report(r: SFTDataReport) -> None:
     log.info("example tokens: median %d p90 %d max %d of budget %d (%.0f%%); %d tokens, %d by the model",
              n["median"], n["p90"], n["max"], n["budget"], 100 * n["max_share_of_budget"], n["total_tokens"],
              n["assistant_tokens"])
+
+
+#: The root attribute ``weighting`` of each preset (``imported``: :func:`import_hf_dataset`).
+_WEIGHTING = {"paper": "mid-rank percentile of final best NSE among kept episodes (NSE > 0.6)",
+              "released": "clip((best NSE + 1) / 2, 0.1, 1)",
+              IMPORTED: "the weight column of the imported conversational data set"}
 
 
 def _write(out: Path, pairs: list[tuple[_Example, Trajectory]], r: SFTDataReport, tokenizer_name: str) -> None:
@@ -727,8 +752,7 @@ def _write(out: Path, pairs: list[tuple[_Example, Trajectory]], r: SFTDataReport
                             "sources": json.dumps(r.sources), "counts": json.dumps(r.counts),
                             "dropped": json.dumps(r.dropped), "weights": json.dumps(r.weights),
                             "lengths": json.dumps(r.lengths),
-                            "weighting": ("mid-rank percentile of final best NSE among kept episodes (NSE > 0.6)"
-                                          if r.preset == "paper" else "clip((best NSE + 1) / 2, 0.1, 1)")})
+                            "weighting": _WEIGHTING.get(r.preset, "clip((best NSE + 1) / 2, 0.1, 1)")})
             f.create_dataset("input_ids", data=np.concatenate([t.input_ids for t in trajs]).astype(np.int32))
             f.create_dataset("assistant_mask", data=np.concatenate([t.assistant_mask for t in trajs]).astype(np.uint8))
             f.create_dataset("offsets", data=offsets)
@@ -748,6 +772,171 @@ def _write(out: Path, pairs: list[tuple[_Example, Trajectory]], r: SFTDataReport
         tmp.unlink(missing_ok=True)
         raise
     log.info("wrote %s: %d sequences, %d tokens", out, len(trajs), int(offsets[-1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The conversational JSON Lines form (Hugging Face datasets / TRL; train/sft/hf_data.py)
+
+
+def _same(a: Trajectory, b: Trajectory) -> bool:
+    return (list(a.input_ids) == list(b.input_ids) and list(a.assistant_mask) == list(b.assistant_mask)
+            and [tuple(x) for x in a.spans] == [tuple(x) for x in b.spans])
+
+
+def _builder(builders: dict[str, TrajectoryBuilder], tokenizer: Any, tools: list[dict[str, Any]] | None
+             ) -> TrajectoryBuilder:
+    key = json.dumps(tools, sort_keys=True)
+    return builders.get(key) or builders.setdefault(key, TrajectoryBuilder(tokenizer, tools=tools))
+
+
+def export_hf_dataset(built: Sequence[tuple[Any, Trajectory]], folder: str | os.PathLike[str], tokenizer: Any, *,
+                      data_file: str | os.PathLike[str], report: SFTDataReport, tokenizer_name: str = "") -> Path:
+    """Write the examples of a build (each with its conversation and trajectory) into ``folder`` as
+    ``train.jsonl`` (one conversational record per example, :mod:`hydroagent_hpc.train.sft.hf_data`) and
+    a dataset card ``README.md``; both atomically. Every record is read back and tokenised the way
+    :func:`import_hf_dataset` does, and must give its example's ids, mask and spans exactly (else
+    :class:`SFTDataError`, nothing written): the export is lossless by construction."""
+    folder = Path(folder)
+    data_file = Path(data_file)
+    if folder.exists() and not folder.is_dir():
+        raise SFTDataError(f"--export-hf {folder}: is a file, not a folder", fix="give a folder (a new one is made)")
+
+    def render(messages: list[dict[str, Any]]) -> str:
+        text: str = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        return text
+
+    builders: dict[str, TrajectoryBuilder] = {}
+    lines: list[str] = []
+    calls = texts = 0
+    for i, (ex, traj) in enumerate(built):
+        record = hf_data.to_record(
+            ex.messages, ex.tools, render, weight=float(ex.weight), episode_id=ex.episode_id,
+            best_nse=None if ex.best_nse is None or not math.isfinite(ex.best_nse) else float(ex.best_nse),
+            variant=int(ex.variant), n_variants=int(ex.n_variants), basin_id=ex.basin_id, agent=ex.agent)
+        line = hf_data.record_line(record)
+        back = hf_data.parse_record(f"{folder / hf_data.DATA_FILE}:{i + 1}", json.loads(line))
+        again = _builder(builders, tokenizer, back.tools).build(back.messages)
+        if not _same(again, traj):
+            raise SFTDataError(f"example {i} (episode {ex.episode_id}): its conversational record does not tokenise "
+                               f"to the same ids; nothing was exported",
+                               fix="report this: the export must be lossless for this chat template")
+        for m in record["messages"]:
+            if m["role"] == "assistant":
+                calls, texts = calls + ("tool_calls" in m), texts + ("tool_calls" not in m)
+        lines.append(line)
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_data.write_text_atomic(folder / hf_data.DATA_FILE, iter(lines))
+    card = _dataset_card(report, data_file, tokenizer_name, len(lines), calls, texts)
+    hf_data.write_text_atomic(folder / hf_data.CARD_FILE, card)
+    log.info("exported %d examples to %s (%d assistant messages with tool_calls, %d as text)", len(lines),
+             folder / hf_data.DATA_FILE, calls, texts)
+    return folder
+
+
+def _dataset_card(r: SFTDataReport, data_file: Path, tokenizer_name: str, n: int, calls: int, texts: int) -> str:
+    """The dataset card (README.md) of an export: what, how it was built, checksums, columns, loading."""
+    columns = "\n".join(f"| `{k}` | {v} |" for k, v in hf_data.COLUMNS.items())
+    sources = "\n".join(f"- `{s['path']}` (sha256 `{s['sha256']}`, {s['episodes']} episodes)" for s in r.sources)
+    built = (f"`hydroagent train sft-data` with preset `{r.preset}` ({_WEIGHTING.get(r.preset, '')}), augment "
+             f"`{r.augment}`, render `{r.render}`, error recovery p={r.recovery:g} (seed {r.recovery_seed}, "
+             f"{r.recovery_turns} corrupted calls), tokenizer `{tokenizer_name}`, max_tokens "
+             f"{r.lengths.get('budget')}") if r.preset != IMPORTED else "`hydroagent train sft-import`"
+    return f"""---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: {hf_data.DATA_FILE}
+tags:
+- sft
+- tool-calling
+- hydrology
+---
+
+# Teacher trajectories for calibrating CREST/EF5 (hydroagent-hpc SFT data)
+
+{n} conversational examples ({r.kept} episodes) of agents calibrating the CREST/EF5 hydrologic model
+with tool calls, each with its training weight. The same examples, token for token, as the SFT data
+file `{data_file.name}` (sha256 `{file_sha256(data_file)}`): tokenising a record's `messages` with
+`tools` through the chat template, as `hydroagent train sft-import` does, gives that file's ids and
+assistant mask exactly ({calls} assistant messages carry `tool_calls`, {texts} keep their text: an
+error-recovery corruption, or text the template would not give back identically).
+
+## How it was built
+
+{built}, from:
+
+{sources}
+
+git commit `{git_commit()}`, written {datetime.now(timezone.utc).isoformat(timespec="seconds")}.
+
+## Columns
+
+| column | what |
+|---|---|
+{columns}
+
+## Loading
+
+```python
+from datasets import load_dataset
+ds = load_dataset("json", data_files="{hf_data.DATA_FILE}", split="train")
+# TRL: SFTTrainer(model=..., train_dataset=ds, ...) reads messages and tools; weight and
+# train_mask are this project's per-example weight and per-message loss mask.
+```
+
+Back to an SFT data file: `hydroagent train sft-import FOLDER --out DATA.h5 --tokenizer MODEL`.
+"""
+
+
+def import_hf_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *, tokenizer: Any = "tiny",
+                      max_tokens: int = 16384, tokenizer_name: str | None = None) -> SFTDataReport:
+    """A conversational data set (a JSON Lines file, or a folder of ``*.jsonl`` files; the format of
+    :mod:`hydroagent_hpc.train.sft.hf_data`) -> an SFT data file ``out`` (preset ``imported``), each
+    record tokenised with ``tokenizer``'s chat template by the builder :func:`build_sft_data` uses, with
+    its ``weight`` and ``train_mask``. Records are checked strictly first (one line naming the file,
+    line and field); sequences over ``max_tokens`` are refused; ``out`` is written atomically."""
+    src, out = Path(src), Path(out)
+    if int(max_tokens) < 1:
+        raise SFTDataError(f"--max-tokens {max_tokens}: must be at least 1")
+    try:
+        records = hf_data.read_records(src)
+    except hf_data.HFDataError as exc:
+        raise SFTDataError(exc.message, fix=exc.fix) from None
+    if not sum(r.weight for r in records) > 0:
+        raise SFTDataError(f"{src}: every weight is 0: nothing would be learned", fix="give some record a weight > 0")
+    if isinstance(tokenizer, str):
+        tokenizer_name = tokenizer_name or tokenizer
+        tokenizer = load_tokenizer(tokenizer)
+    tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    builders: dict[str, TrajectoryBuilder] = {}
+    built: list[tuple[_Example, Trajectory]] = []
+    too_long: list[str] = []
+    for rec in records:
+        try:
+            traj = _builder(builders, tokenizer, rec.tools).build(rec.messages)
+        except TrajectoryError as exc:
+            raise SFTDataError(f"{rec.where}: {exc.message}", fix=exc.fix) from None
+        if len(traj) > max_tokens:
+            too_long.append(f"{rec.where} ({len(traj)} tokens)")
+        ex = _Example(rec.episode_id, rec.basin_id, rec.agent, 0, rec.best_nse, rec.weight, rec.variant,
+                      rec.n_variants, rec.messages, rec.tools)
+        built.append((ex, traj))
+    if too_long:
+        raise SFTDataError(f"{len(too_long)} records exceed --max-tokens {max_tokens}: {', '.join(too_long[:10])}; "
+                           f"nothing was written (sequences are never truncated)",
+                           fix="raise --max-tokens, or drop those records")
+    files = [src] if src.is_file() else sorted(p for p in src.glob("*.jsonl") if p.is_file())
+    sources = [{"path": str(p.resolve()), "sha256": file_sha256(p), "episodes": len({ex.episode_id for ex, _ in built})}
+               for p in files]
+    episodes = {ex.episode_id: (dataclasses.replace(ex, weight=0.0), None) for ex, _ in built}
+    for ex, _ in built:
+        episodes[ex.episode_id][0].weight += ex.weight
+    report = _report(out, IMPORTED, list(episodes.values()), built,  # type: ignore[arg-type]
+                     defaultdict(Counter), sources, max_tokens, "none", "none", 0.0, Counter(), 0)
+    _write(out, built, report, tokenizer_name)
+    log.info("imported %d records of %s into %s", len(built), src, out)
+    return report
 
 
 # ---------------------------------------------------------------------------------------------
