@@ -28,6 +28,7 @@ import pytest
 
 pytest.importorskip("openai")
 
+from helpers.cases import sampled
 from hydroagent_hpc.agents.llm.replay_server import ReplayServer
 from hydroagent_hpc.cli import main
 from hydroagent_hpc.store import read_episodes, stored_ids
@@ -223,8 +224,10 @@ def generated_cases() -> list[Case]:
 
 
 CASES = generated_cases()
-#: The hermes half takes the same client path as the native half: it runs with the tests marked slow.
-PARAMS = [pytest.param(c, id=c.ident, marks=[pytest.mark.slow] if c.mode == "hermes" else []) for c in CASES]
+#: The hermes half takes the same client path as the native half: a sample of it runs with the tests marked
+#: slow (every case with HYDROAGENT_CASES=all, tests/helpers/cases.py).
+PARAMS = sampled("cannot-heal-model-failures", [pytest.param(c, id=c.ident) for c in CASES],
+                 fast=[c.ident for c in CASES if c.mode != "hermes"], sample=8)
 
 
 @pytest.mark.parametrize("case", PARAMS)
@@ -305,7 +308,8 @@ def damaged(model_dir, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.slow  # transformers loads (about 15 s)
-@pytest.mark.parametrize("label", CHECKPOINT_CASES)
+@pytest.mark.parametrize("label", sampled("cannot-heal-checkpoints", [pytest.param(c, id=c) for c in CHECKPOINT_CASES],
+                                          sample=2))
 def test_a_checkpoint_that_does_not_load_stops_the_campaign(label, damaged, tmp_path, small_basin_dir, capsys,
                                                             caplog):
     pytest.importorskip("transformers")

@@ -38,6 +38,7 @@ pytest.importorskip("transformers")
 
 from safetensors.torch import load_file  # noqa: E402
 
+from helpers.cases import sampled  # noqa: E402
 from helpers.sft import short_trajectories, write_sft_data  # noqa: E402
 from hydroagent_hpc.errors import HydroAgentError, one_line  # noqa: E402
 from hydroagent_hpc.train import tiny  # noqa: E402
@@ -275,8 +276,8 @@ def check(case: Case, base: dict[str, Any], run: Path, caplog: pytest.LogCapture
     return None
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=() if c.name in FAST else pytest.mark.slow)
-                                  for c in CASES])
+@pytest.mark.parametrize("case", sampled("checkpoint-damage", [pytest.param(c, id=c.name) for c in CASES], fast=FAST,
+                                          sample=10))
 def test_a_damaged_checkpoint_is_named_and_never_trained_on(case, base, tmp_path, caplog):
     problem = check(case, base, tmp_path / "run", caplog)
     assert problem is None, problem

@@ -37,6 +37,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers.cases import sampled  # noqa: E402
 from hydroagent_hpc.config import preset  # noqa: E402
 from hydroagent_hpc.env.environment import CalibrationEnv  # noqa: E402
 from hydroagent_hpc.env.toolcalls import render_hermes  # noqa: E402
@@ -336,8 +337,8 @@ def test_a_basin_deleted_between_two_runs_is_a_failed_run_of_that_episode(tmp_pa
 # --------------------------------------------------------------------------- whole rollouts (slow)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name, at", [pytest.param(n, a, id=f"{n}-run{a}") for n, a in SIM_CASES])
+@pytest.mark.parametrize("name, at", sampled("rollout-simulator-faults",
+                                             [pytest.param(n, a, id=f"{n}-run{a}") for n, a in SIM_CASES], sample=5))
 def test_a_failing_simulator_is_recorded_on_its_rollout(tiny, basins, clean, tmp_path, name, at):
     fault = dict(SIM_FAULTS)[name](basins / "faulty")
     out = _play(tiny, basins, sim_fault=fault, at=at, store=tmp_path / "s.h5")
@@ -349,8 +350,8 @@ def test_a_failing_simulator_is_recorded_on_its_rollout(tiny, basins, clean, tmp
     assert out[1].episode.counters["simulations"] == 2
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name, turn", [pytest.param(g, t, id=f"{g}-turn{t + 1}") for g in GARBAGE for t in (0, 1)])
+@pytest.mark.parametrize("name, turn", sampled("rollout-garbage", [pytest.param(g, t, id=f"{g}-turn{t + 1}")
+                                                                     for g in GARBAGE for t in (0, 1)], sample=5))
 def test_a_policy_writing_garbage_is_recorded_on_its_rollout(tiny, basins, clean, tmp_path, name, turn):
     out = _play(tiny, basins, garbage=name, turn=turn, store=tmp_path / "s.h5")
     problem = check(out, clean, tmp_path / "s.h5", "")

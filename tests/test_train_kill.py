@@ -12,7 +12,7 @@ at its event, then a real ``--resume``; it passes when the run's own metric rows
 each once (``metrics.csv``; for GRPO also ``metrics.h5``, and every episode stored once), and the final
 weights are those of the uninterrupted run, bit for bit (a repeated or skipped step would move them).
 
-By default a seeded sample of the cases runs (slow: about 15 s a case); ``HYDROAGENT_KILL_CASES=all``
+By default a seeded sample of the cases runs (slow: about 15 s a case); ``HYDROAGENT_CASES=all``
 runs every event of the trace (how the counts in docs/guarantees.md were measured).
 """
 
@@ -34,6 +34,7 @@ pytest.importorskip("transformers")
 
 from safetensors.torch import load_file  # noqa: E402
 
+from helpers.cases import every_case  # noqa: E402
 from helpers.sft import short_trajectories, write_sft_data  # noqa: E402
 from hydroagent_hpc.train import tiny  # noqa: E402
 from hydroagent_hpc.train.checkpoint import FAULT_ENV  # noqa: E402
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[1]
 KILLPOINTS = ROOT / "tests" / "helpers" / "killpoints"
-SAMPLE = 3  # sampled cases per trainer (beside the fixed ones) unless HYDROAGENT_KILL_CASES=all
+SAMPLE = 3  # sampled cases per trainer (beside the fixed ones) unless HYDROAGENT_CASES=all
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -68,7 +69,7 @@ def _events(trace: Path) -> list[str]:
 
 
 def _cases(events: list[str], always: tuple[str, ...], seed: int) -> list[str]:
-    if os.environ.get("HYDROAGENT_KILL_CASES") == "all":
+    if every_case():
         return events
     fixed = [next(e for e in reversed(events) if e.startswith(a)) for a in always]  # each at its last occurrence
     rest = [e for e in events if e not in fixed]
