@@ -41,3 +41,20 @@ def test_a_files_tests_share_one_worker_and_cluster_tests_one_worker(tmp_path):
         workers[nodeid.split("::")[0] if "::test_x" in nodeid else "cluster"].add(worker)
     assert set(workers) == {"test_a.py", "test_b.py", "cluster"}, proc.stdout[-3000:]
     assert all(len(w) == 1 for w in workers.values()), dict(workers)
+
+
+def test_a_generated_family_runs_its_fixed_cases_and_a_repeatable_sample_unless_every_case_is_asked(monkeypatch):
+    from helpers.cases import ENV, sampled
+
+    params = [pytest.param(i, id=f"c{i}") for i in range(20)]
+    monkeypatch.delenv(ENV, raising=False)
+    got = sampled("family", params, fast={"c3"}, sample=4)
+    assert len(got) == 5 and "c3" in [p.id for p in got]
+    assert [p.id for p in got] == [p.id for p in sampled("family", params, fast={"c3"}, sample=4)]  # repeatable
+    assert [p.id for p in got] != [p.id for p in sampled("another", params, fast={"c3"}, sample=4)]
+    slow = {p.id for p in got if any(m.name == "slow" for m in p.marks)}
+    assert slow == {p.id for p in got} - {"c3"}  # the fixed case runs in make test, the sample with the slow ones
+    monkeypatch.setenv(ENV, "all")
+    assert [p.id for p in sampled("family", params, fast={"c3"}, sample=4)] == [p.id for p in params]
+    with pytest.raises(ValueError, match="c99"):
+        sampled("family", params, fast={"c99"}, sample=4)
