@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.train.model_card import write_model_card
 from hydroagent_hpc.train.writes import describe_last, write_folder
 
 __all__ = ["NonFiniteError", "first_nonfinite", "check_weights", "check_step", "stopped_at", "describe_last",
@@ -103,9 +104,11 @@ def stopped_at(exc: NonFiniteError, run_dir: Any) -> NonFiniteError:
 
 
 def save_final(final: Any, model: Any, tokenizer: Any, what: str = "the final model", note: str = "") -> None:
-    """``final/`` as a save_pretrained folder of ``model`` and ``tokenizer``, written through a temporary
-    folder (:func:`hydroagent_hpc.train.writes.write_folder`: a failed write leaves none), and never with
-    non-finite weights (:class:`NonFiniteError` naming the tensor; ``note`` adds to its message)."""
+    """``final/`` as a save_pretrained folder of ``model`` and ``tokenizer`` with its model card
+    (``README.md``, :mod:`hydroagent_hpc.train.model_card`, from the run folder ``final``'s parent),
+    written through a temporary folder (:func:`hydroagent_hpc.train.writes.write_folder`: a failed write
+    leaves none), and never with non-finite weights (:class:`NonFiniteError` naming the tensor; ``note``
+    adds to its message)."""
     bad = first_nonfinite(model.named_parameters())
     if bad is not None:
         raise NonFiniteError(f"{final}: not written, its tensor {bad} holds NaN or infinite values{note}; "
@@ -114,5 +117,6 @@ def save_final(final: Any, model: Any, tokenizer: Any, what: str = "the final mo
     def write(tmp: Any) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        write_model_card(tmp, final.parent)  # README.md: renamed into place with the weights, or not at all
 
     write_folder(final, write, what)
