@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from hydroagent_hpc.errors import HydroAgentError
+from hydroagent_hpc.train.live import LIVE_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -215,14 +216,16 @@ def config_changes(saved: Mapping[str, Any], config: Mapping[str, Any],
                    defaults: Mapping[str, Any] | None = None) -> list[str]:
     """The keys whose values differ between a recorded config and ``config``, sorted. A key missing from
     the recorded one counts as unchanged while ``config`` holds its default (``defaults``): a run
-    started before the key existed."""
-    old = dict(saved)
+    started before the key existed. The keys that only choose where metrics are shown
+    (:data:`~hydroagent_hpc.train.live.LIVE_KEYS`) are not compared."""
+    old = {k: v for k, v in saved.items() if k not in LIVE_KEYS}
+    new = {k: v for k, v in config.items() if k not in LIVE_KEYS}
     for key, value in (defaults or {}).items():
-        if key not in old and key in config:
+        if key not in old and key in new:
             old[key] = value
-    if old == dict(config):
+    if old == new:
         return []
-    return sorted({k for k in config if old.get(k) != config[k]} | {k for k in old if k not in config})
+    return sorted({k for k in new if old.get(k) != new[k]} | {k for k in old if k not in new})
 
 
 def _sha256(path: Path) -> str:

@@ -5,7 +5,8 @@
 - :func:`write_run_config`: ``RUN_DIR/config.yaml`` (atomically): the resolved config, the caller's
   extras, provenance (git commit) and package versions.
 - :class:`MetricsCSV`: ``RUN_DIR/metrics.csv``, one row per optimizer step; on resume the rows after
-  the checkpoint are dropped, so a replayed step is never counted twice.
+  the checkpoint are dropped, so a replayed step is never counted twice. Each row also goes to the
+  run's live metrics (:mod:`hydroagent_hpc.train.live`: TensorBoard, W&B, the progress display).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.provenance import provenance
 from hydroagent_hpc.train.checkpoint import config_changes, has_checkpoints, resume_point
+from hydroagent_hpc.train.live import Live, require_installed
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ def prepare_run_dir(run_dir: Path, config: Mapping[str, Any], resume: bool,
     a damaged newer one is named in a warning, and when none is intact
     :class:`~hydroagent_hpc.train.checkpoint.CheckpointError` says how to go on.
     """
+    require_installed(tuple(config.get("report_to") or ()))  # before anything is written
     if not has_checkpoints(run_dir):
         return None
     if not resume:
@@ -94,10 +97,15 @@ def write_run_config(run_dir: Path, config: Mapping[str, Any], extra: Mapping[st
 
 
 class MetricsCSV:
-    """``metrics.csv`` with ``columns`` (the first is the step); ``rows`` are those kept on resume."""
+    """``metrics.csv`` with ``columns`` (the first is the step); ``rows`` are those kept on resume.
 
-    def __init__(self, path: Path, columns: Sequence[str], resumed_step: int | None) -> None:
+    ``live`` (:func:`hydroagent_hpc.train.live.open_live`): where each row also goes as it is written;
+    :meth:`close` (or leaving a ``with`` block) closes it.
+    """
+
+    def __init__(self, path: Path, columns: Sequence[str], resumed_step: int | None, live: Live | None = None) -> None:
         self.path, self.columns = path, tuple(columns)
+        self.live = live
         self.rows: list[list[str]] = []
         if resumed_step is not None and path.is_file():
             self.rows = self._kept_rows(resumed_step)
@@ -137,3 +145,21 @@ class MetricsCSV:
         with open(self.path, "a", newline="") as fh:
             csv.writer(fh).writerow([f"{row.get(c):.8g}" if isinstance(row.get(c), float) else row.get(c, "")
                                      for c in self.columns])
+        if self.live is not None:
+            self.live.row({c: row.get(c) for c in self.columns})
+
+    def log(self, step: int, values: Mapping[str, float]) -> None:
+        """Values in no row (tagged already) to the live metrics only."""
+        if self.live is not None:
+            self.live.log(step, values)
+
+    def close(self, failed: bool = False) -> None:
+        if self.live is not None:
+            self.live.close(failed)
+            self.live = None
+
+    def __enter__(self) -> MetricsCSV:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.close(failed=kind is not None)

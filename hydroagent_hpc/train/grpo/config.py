@@ -100,6 +100,7 @@ from hydroagent_hpc.settings import (
 )
 from hydroagent_hpc.train.generation.colocated_config import ColocatedSettings
 from hydroagent_hpc.train.generation.engine_config import ENGINE_API_RELOAD, EngineSettings
+from hydroagent_hpc.train.live import report_to_setting, run_name_setting, wandb_project_setting
 from hydroagent_hpc.yamlio import load_strict
 
 __all__ = ["GRPOConfig", "load_grpo_config", "grpo_config_from_mapping", "check_world_size", "PRESET_DEFAULTS",
@@ -195,6 +196,9 @@ class GRPOConfig(Settings):
     collective_timeout_s: float = setting(10800.0, gt=0, le=MAX_TIMEOUT_S,
                                           help="how long a rank may wait in a collective (NCCL's own 10 minutes would "
                                                "kill ranks waiting for rollouts)")
+    report_to: tuple[str, ...] = report_to_setting()
+    wandb_project: str = wandb_project_setting()
+    run_name: str | None = run_name_setting()
 
     def check(self) -> None:
         overlap = set(self.basins) & set(self.validation_basins)

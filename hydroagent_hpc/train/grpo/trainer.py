@@ -115,6 +115,7 @@ from hydroagent_hpc.train.grpo import timeline
 from hydroagent_hpc.train.grpo.advantages import group_advantages, token_advantages
 from hydroagent_hpc.train.grpo.config import GRPOConfig, check_world_size
 from hydroagent_hpc.train.grpo.loss import LogprobModel, grpo_loss
+from hydroagent_hpc.train.live import Live, open_live
 from hydroagent_hpc.train.memory_plan import colocated_memory_fraction, require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.writes import check_run_dir, save_checkpoint_or_stop
@@ -203,8 +204,8 @@ class _Metrics(MetricsCSV):
     text), each row written and flushed before the step's checkpoint, so a reader sees whole rows.
     """
 
-    def __init__(self, path: Path, resumed_step: int | None) -> None:
-        super().__init__(path, METRICS_COLUMNS, resumed_step)
+    def __init__(self, path: Path, resumed_step: int | None, live: Live | None = None) -> None:
+        super().__init__(path, METRICS_COLUMNS, resumed_step, live)
         self.h5 = path.with_suffix(".h5")
         self._init_h5(resumed_step)
 
@@ -531,7 +532,9 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
         write_run_config(run_dir, config.to_dict(), {"device": str(device), "compute_dtype": str(dtype),
                                                      "world_size": world, "fsdp": use_fsdp,
                                                      "resumed_from_step": state.step or None})
-        metrics = _Metrics(run_dir / "metrics.csv", state.step if resume_from is not None else None)
+        resumed = state.step if resume_from is not None else None
+        metrics = _Metrics(run_dir / "metrics.csv", resumed,
+                           open_live("grpo", config, run_dir, resumed, config.max_steps))  # TensorBoard, W&B
         store = EpisodeStore(run_dir / "rollouts.h5")
         store.basins = basins
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
@@ -551,7 +554,13 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
                                           planned_fraction=share)
         return _run(_Run(config, run_dir, model, tokenizer, optimizer, scheduler, state, resume_from, metrics,
                          store, sims, basins, runner, pad_id, ranks, engine, started, generator))
+    except BaseException:
+        if metrics is not None:  # TensorBoard, W&B and the progress display
+            metrics.close(failed=True)
+        raise
     finally:
+        if metrics is not None:
+            metrics.close()
         if store is not None:
             store.close()
         if engine is not None:
@@ -682,7 +691,9 @@ def _run(run: _Run) -> dict[str, Any]:
                         last_val = _validate_now(run, step)
                 summary_rows.append(_record_step(run, step, played, batch, parts, lr, len(idx), training_s,
                                                  time.perf_counter() - t_step, weight_sync_s, last_val))
-            timeline.end_step()  # the step's line of RUN/timeline.jsonl, before its checkpoint
+            record = timeline.end_step()  # the step's line of RUN/timeline.jsonl, before its checkpoint
+            if run.metrics is not None and record is not None:
+                run.metrics.log(step, _phase_seconds(record))  # to TensorBoard / W&B (no column of metrics.csv)
             # 6. checkpoints (every rank agrees on a signal that reached any of them)
             saved_at, want_stop = _checkpoint_if_due(run, signals, step, saved_at)
             if want_stop:
@@ -697,6 +708,14 @@ def _run(run: _Run) -> dict[str, Any]:
             "first_reward": summary_rows[0]["reward_mean"] if summary_rows else None,
             "last_reward": summary_rows[-1]["reward_mean"] if summary_rows else None,
             "world_size": ranks.world, "fsdp": ranks.fsdp, "wall_s": time.perf_counter() - run.started}
+
+
+def _phase_seconds(record: Mapping[str, Any]) -> dict[str, float]:
+    """The seconds of each phase of each training process in a step's timeline record, for the live metrics:
+    ``timeline/rank0/train_s``, ``timeline/rank0/forward_s`` (inside train), ``timeline/rank0/idle_s``."""
+    return {f"timeline/{lane.replace(' ', '')}/{phase}_s": float(seconds)
+            for lane, entry in timeline.utilisation([record])["lanes"].items() if entry["kind"] == "rank"
+            for phase, seconds in entry["seconds"].items()}
 
 
 def _validate_now(run: _Run, step: int) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from hydroagent_hpc.settings import (
     load_file,
     setting,
 )
+from hydroagent_hpc.train.live import report_to_setting, run_name_setting, wandb_project_setting
 
 __all__ = ["SFTConfig", "load_sft_config", "config_from_mapping", "DTYPES", "MAX_GRAD_ACCUM"]
 
@@ -85,6 +86,9 @@ class SFTConfig(Settings):
     collective_timeout_s: float = setting(10800.0, gt=0, le=MAX_TIMEOUT_S,
                                           help="how long a rank waits in a collective (NCCL's own default of 10 min "
                                                "is too short; gpu-audit F4)")
+    report_to: tuple[str, ...] = report_to_setting()
+    wandb_project: str = wandb_project_setting()
+    run_name: str | None = run_name_setting()
 
     def check(self) -> None:
         if (self.max_steps is None) == (self.epochs is None):

@@ -37,7 +37,8 @@
    ``f = (step + 1) / warmup_steps`` then a cosine from 1 down to ``min_lr_ratio`` at ``max_steps``.
 6. **Record.** ``RUN_DIR/config.yaml`` (the resolved config, versions, git commit),
    ``RUN_DIR/metrics.csv`` (step, loss, tokens, tokens_per_s, lr, grad_norm, peak_mem_mb; one row
-   per step), console logging every ``log_every`` steps and a tqdm bar on rank 0.
+   per step; also to TensorBoard / W&B with ``report_to``, :mod:`hydroagent_hpc.train.live`), console
+   logging every ``log_every`` steps, and on rank 0 a progress bar (a terminal) or ETA lines (a batch log).
 7. **Checkpoints** (:mod:`hydroagent_hpc.train.checkpoint`): every ``save_every`` steps, on
    SIGUSR1 (save at the next step boundary and go on) and on SIGTERM (save and stop; the command
    exits 143), atomically. With ``resume`` a run continues from ``checkpoints/latest``: model,
@@ -90,6 +91,7 @@ from hydroagent_hpc.train.finite import (
     save_final,
     stopped_at,
 )
+from hydroagent_hpc.train.live import open_live
 from hydroagent_hpc.train.memory_plan import require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
 from hydroagent_hpc.train.sft.config import SFTConfig, load_sft_config
@@ -266,10 +268,10 @@ def _step_plan(config: SFTConfig, world: int, examples: int) -> tuple[int, int, 
     return micro_per_step, steps_per_epoch, max_steps
 
 
-def _record_step(metrics: MetricsCSV, bar: Any, row: dict[str, Any], log_every: int, max_steps: int) -> None:
-    """Rank 0: the step's row of ``metrics.csv``, the progress bar, a console line every ``log_every`` steps."""
+def _record_step(metrics: MetricsCSV, row: dict[str, Any], log_every: int, max_steps: int) -> None:
+    """Rank 0: the step's row of ``metrics.csv`` (and of its live metrics and progress display), a console
+    line every ``log_every`` steps."""
     metrics.write(row)
-    bar.update(1)
     if row["step"] % log_every == 0 or row["step"] == max_steps:
         log.info("step %d/%d loss %.4f lr %.3g grad_norm %.3f tokens/s %.0f peak %.0f MB", row["step"], max_steps,
                  row["loss"], row["lr"], row["grad_norm"], row["tokens_per_s"], row["peak_mem_mb"])
@@ -405,7 +407,9 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
         write_run_config(run_dir, config.to_dict(), {"world_size": world, "fsdp": use_fsdp, "compute_dtype": str(dtype),
                                         "steps_per_epoch": steps_per_epoch, "max_steps": max_steps,
                                         "examples": len(dataset), "resumed_from_step": state.step or None})
-        metrics = MetricsCSV(run_dir / "metrics.csv", METRICS_COLUMNS, state.step if resume_from is not None else None)
+        resumed = state.step if resume_from is not None else None
+        metrics = MetricsCSV(run_dir / "metrics.csv", METRICS_COLUMNS, resumed,
+                             open_live("sft", config, run_dir, resumed, max_steps))  # TensorBoard, W&B, progress
     if distributed:
         dist.barrier()
     log.info("SFT: %d examples, %d steps/epoch, %d steps, %d process(es)%s, %s, micro-batch %d x accumulation %d",
@@ -419,9 +423,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
     stopped: str | None = None
     resumed_at = state.step if resume_from is not None else None
     saved_at = state.step if resume_from is not None else -1
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=max_steps, initial=state.step, disable=rank != 0, desc="sft", unit="step", leave=False)
+    bar = metrics if metrics is not None else contextlib.nullcontext()  # metrics.close(): the bar and the sinks
     with bar, Signals() as signals:  # the bar is cleared on an error too: its message stays one line
         while state.step < max_steps:
             t0 = time.perf_counter()
@@ -443,7 +445,7 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
             losses.append(loss)
             rates.append(tokens / elapsed)
             if metrics is not None:
-                _record_step(metrics, bar, row, config.log_every, max_steps)
+                _record_step(metrics, row, config.log_every, max_steps)
 
             # 6. checkpoints: periodic, SIGUSR1 (save, go on), SIGTERM (save, stop)
             fault("usr1", state.step)
@@ -461,7 +463,6 @@ def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool =
                 stopped = "SIGTERM"
                 log.warning("SIGTERM: saved checkpoint step-%d and stopping", state.step)
                 break
-    bar.close()
 
     final = run_dir / "final"
     if stopped is None:
