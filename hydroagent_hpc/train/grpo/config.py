@@ -157,6 +157,10 @@ class GRPOConfig(Settings):
     clip_high: float = setting(0.2, ge=0, source="paper, released", help="PPO ratio clip above 1")
     tis_cap: float = setting(0.0, ge=0, help="truncated importance weights min(p_trainer / p_generator, cap) on "
                                              "each token's advantage (0: off)")
+    max_staleness: int = setting(0, ge=0, le=1, source="ours",
+                                 help="0: on-policy (the paper's and released's); 1: the next step's rollouts are "
+                                      "played while this step trains, by the weights one step older (needs tis_cap)",
+                                 fix="give 0 (on-policy) or 1 (one step of overlap; docs/grpo.md)")
     kl_coef: float = setting(0.2, ge=0, presets=_by_preset("kl_coef"), source="paper, released",
                              help="weight of the KL penalty to the reference policy")
     entropy_coef: float = setting(0.01, ge=0, source="paper", help="weight of the entropy bonus")
@@ -217,6 +221,15 @@ class GRPOConfig(Settings):
         if self.engine is not None and self.engine.launch is None and not ENGINE_API_RELOAD[self.engine.api]:
             raise invalid("engine", f"api {self.engine.api} cannot reload weights from disk while it runs",
                           "give engine.launch so the trainer restarts the engine on each new checkpoint")
+        if self.max_staleness and self.generator == "colocated":
+            raise invalid("max_staleness", "1 with generator: colocated: its engines sleep while their GPUs "
+                                           "train, so nothing can play the next step's rollouts then "
+                                           "(docs/colocated.md, Overlap)",
+                          "set max_staleness: 0, or generator: engine or local")
+        if self.max_staleness and not self.tis_cap > 0:
+            raise invalid("max_staleness", f"{self.max_staleness} trains on rollouts sampled by older weights, which "
+                                           "needs truncated importance weights (tis_cap is 0)",
+                          "set tis_cap: 2.0 (or max_staleness: 0)")
         if self.aggregation == "seq-mean-token-sum-norm" and self.norm_length is None:
             raise invalid("aggregation", "seq-mean-token-sum-norm needs norm_length",
                           "set norm_length to the episode token budget (e.g. max_context_tokens)")

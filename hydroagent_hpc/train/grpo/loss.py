@@ -19,6 +19,13 @@ eq. 7; Shao, Z. et al. (2024), DeepSeekMath, arXiv 2402.03300, eq. 3-4 (GRPO, th
 Schulman, J. (2020), Approximating KL Divergence, http://joschu.net/blog/kl-approx.html (k3);
 Liu, Z. et al. (2025), Understanding R1-Zero-Like Training, arXiv 2503.20783 (Dr. GRPO's
 constant normaliser); Yu, Q. et al. (2025), DAPO, arXiv 2503.14476 (token-level mean, asymmetric clip).
+
+Rollouts sampled by other weights than the trainer's (an engine's bf16 kernels, or the previous
+policy when the next step's rollouts are played while this step trains, ``max_staleness: 1``) are
+corrected by truncated importance weights ``w = min(exp(logp - logp_behaviour), cap)`` on each
+sampled token, multiplied into the policy-gradient term (:func:`truncated_importance_weights`, the
+``is_weights`` of :func:`grpo_loss`); Yao, F. et al. (2025), Your Efficient RL Framework Secretly
+Brings You Off-Policy RL Training, https://fengyao.notion.site/off-policy-rl (TIS).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = ["AGGREGATIONS", "LossParts", "LogprobModel", "token_logprobs", "k3_kl", "clipped_pg", "aggregate",
-           "grpo_loss"]
+           "grpo_loss", "ImportanceWeights", "truncated_importance_weights"]
 
 #: verl's ``loss_agg_mode`` names (TRL: ``dapo``/``bnpo``, ``grpo``, ``dr_grpo``); see :func:`aggregate`.
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -248,11 +255,52 @@ class LossParts:
     ratio_mean: torch.Tensor
 
 
+@dataclass
+class ImportanceWeights:
+    """Truncated importance weights of the sampled tokens and what they were truncated from.
+
+    ``weights`` is ``[B, T]``: ``min(ratio, cap)`` where the mask is 1, exactly 1 elsewhere.
+    ``ratio_sum``, ``ratio_max`` and ``truncated`` are over the mask-1 tokens: the sum and the largest
+    of the untruncated ratios, and how many exceeded ``cap``.
+    """
+
+    weights: torch.Tensor
+    ratio_sum: float
+    ratio_max: float
+    truncated: int
+
+
+def truncated_importance_weights(logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
+                                 cap: float) -> ImportanceWeights:
+    """``w = min(exp(logp - behaviour_logp), cap)`` on the mask-1 tokens (1 elsewhere), detached.
+
+    ``logp`` is the trainer's log-prob of each sampled token under the weights being trained,
+    ``behaviour_logp`` the sampler's (the weights that sampled it); the ratio corrects the policy
+    gradient for tokens sampled by another policy and the cap bounds its variance (TIS, module
+    docstring). Tokens where the trainer's policy is less likely than the sampler's get ``w < 1``, and
+    are not floored.
+
+    Raises:
+        ValueError: ``cap`` not > 0, or shapes that differ from ``mask``'s.
+    """
+    _positive(cap, "cap")
+    if logp.shape != mask.shape or behaviour_logp.shape != mask.shape:
+        raise ValueError(f"logp {tuple(logp.shape)} and behaviour_logp {tuple(behaviour_logp.shape)} must have the "
+                         f"mask's shape {tuple(mask.shape)}")
+    keep = mask.bool()
+    with torch.no_grad():
+        ratio = torch.exp(logp.detach().float() - behaviour_logp.float())[keep]
+        weights = torch.ones_like(mask, dtype=torch.float32)
+        weights[keep] = ratio.clamp(max=cap)
+    return ImportanceWeights(weights, float(ratio.sum()), float(ratio.max()) if ratio.numel() else 0.0,
+                             int((ratio > cap).sum()))
+
+
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
               entropy: torch.Tensor | None, advantages: torch.Tensor, mask: torch.Tensor, *,
               clip_low: float = 0.2, clip_high: float = 0.2, kl_coef: float = 0.0, entropy_coef: float = 0.0,
               aggregation: str = "token-mean", norm_length: int | None = None, total_tokens: float | None = None,
-              num_sequences: float | None = None) -> LossParts:
+              num_sequences: float | None = None, is_weights: torch.Tensor | None = None) -> LossParts:
     """``loss = agg(pg) + kl_coef * agg(k3_kl) - entropy_coef * agg(H)`` (module docstring).
 
     All tensors are ``[B, T]`` and aligned with the token sequence (as :func:`token_logprobs` returns
@@ -260,7 +308,9 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
     ``logp`` itself for one PPO epoch (``rho = 1``) or the log-probs the generator sampled with.
     ``aggregation``, ``norm_length``, ``total_tokens`` and ``num_sequences`` are those of
     :func:`aggregate`, applied to every term. A term whose coefficient is 0 is left out of ``loss``
-    (its value is still reported when its input is given).
+    (its value is still reported when its input is given). ``is_weights`` (``[B, T]``, detached): the
+    truncated importance weights of :func:`truncated_importance_weights`, multiplied into each token's
+    advantage, so they scale the policy-gradient term only (not the KL or the entropy).
 
     Reference: Shao, Z. et al. (2024), DeepSeekMath, arXiv 2402.03300, eq. 3; docs/rl-notes.md section 3.
 
@@ -272,7 +322,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
         raise ValueError(f"kl_coef is {kl_coef} but no reference log-probs were given (ref_logp is None)")
     if entropy_coef != 0 and entropy is None:
         raise ValueError(f"entropy_coef is {entropy_coef} but no entropy was given (entropy is None)")
-    named = {"logp": logp, "old_logp": old_logp, "ref_logp": ref_logp, "entropy": entropy, "advantages": advantages}
+    named = {"logp": logp, "old_logp": old_logp, "ref_logp": ref_logp, "entropy": entropy, "advantages": advantages,
+             "is_weights": is_weights}
     for name, tensor in named.items():
         if tensor is not None and tensor.shape != mask.shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, the mask {tuple(mask.shape)}")
@@ -281,6 +332,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
         return aggregate(values, mask, aggregation, norm_length=norm_length, total_tokens=total_tokens,
                          num_sequences=num_sequences)
 
+    if is_weights is not None:
+        advantages = advantages * is_weights.detach().to(advantages.dtype)
     per_token, clipped = clipped_pg(logp, old_logp, advantages, clip_low=clip_low, clip_high=clip_high)
     pg = agg(per_token)
     loss = pg

@@ -114,7 +114,8 @@ from hydroagent_hpc.train.generation.sampler import BatchedSampler, RolloutSampl
 from hydroagent_hpc.train.grpo import timeline
 from hydroagent_hpc.train.grpo.advantages import group_advantages, token_advantages
 from hydroagent_hpc.train.grpo.config import GRPOConfig, check_world_size
-from hydroagent_hpc.train.grpo.loss import LogprobModel, grpo_loss
+from hydroagent_hpc.train.grpo.loss import LogprobModel, grpo_loss, truncated_importance_weights
+from hydroagent_hpc.train.grpo.overlap import RolloutsAhead, behaviour_model
 from hydroagent_hpc.train.live import Live, open_live
 from hydroagent_hpc.train.memory_plan import colocated_memory_fraction, require_fits
 from hydroagent_hpc.train.rundir import MetricsCSV, field_defaults, prepare_run_dir, write_run_config
@@ -129,7 +130,8 @@ METRICS_COLUMNS = ("step", "reward_mean", "reward_std", "turn_reward_mean", "ter
                    "simulations_mean", "turns_mean", "parse_failures_mean", "rollouts", "trainable",
                    "degenerate_groups", "adv_mean", "adv_std", "adv_abs_max", "loss", "pg", "kl", "entropy",
                    "clip_fraction", "grad_norm", "lr", "tokens", "logprob_mismatch_mean", "logprob_mismatch_max",
-                   "tis_weight_mean", "generation_s", "simulation_s", "training_s",
+                   "tis_weight_mean", "staleness", "tis_ratio_mean", "tis_ratio_max", "tis_truncated_share",
+                   "generation_s", "simulation_s", "training_s",
                    "step_s", "sim_peak_in_flight", "shared_run_hits", "stop_reasons", "val_reward_mean",
                    "val_best_nse_mean", "weight_sync_s", "sim_batches", "sim_batched_runs",
                    "degenerate_share", "adv_p10", "adv_p50", "adv_p90", "tokens_adv_pos", "tokens_adv_neg",
@@ -632,13 +634,15 @@ class _Run:
 
 @dataclass
 class _Rollouts:
-    """Rank 0's rollouts of a step and what was derived from them."""
+    """Rank 0's rollouts of a step and what was derived from them; ``version``: the optimizer steps of the
+    weights that sampled them (the step's own minus one on-policy, minus two with ``max_staleness`` 1)."""
 
     rollouts: list[Any]
     stats: dict[str, Any]
     per_turn: dict[Any, np.ndarray]
     degenerate: int
     seconds: float
+    version: int = 0
 
 
 def _run(run: _Run) -> dict[str, Any]:
@@ -657,7 +661,8 @@ def _run(run: _Run) -> dict[str, Any]:
     stopped = None
     saved_at = state.step if run.resume_from is not None else -1
     with Signals() as signals, timeline.recording(run.run_dir, rank=ranks.rank, world=ranks.world, device=ranks.device,
-                                                  resumed_step=state.step if run.resume_from is not None else 0):
+                                                  resumed_step=state.step if run.resume_from is not None else 0), \
+            _rollouts_ahead(run) as ahead:  # max_staleness 1 (rank 0): the next step's rollouts during training
         while state.step < config.max_steps:
             step = state.step + 1
             t_step = time.perf_counter()
@@ -665,18 +670,22 @@ def _run(run: _Run) -> dict[str, Any]:
             # 2. prompts and rollouts
             idx, epoch, index = plan_prompts(len(config.basins), config.prompts_per_step, config.seed,
                                              state.epoch, state.index)
-            played = _play_step(run, step, idx, t_step) if ranks.lead else None
+            played = _this_steps_rollouts(run, ahead, step, idx, t_step) if ranks.lead else None
             # 3. advantages per group, from the ledger (rank 0), shared with every rank
             with timeline.span("wait"):  # the other ranks wait here for rank 0's rollouts
                 batch = _share(training_batch(played.rollouts, played.per_turn) if played is not None else None, ranks)
             if run.generator is not None:  # the rollouts are over on every engine: release their memory
                 with timeline.span("sleep"):
                     run.generator.sleep()
+            if ahead is not None and step < config.max_steps:
+                _play_ahead(run, ahead, step + 1, epoch, index)
             # 4. loss and one optimizer step
             t_train = time.perf_counter()
             with timeline.span("train"):
                 parts, lr = _optimizer_step(run, batch)
             training_s = time.perf_counter() - t_train
+            if ahead is not None:  # every rollout of the next step is sampled before the weights change
+                ahead.wait()
             state.step, state.epoch, state.index = step, epoch, index
             state.tokens += int(parts["tokens"])
             # the engine serves the new weights before anything samples again (validation included)
@@ -696,6 +705,8 @@ def _run(run: _Run) -> dict[str, Any]:
                 run.metrics.log(step, _phase_seconds(record))  # to TensorBoard / W&B (no column of metrics.csv)
             # 6. checkpoints (every rank agrees on a signal that reached any of them)
             saved_at, want_stop = _checkpoint_if_due(run, signals, step, saved_at)
+            if ahead is not None:
+                ahead.prune(saved_at)
             if want_stop:
                 stopped = "SIGTERM"
                 log.warning("SIGTERM: saved checkpoint step-%d and stopping", step)
@@ -703,6 +714,8 @@ def _run(run: _Run) -> dict[str, Any]:
     final = run.run_dir / "final"
     if stopped is None:
         _save_last(run, saved_at, final)
+        if ahead is not None:  # the last checkpoint holds the last step: no file is read again
+            ahead.prune(run.state.step)
     return {"run_dir": str(run.run_dir), "steps": state.step, "stopped": stopped,
             "final": str(final) if stopped is None else None,
             "first_reward": summary_rows[0]["reward_mean"] if summary_rows else None,
@@ -725,21 +738,57 @@ def _validate_now(run: _Run, step: int) -> dict[str, Any]:
                      run.engine, run.generator)
 
 
-def _play_step(run: _Run, step: int, idx: Sequence[int], t_step: float) -> _Rollouts:
+def _play_step(run: _Run, step: int, idx: Sequence[int], t_step: float, model: Any = None,
+               version: int | None = None) -> _Rollouts:
     """Rank 0: K rollouts of each prompt basin of the step, written to the episode store, and their
-    per-turn advantages (group-relative, from the ledger)."""
+    per-turn advantages (group-relative, from the ledger). ``model``: what the rollout policies are built
+    on (the trainer's model; another while it trains, :func:`_play_ahead`); ``version``: the optimizer steps
+    of the weights that sample (the trainer's by default), stored with each episode (``provenance``)."""
     config = run.config
     assert run.store is not None
+    version = run.state.step if version is None else version
     specs = [RolloutSpec(g, k, config.basins[b], rollout_seed(config.seed, step, g, k), f"grpo-s{step:05d}-g{g}-k{k}")
              for g, b in enumerate(idx) for k in range(config.group_size)]
     with timeline.span("generate"):
-        rollouts, stats = play_episodes(config, run.model, run.tokenizer, specs, run.sims, run.basins,
-                                        runner=run.runner, engine=run.engine, generator=run.generator)
+        rollouts, stats = play_episodes(config, run.model if model is None else model, run.tokenizer, specs, run.sims,
+                                        run.basins, runner=run.runner, engine=run.engine, generator=run.generator)
+    for r in rollouts:
+        if r.episode is not None:
+            r.episode.provenance = {**r.episode.provenance, "policy_version": version}
     run.store.write(rollouts)
     fault("kill_after_rollouts", step)
     seconds = time.perf_counter() - t_step
     per_turn, degenerate = _advantages(config, rollouts, len(idx))
-    return _Rollouts(rollouts, stats, per_turn, degenerate, seconds)
+    return _Rollouts(rollouts, stats, per_turn, degenerate, seconds, version)
+
+
+def _rollouts_ahead(run: _Run) -> contextlib.AbstractContextManager[RolloutsAhead[_Rollouts] | None]:
+    """With ``max_staleness`` 1, rank 0's :class:`~hydroagent_hpc.train.grpo.overlap.RolloutsAhead` (on a
+    resume holding the next step's rollouts if they were played before the kill); else a block giving None."""
+    if not (run.config.max_staleness and run.ranks.lead):
+        return contextlib.nullcontext()
+    ahead: RolloutsAhead[_Rollouts] = RolloutsAhead(run.run_dir, behaviour_model(run.config.generator, run.model))
+    if run.resume_from is not None:
+        ahead.resume(run.state.step + 1)
+    return ahead
+
+
+def _this_steps_rollouts(run: _Run, ahead: RolloutsAhead[_Rollouts] | None, step: int, idx: Sequence[int],
+                         t_step: float) -> _Rollouts:
+    """Rank 0: the step's rollouts, played during the previous step (``max_staleness`` 1) or now."""
+    played = ahead.take(step) if ahead is not None else None
+    return played if played is not None else _play_step(run, step, idx, t_step)
+
+
+def _play_ahead(run: _Run, ahead: RolloutsAhead[_Rollouts], step: int, epoch: int, index: int) -> None:
+    """Rank 0: start playing ``step``'s rollouts (its prompts from the sampler position ``epoch, index``)
+    with the current weights, in a thread, while the trainer trains the step before it."""
+    config = run.config
+    idx, _, _ = plan_prompts(len(config.basins), config.prompts_per_step, config.seed, epoch, index)
+    version = run.state.step
+    model = ahead.behaviour.refresh(run.model, version)  # local: a copy of these weights; engine: a shell
+    t0 = time.perf_counter()
+    ahead.start(step, lambda: _play_step(run, step, idx, t0, model=model, version=version))
 
 
 def _optimizer_step(run: _Run, batch: list[_Sequence]) -> tuple[dict[str, float], float]:
@@ -772,7 +821,7 @@ def _record_step(run: _Run, step: int, played: _Rollouts, batch: list[_Sequence]
            **learning_signal(batch, advs, degenerate, groups),
            "trainable": sum(r.trainable for r in rollouts), "degenerate_groups": degenerate,
            "adv_mean": float(advs.mean()), "adv_std": float(advs.std()),
-           "adv_abs_max": float(np.abs(advs).max()), **parts, "lr": lr,
+           "adv_abs_max": float(np.abs(advs).max()), **parts, "lr": lr, "staleness": step - 1 - played.version,
            "generation_s": float(stats["busy_s"]),
            "simulation_s": float(stats["sim_busy_s"]), "training_s": training_s,
            "step_s": step_s, "sim_peak_in_flight": int(stats["sim_peak"]),
@@ -945,8 +994,10 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
             if reference is not None:
                 with torch.no_grad(), _autocast(device, autocast_dtype), timeline.span("forward"):
                     ref_logp, _ = reference(ids, attn, chunk_size=config.logprob_chunk, with_entropy=False)
-            # the generator's log-probs of the sampled ids against the trainer's: the engine mismatch
+            # the generator's log-probs of the sampled ids against the trainer's: the engine mismatch (and,
+            # with max_staleness 1, the step of policy change between sampling and training)
             gen = torch.zeros_like(mask)
+            is_weights = None
             if len(seq.sample_logprobs) == int(mask.sum()):
                 gen[mask.bool()] = torch.tensor(seq.sample_logprobs, dtype=gen.dtype, device=device)
                 delta = (logp.detach().float() - gen)[mask.bool()]
@@ -955,15 +1006,17 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
                     sums["mismatch_max"] = max(sums["mismatch_max"],
                                                float(delta.abs().max()) if delta.numel() else 0.0)
                 if config.tis_cap > 0:  # truncated importance weights min(p_trainer / p_generator, cap)
-                    tis = torch.exp(delta).clamp(max=config.tis_cap)
-                    adv = adv.clone()
-                    adv[mask.bool()] = adv[mask.bool()] * tis.to(adv.dtype)
+                    tis = truncated_importance_weights(logp, gen, mask, config.tis_cap)
+                    is_weights = tis.weights
                     if weight:
-                        sums["tis_weight_sum"] += float(tis.sum())
+                        sums["tis_weight_sum"] += float(tis.weights[mask.bool()].sum())
+                        sums["tis_ratio_sum"] += tis.ratio_sum
+                        sums["tis_truncated"] += tis.truncated
+                        sums["tis_ratio_max"] = max(sums["tis_ratio_max"], tis.ratio_max)
             parts = grpo_loss(logp, logp.detach(), ref_logp, entropy, adv, mask, clip_low=config.clip_low,
                               clip_high=config.clip_high, kl_coef=config.kl_coef, entropy_coef=config.entropy_coef,
                               aggregation=config.aggregation, norm_length=config.norm_length,
-                              total_tokens=total_tokens, num_sequences=n_seq)
+                              total_tokens=total_tokens, num_sequences=n_seq, is_weights=is_weights)
             with timeline.span("backward"):
                 (parts.loss * (world * weight)).backward()
         reshard = getattr(reference, "reshard", None)  # FSDP2 keeps a root's parameters gathered after forward
@@ -979,7 +1032,8 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
     return sums
 
 
-_SUMMED = ("loss", "pg", "kl", "entropy", "clip_fraction", "mismatch_abs_sum", "tis_weight_sum")
+_SUMMED = ("loss", "pg", "kl", "entropy", "clip_fraction", "mismatch_abs_sum", "tis_weight_sum", "tis_ratio_sum",
+           "tis_truncated")
 
 
 def optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, batch: Sequence[_Sequence],
@@ -996,7 +1050,8 @@ def optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, b
         log.warning("no trainable rollout in this batch: the optimizer does not step")
         return {"loss": 0.0, "pg": 0.0, "kl": 0.0, "entropy": float("nan"), "clip_fraction": 0.0,
                 "grad_norm": 0.0, "tokens": 0.0, "logprob_mismatch_mean": float("nan"),
-                "logprob_mismatch_max": float("nan"), "tis_weight_mean": float("nan")}
+                "logprob_mismatch_max": float("nan"), "tis_weight_mean": float("nan"),
+                "tis_ratio_mean": float("nan"), "tis_ratio_max": float("nan"), "tis_truncated_share": float("nan")}
     optimizer.zero_grad(set_to_none=True)
     ranks.scorer.train()  # whatever the rollout phase left: checkpointing recomputes only in training mode
     local = _accumulate(config, ranks.scorer, ranks.reference, batch, passes, total_tokens, n_seq, ranks.world,
@@ -1004,8 +1059,9 @@ def optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, b
     summed = all_reduce_sum(torch.tensor([local[k] for k in _SUMMED], dtype=torch.float64, device=ranks.device),
                             ranks.distributed)
     sums = dict(zip(_SUMMED, (float(v) for v in summed)))
-    sums["mismatch_max"] = float(all_reduce_max(torch.tensor([local["mismatch_max"]], dtype=torch.float64,
-                                                             device=ranks.device), ranks.distributed))
+    sums["mismatch_max"], sums["tis_ratio_max"] = (float(v) for v in all_reduce_max(
+        torch.tensor([local["mismatch_max"], local["tis_ratio_max"]], dtype=torch.float64, device=ranks.device),
+        ranks.distributed))
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     check_step(sums["loss"], grad_norm, step)  # before the weights move: a NaN never reaches them
@@ -1016,7 +1072,17 @@ def optimise(config: GRPOConfig, model: Any, optimizer: torch.optim.Optimizer, b
     return {"loss": sums["loss"], "pg": sums["pg"], "kl": sums["kl"], "entropy": sums["entropy"],
             "clip_fraction": sums["clip_fraction"], "grad_norm": grad_norm, "tokens": total_tokens,
             "logprob_mismatch_mean": sums["mismatch_abs_sum"] / tokens, "logprob_mismatch_max": sums["mismatch_max"],
-            "tis_weight_mean": sums["tis_weight_sum"] / tokens if config.tis_cap > 0 else float("nan")}
+            **_tis_means(config, sums, tokens)}
+
+
+def _tis_means(config: GRPOConfig, sums: Mapping[str, float], tokens: float) -> dict[str, float]:
+    """The truncated importance weights' mean, and the untruncated ratios' mean, maximum and share above
+    ``tis_cap``, over the step's mask-1 tokens (NaN with ``tis_cap`` 0: no weights are computed)."""
+    if not config.tis_cap > 0:
+        return dict.fromkeys(("tis_weight_mean", "tis_ratio_mean", "tis_ratio_max", "tis_truncated_share"),
+                             float("nan"))
+    return {"tis_weight_mean": sums["tis_weight_sum"] / tokens, "tis_ratio_mean": sums["tis_ratio_sum"] / tokens,
+            "tis_ratio_max": sums["tis_ratio_max"], "tis_truncated_share": sums["tis_truncated"] / tokens}
 
 
 def _validate(config: GRPOConfig, model: Any, tokenizer: Any, sims: dict[str, Any], basins: dict[str, Any],
