@@ -190,7 +190,7 @@ class RolloutsAhead(Generic[T]):
         ``saved_step + 1``, one from the next checkpoint the newest file (written before that checkpoint)."""
         if not self.folder.is_dir():
             return
-        files = {}
+        files: dict[int, list[Path]] = {}
         for path in self.folder.glob("step-*.pkl*"):
             digits = path.name[len("step-"):].split(".")[0]
             if digits.isdigit():
