@@ -6,6 +6,8 @@
   one optimizer step) and the step they add up to (``python -m hydroagent_hpc.bench.train --grpo``).
 - :mod:`~hydroagent_hpc.train.measure.sampling`: one decode step's sampling, before and after audit
   F13 (``python -m hydroagent_hpc.bench.sampler``).
+- :mod:`~hydroagent_hpc.train.measure.trl_compare`: our SFT and GRPO losses beside TRL's on the same batch,
+  speed and memory (``python -m hydroagent_hpc.bench.trl``, docs/trl.md).
 - :mod:`~hydroagent_hpc.train.measure.gpu_check`: the check to run first on a GPU (``make gpu-check``,
   ``python -m hydroagent_hpc.bench.gpu_check``).
 
