@@ -80,7 +80,8 @@ def test_the_light_parser_for_basin_commands_matches_the_full_one():
 SINGLE_WORDS = {"simulate", "calibrate", "demo", "report"}
 GRAMMAR = {
     "campaign": {"run": None, "submit": None, "merge": None, "status": None},
-    "train": {"sft-data": None, "sft": None, "grpo": None, "plan": None, "timeline": None, "submit": {"sft", "grpo"}},
+    "train": {"sft-data": None, "sft-import": None, "sft": None, "grpo": None, "eval": None, "plan": None,
+              "timeline": None, "submit": {"sft", "grpo"}},
     "pipeline": {"run": None, "status": None, "submit": None},
     "store": {"verify": None, "salvage": None},
     "basin": {"synth": None, "from-camels": None},

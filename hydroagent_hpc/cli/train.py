@@ -1,6 +1,8 @@
 """``hydroagent train sft-data``: teacher data for SFT from campaign stores (see train/sft/data.py; ``--export-hf
 DIR`` also writes it as a conversational JSON Lines data set); ``hydroagent train sft-import``: such a data set
 back to an SFT data file (train/sft/hf_data.py);
+``hydroagent train eval CHECKPOINT_OR_URL --basins ... --budget N --out STORE.h5``: a checkpoint folder or an
+OpenAI-compatible URL evaluated greedily as a campaign, with a summary table (campaign/evaluate.py);
 ``hydroagent train sft CONFIG --out RUN_DIR [--resume] [--KEY VALUE ...]``: weighted SFT (train/sft/launch.py);
 ``hydroagent train grpo CONFIG --out RUN_DIR [--resume] [--KEY VALUE ...]``: GRPO on the simulator's reward
 (train/grpo/launch.py); both parsers are the entry modules' own, their config-key options made from the configs;
@@ -68,6 +70,22 @@ def cmd_sft_import(args: argparse.Namespace) -> int:
     print(json.dumps({"out": str(report.out), "examples": report.examples, "episodes": report.kept,
                       "tokens": {k: report.lengths[k] for k in ("median", "max", "budget", "total_tokens")}}))
     return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Evaluate a checkpoint folder or an OpenAI-compatible URL as a campaign; print the summary table."""
+    from hydroagent_hpc.campaign.evaluate import evaluate, format_summary  # loads pandas, h5py
+
+    result = evaluate(args.target, args.basins, args.out, budget=args.budget, preset=args.preset, seeds=args.seeds,
+                      max_turns=args.max_turns, name=args.name, model_entry=args.model_entry,
+                      max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens,
+                      workers=args.workers)
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        print(format_summary(result["rows"]), end="")
+        print(f"stored in {args.out}")
+    return 0 if not result.get("failed") else 1
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -312,6 +330,34 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                     "the config that holds a value can also be given as an option below.")
     grpo_launch.build_parser(g)
     g.set_defaults(func=cmd_grpo)
+    ev = tsub.add_parser("eval", help="evaluate a checkpoint folder or an OpenAI-compatible URL on basins (greedy)",
+                         description="Play one greedy episode per basin and seed with a local checkpoint (a "
+                                     "save_pretrained folder such as a run's final/: an hf_local agent) or a model "
+                                     "behind an OpenAI-compatible base URL (an openai agent: the models-file entry "
+                                     "--model-entry with its base_url replaced, temperature 0), under the campaign "
+                                     "budget rules (the preset with max_simulations = --budget), into an episode "
+                                     "store (resumable: stored episodes are not played again), and print one row "
+                                     "per episode with the mean and median best NSE (campaign/evaluate.py).")
+    ev.add_argument("target", metavar="CHECKPOINT_OR_URL", help="checkpoint folder, or http(s)://HOST:PORT/v1")
+    ev.add_argument("--basins", nargs="+", required=True, metavar="BASIN_DIR", help="basin folders (control.txt)")
+    ev.add_argument("--budget", type=positive_int, required=True, metavar="N", help="simulations per episode")
+    ev.add_argument("--out", required=True, metavar="STORE.h5", help="episode store to write (or resume)")
+    ev.add_argument("--preset", choices=("paper", "released"), default="paper",
+                    help="the environment preset the budget applies to (default paper)")
+    ev.add_argument("--seeds", type=seed, nargs="+", default=[0], metavar="N",
+                    help="episode seeds (default 0; a greedy local policy plays the same episode for each)")
+    ev.add_argument("--max-turns", type=positive_int, default=None, metavar="N",
+                    help="tool calls per episode (default: the preset's)")
+    ev.add_argument("--name", default="eval", help="campaign and agent name in the episode ids (default eval)")
+    ev.add_argument("--model-entry", default="hydroagent-local", metavar="ENTRY",
+                    help="models-file entry a URL is played with (default hydroagent-local: Hermes text)")
+    ev.add_argument("--max-new-tokens", type=positive_int, default=None, metavar="N",
+                    help="tokens per model turn (default: the agent's)")
+    ev.add_argument("--max-context-tokens", type=positive_int, default=None, metavar="N",
+                    help="context of a local checkpoint (default: the agent's)")
+    ev.add_argument("--workers", type=positive_int, default=1, metavar="N", help="episodes in parallel (default 1)")
+    ev.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    ev.set_defaults(func=cmd_eval)
     pl = tsub.add_parser("plan", help="the GPU memory a training config needs, without a GPU",
                          description="The peak GPU memory of an SFT or GRPO config per trainer GPU, term by term "
                                      "(weights, gradients, optimizer state, activations with and without "
