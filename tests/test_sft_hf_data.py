@@ -200,3 +200,21 @@ def test_a_template_that_writes_calls_otherwise_keeps_the_text(tok):
     assert other != tiny.CHAT_TEMPLATE
     kept = hf_data.to_record(msgs, None, render_with(other))
     assert kept["messages"][1] == msgs[1] and kept["train_mask"] == [False, True]
+
+
+def test_records_that_extend_each_other_are_built_once_and_sliced_exactly(exported, tok, tmp_path):
+    from hydroagent_hpc.agents.llm.trajectory import TrajectoryBuilder
+
+    records = _lines(exported["dir"])
+    first = records[0]  # variant 0 of the first episode: a prefix of the variants after it
+    assert first["variant"] == 0 and records[1]["messages"][:len(first["messages"])] == first["messages"]
+    alone = tmp_path / "alone.jsonl"
+    alone.write_text(json.dumps(first) + "\n")
+    import_hf_dataset(alone, tmp_path / "alone.h5", tokenizer=tok, max_tokens=100_000)
+    chained = tmp_path / "chain.jsonl"
+    chained.write_text("".join(json.dumps(r) + "\n" for r in records[:3]))
+    import_hf_dataset(chained, tmp_path / "chain.h5", tokenizer=tok, max_tokens=100_000)
+    assert _examples(tmp_path / "alone.h5")[0] == _examples(tmp_path / "chain.h5")[0]
+    rec = hf_data.read_records(alone)[0]
+    built = TrajectoryBuilder(tok, tools=rec.tools).build(rec.messages)
+    assert _examples(tmp_path / "chain.h5")[0][:2] == (built.input_ids, built.assistant_mask)

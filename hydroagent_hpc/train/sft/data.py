@@ -789,6 +789,39 @@ def _builder(builders: dict[str, TrajectoryBuilder], tokenizer: Any, tools: list
     return builders.get(key) or builders.setdefault(key, TrajectoryBuilder(tokenizer, tools=tools))
 
 
+def _is_prefix(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    return len(a) <= len(b) and b[:len(a)] == a
+
+
+def _tokenise_records(tokenizer: Any, records: Sequence[hf_data.Record]) -> list[Trajectory]:
+    """The trajectory of each record, built as :class:`TrajectoryBuilder` builds it alone, but once per run of
+    consecutive records whose conversations are prefixes of the run's last one (an episode's stopping-point
+    variants): the builder is exact-prefix, so a prefix ending at assistant turn ``j`` is the first
+    ``spans[j][1]`` ids of the longest one (the variants of :func:`_variants`). :class:`SFTDataError` names the
+    record whose conversation cannot be built."""
+    builders: dict[str, TrajectoryBuilder] = {}
+    out: list[Trajectory] = []
+    i = 0
+    while i < len(records):
+        j = i
+        while (j + 1 < len(records) and records[j + 1].tools == records[i].tools
+               and _is_prefix(records[j].messages, records[j + 1].messages)):
+            j += 1
+        last = records[j]
+        try:
+            full = _builder(builders, tokenizer, last.tools).build(last.messages)
+        except TrajectoryError as exc:
+            where = last.where if i == j else f"{records[i].where} to {last.where}"
+            raise SFTDataError(f"{where}: {exc.message}", fix=exc.fix) from None
+        for rec in records[i:j + 1]:
+            c = sum(1 for m in rec.messages if m.get("role") == "assistant")
+            end = full.spans[c - 1][1]
+            out.append(Trajectory(full.input_ids[:end], full.assistant_mask[:end], full.spans[:c],
+                                  full.message_index[:c], ""))
+        i = j + 1
+    return out
+
+
 def export_hf_dataset(built: Sequence[tuple[Any, Trajectory]], folder: str | os.PathLike[str], tokenizer: Any, *,
                       data_file: str | os.PathLike[str], report: SFTDataReport, tokenizer_name: str = "") -> Path:
     """Write the examples of a build (each with its conversation and trajectory) into ``folder`` as
@@ -805,25 +838,25 @@ def export_hf_dataset(built: Sequence[tuple[Any, Trajectory]], folder: str | os.
         text: str = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
         return text
 
-    builders: dict[str, TrajectoryBuilder] = {}
     lines: list[str] = []
+    back: list[hf_data.Record] = []
     calls = texts = 0
-    for i, (ex, traj) in enumerate(built):
+    for i, (ex, _) in enumerate(built):
         record = hf_data.to_record(
             ex.messages, ex.tools, render, weight=float(ex.weight), episode_id=ex.episode_id,
             best_nse=None if ex.best_nse is None or not math.isfinite(ex.best_nse) else float(ex.best_nse),
             variant=int(ex.variant), n_variants=int(ex.n_variants), basin_id=ex.basin_id, agent=ex.agent)
         line = hf_data.record_line(record)
-        back = hf_data.parse_record(f"{folder / hf_data.DATA_FILE}:{i + 1}", json.loads(line))
-        again = _builder(builders, tokenizer, back.tools).build(back.messages)
-        if not _same(again, traj):
-            raise SFTDataError(f"example {i} (episode {ex.episode_id}): its conversational record does not tokenise "
-                               f"to the same ids; nothing was exported",
-                               fix="report this: the export must be lossless for this chat template")
+        back.append(hf_data.parse_record(f"{folder / hf_data.DATA_FILE}:{i + 1}", json.loads(line)))
         for m in record["messages"]:
             if m["role"] == "assistant":
                 calls, texts = calls + ("tool_calls" in m), texts + ("tool_calls" not in m)
         lines.append(line)
+    for i, (again, (ex, traj)) in enumerate(zip(_tokenise_records(tokenizer, back), built)):
+        if not _same(again, traj):
+            raise SFTDataError(f"example {i} (episode {ex.episode_id}): its conversational record does not tokenise "
+                               f"to the same ids; nothing was exported",
+                               fix="report this: the export must be lossless for this chat template")
     folder.mkdir(parents=True, exist_ok=True)
     hf_data.write_text_atomic(folder / hf_data.DATA_FILE, iter(lines))
     card = _dataset_card(report, data_file, tokenizer_name, len(lines), calls, texts)
@@ -909,14 +942,9 @@ def import_hf_dataset(src: str | os.PathLike[str], out: str | os.PathLike[str], 
         tokenizer_name = tokenizer_name or tokenizer
         tokenizer = load_tokenizer(tokenizer)
     tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-    builders: dict[str, TrajectoryBuilder] = {}
     built: list[tuple[_Example, Trajectory]] = []
     too_long: list[str] = []
-    for rec in records:
-        try:
-            traj = _builder(builders, tokenizer, rec.tools).build(rec.messages)
-        except TrajectoryError as exc:
-            raise SFTDataError(f"{rec.where}: {exc.message}", fix=exc.fix) from None
+    for rec, traj in zip(records, _tokenise_records(tokenizer, records)):
         if len(traj) > max_tokens:
             too_long.append(f"{rec.where} ({len(traj)} tokens)")
         ex = _Example(rec.episode_id, rec.basin_id, rec.agent, 0, rec.best_nse, rec.weight, rec.variant,
