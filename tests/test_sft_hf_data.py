@@ -218,3 +218,21 @@ def test_records_that_extend_each_other_are_built_once_and_sliced_exactly(export
     rec = hf_data.read_records(alone)[0]
     built = TrajectoryBuilder(tok, tools=rec.tools).build(rec.messages)
     assert _examples(tmp_path / "chain.h5")[0][:2] == (built.input_ids, built.assistant_mask)
+
+
+@pytest.mark.slow  # TRL's import and trainer set-up: ~8 s on 2 shared cores
+def test_trl_sft_trainer_reads_the_export_and_trains_a_step(exported, tmp_path):
+    pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from trl import SFTConfig, SFTTrainer
+
+    model, tok = tiny.build_tiny()
+    ds = datasets.load_dataset("json", data_files=str(exported["dir"] / hf_data.DATA_FILE), split="train")
+    args = SFTConfig(output_dir=str(tmp_path / "trl"), max_steps=1, per_device_train_batch_size=1, report_to=[],
+                     save_strategy="no", max_length=None, use_cpu=True)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
+    ours = SFTDataset(exported["h5"])
+    for i in (0, len(ds) - 1):  # TRL renders the whole conversation: our ids, then the template's final "\n"
+        theirs = trainer.train_dataset[i]["input_ids"]
+        assert theirs[:-1] == ours[i]["input_ids"].tolist() and tok.decode(theirs[-1:]) == "\n"
+    assert np.isfinite(trainer.train().training_loss)
