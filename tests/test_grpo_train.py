@@ -133,6 +133,9 @@ def test_a_run_writes_metrics_episodes_checkpoints_and_a_loadable_policy(basins,
     assert sorted(eps.agent.value_counts().items()) == [("grpo", 2), ("grpo-val", 2)]  # step 0 and step 1
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-1"
     assert (run / "config.yaml").read_text().count("provenance") == 1
+    card = (run / "final" / "README.md").read_text()  # train/model_card.py: recipe, held-out basin, its results
+    assert "- grpo" in card and f"`{basins / 'v1'}`" in card
+    assert f"| 1 | {rows[0]['val_reward_mean']} | {rows[0]['val_best_nse_mean']} |" in card
     from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 
     policy = HFLocalPolicy(str(run / "final"), greedy=True, max_new_tokens=4, device="cpu")
