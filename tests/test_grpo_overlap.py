@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -274,3 +275,26 @@ def test_a_stale_run_killed_and_resumed_neither_repeats_nor_skips_a_step(basins,
     assert _versions(cut) == _versions(tmp_path / "whole")  # every episode stored once, by the same weights
     a, b = _params(tmp_path / "whole" / "final"), _params(cut / "final")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_planted_pending_file_cannot_run_code(tmp_path, caplog):
+    """The pending-rollouts file is read by an unpickler that builds only our dataclasses, numpy arrays and
+    plain values: a file that would call ``os.system`` (or any function) is refused and the step plays anew."""
+    import pickle
+
+    from hydroagent_hpc.train.grpo.overlap import _FORMAT
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    ahead: RolloutsAhead[object] = RolloutsAhead(tmp_path, BehaviourModel(torch.nn.Linear(1, 1), copy_weights=True))
+    path = tmp_path / "overlap" / "step-000003.pkl"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(pickle.dumps({"format": _FORMAT, "step": 3, "rollouts": Evil()}))
+    with caplog.at_level(logging.WARNING):
+        ahead.resume(3)
+    assert not marker.exists() and ahead.take(3) is None
+    assert "cannot be read" in caplog.text

@@ -21,7 +21,9 @@ What samples while the trainer updates, per generator:
 
 **Resume.** When the thread is joined, the step's rollouts are also written to
 ``RUN/overlap/step-NNNNNN.pkl`` (a pickle of the trainer's own record, written to a temporary file,
-fsynced and renamed), before that step's predecessor is checkpointed. A run resumed from checkpoint n
+fsynced and renamed; read back by an unpickler that builds only this package's dataclasses, numpy
+arrays and plain values, so a file planted in a run folder cannot run code), before that step's
+predecessor is checkpointed. A run resumed from checkpoint n
 reads ``step-(n+1)`` back instead of playing it again with the weights of step n (it was sampled by
 those of step n-1, which the checkpoint does not hold), so the resumed run trains on what the
 uninterrupted run trained on; without the file (a run that was on-policy) it plays the step
@@ -32,6 +34,8 @@ last checkpoint and the newest), and none once the run has ended.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import enum
 import logging
 import os
 import pickle
@@ -51,6 +55,37 @@ T = TypeVar("T")
 #: The folder of the run that holds the next step's rollouts (one file per step).
 PENDING_DIR = "overlap"
 _FORMAT = 1
+#: What a pending-rollouts file may build besides this package's own classes: plain containers and
+#: values, numpy arrays and scalars. Anything else (``os.system``, ``builtins.eval``, ...) is refused.
+_SAFE_BUILTINS = frozenset({"list", "dict", "tuple", "set", "frozenset", "int", "float", "complex", "str", "bytes",
+                            "bytearray", "bool", "NoneType", "slice", "range", "object"})
+_SAFE_GLOBALS = frozenset({("collections", "OrderedDict"), ("collections", "defaultdict"),
+                           ("copyreg", "_reconstructor"),
+                           ("datetime", "datetime"), ("datetime", "date"), ("datetime", "timedelta"),
+                           ("datetime", "timezone"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
+                           ("pathlib", "Path"), ("numpy", "dtype"), ("numpy", "ndarray")})
+_NUMPY_RECONSTRUCT = ("numpy.core.multiarray", "numpy._core.multiarray")
+_NUMPY_NUMERIC = ("numpy.core.numeric", "numpy._core.numeric")  # arrays in pickle protocol 5
+
+
+def _record_type(obj: Any) -> bool:
+    """A dataclass or an enum of this package: building one assigns fields, it runs nothing else."""
+    return isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
+
+
+class _OwnRecordUnpickler(pickle.Unpickler):
+    """Builds only :data:`_SAFE_GLOBALS`, safe builtins, numpy's array/scalar constructors and the
+    dataclasses and enums of ``hydroagent_hpc``; any other global in the stream raises
+    :class:`pickle.UnpicklingError`."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = ((module == "builtins" and name in _SAFE_BUILTINS) or (module, name) in _SAFE_GLOBALS
+                   or (module in _NUMPY_RECONSTRUCT and name in ("_reconstruct", "scalar"))
+                   or (module in _NUMPY_NUMERIC and name == "_frombuffer")
+                   or (module.split(".")[0] == "hydroagent_hpc" and _record_type(super().find_class(module, name))))
+        if not allowed:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a pending-rollouts file")
+        return super().find_class(module, name)
 
 
 class BehaviourModel:
@@ -175,9 +210,10 @@ class RolloutsAhead(Generic[T]):
             return
         try:
             with open(path, "rb") as fh:
-                record = pickle.load(fh)  # our own run folder's file, written by _write
+                record = _OwnRecordUnpickler(fh).load()  # written by _write; only our classes are built
         except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError) as exc:
-            log.warning("%s: cannot be read (%s); step %d's rollouts are played again", path, type(exc).__name__, step)
+            log.warning("%s: cannot be read (%s: %s); step %d's rollouts are played again", path,
+                        type(exc).__name__, exc, step)
             return
         if not isinstance(record, dict) or record.get("format") != _FORMAT or record.get("step") != step:
             log.warning("%s: not the rollouts of step %d; they are played again", path, step)
