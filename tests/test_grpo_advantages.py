@@ -248,3 +248,46 @@ def test_token_advantages_placement() -> None:
 def test_token_advantages_rejects_bad_spans(per_turn: list[float], spans: list[tuple[int, int]], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         token_advantages(per_turn, spans, 10)
+
+
+def test_the_valid_baseline_ranks_moves_at_full_scale_and_keeps_format_mistakes_negative():
+    """Six valid members whose moves differ and two that wrote a malformed call (-0.5 each, a lost
+    simulation): with the whole group's statistics the malformed members set the scale and the valid
+    members' spread shrinks; with the valid members' baseline their advantages are unit-scaled again,
+    the malformed members stay the most negative (clipped), and the order of every member is kept."""
+    returns = [1.00, 1.05, 1.10, 0.95, 1.00, 1.20, -0.2, -0.4]
+    valid = [True] * 6 + [False] * 2
+    turns = [[0.0] for _ in returns]
+    plain = np.array([a[0] for a in group_advantages(turns, returns, mode="episode").per_turn])
+    ranked = np.array([a[0] for a in group_advantages(turns, returns, mode="episode", baseline_members=valid,
+                                                      clip=3.0).per_turn])
+    v = np.array(returns[:6])
+    assert ranked[:6] == pytest.approx((v - v.mean()) / (v.std(ddof=1) + 1e-6))  # the valid members' own scale
+    assert ranked[:6].std(ddof=1) > 2 * plain[:6].std(ddof=1)  # the moves' ranking, no longer compressed
+    assert np.all(ranked[6:] == -3.0)  # the format mistakes: negative, clipped
+    assert list(np.argsort(ranked[:6])) == list(np.argsort(plain[:6])) and ranked[6:].max() < ranked[:6].min()
+    # the same in turn credit: the valid members' pooled reward-to-go sets the scale
+    per_turn = group_advantages([[0.02, 0.0]] * 6 + [[-0.5, 0.0]] * 2, returns, mode="turn",
+                                baseline_members=valid, clip=3.0).per_turn
+    pooled = np.concatenate([[r + 0.02, r] for r in returns[:6]])
+    assert np.concatenate(per_turn[:6]) == pytest.approx((pooled - pooled.mean()) / (pooled.std(ddof=1) + 1e-6))
+    assert all(np.all(a <= 0) for a in per_turn[6:])
+
+
+def test_the_valid_baseline_falls_back_to_the_group_and_defaults_change_nothing():
+    returns = [1.0, 1.0, 0.2, 0.5]
+    turns = [[0.0]] * 4
+    plain = group_advantages(turns, returns, mode="episode").per_turn
+    # one valid member, or valid members all equal: the group's own statistics
+    for valid in ([True, False, False, False], [True, True, False, False]):
+        got = group_advantages(turns, returns, mode="episode", baseline_members=valid).per_turn
+        assert all(np.array_equal(a, b) for a, b in zip(got, plain))
+    # every member valid and no clip: exactly the paper's advantages
+    got = group_advantages(turns, returns, mode="episode", baseline_members=[True] * 4).per_turn
+    assert all(np.array_equal(a, b) for a, b in zip(got, plain))
+    clipped = group_advantages(turns, returns, mode="episode", clip=0.5).per_turn
+    assert max(abs(float(a[0])) for a in clipped) == 0.5
+    with pytest.raises(ValueError, match="baseline flags"):
+        group_advantages(turns, returns, mode="episode", baseline_members=[True])
+    with pytest.raises(ValueError, match="clip"):
+        group_advantages(turns, returns, mode="episode", clip=-1.0)

@@ -330,3 +330,23 @@ def test_grpo_learns_an_easy_task():
     before, after, adv_std = _bandit(0, BANDIT_LR)
     assert adv_std[0] > 0.5, adv_std  # the first step's groups had different rewards (late steps may all score 1)
     assert after - before > BANDIT_THRESHOLD, (before, after)
+
+
+def test_the_valid_baseline_takes_the_scale_from_the_rollouts_without_a_parse_failure():
+    """``baseline: valid`` in the trainer: the members whose episode has a parse-failure turn are left out of
+    the group's mean and std (and clipped by ``adv_clip``); the default is the paper's whole-group baseline."""
+    from types import SimpleNamespace
+
+    returns = [1.0, 1.1, 1.3, -0.4]
+    rollouts = [_rollout(0, i, [0.0], r) for i, r in enumerate(returns)]
+    for i, r in enumerate(rollouts):
+        r.episode = SimpleNamespace(turns=[SimpleNamespace(kind="parse_failure" if i == 3 else "tool_call")])
+    valid = np.array(returns[:3])
+    per_turn, _ = _advantages(_config(advantage="episode", baseline="valid", adv_clip=3.0), rollouts, 1)
+    got = np.array([per_turn[i][0] for i in range(4)])
+    assert got[:3] == pytest.approx((valid - valid.mean()) / (valid.std(ddof=1) + 1e-6))
+    assert got[3] == -3.0
+    plain, _ = _advantages(_config(advantage="episode"), rollouts, 1)
+    everyone = np.array(returns)
+    assert [plain[i][0] for i in range(4)] == pytest.approx(list((everyone - everyone.mean())
+                                                                 / (everyone.std(ddof=1) + 1e-6)))

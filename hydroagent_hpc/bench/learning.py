@@ -90,6 +90,8 @@ class BenchPlan:
     k: int = 8
     prompts_per_step: int = 1
     grpo_lr: float = 2e-4
+    baseline: str = "group"
+    adv_clip: float = 0.0
     temperature: float = 1.0
     max_new_tokens: int = 128
     validate_every: int = 4
@@ -265,6 +267,7 @@ def _grpo(out: Path, plan: BenchPlan, folder: Path, data_seed: int, model_seed: 
         "validation_basins": _read(out, "heldout")["basins"][:plan.curve_basins],
         "validate_every": plan.validate_every, "group_size": plan.k, "prompts_per_step": plan.prompts_per_step,
         "max_steps": plan.grpo_steps, "lr": plan.grpo_lr, "advantage": credit, "temperature": plan.temperature,
+        "baseline": plan.baseline, "adv_clip": plan.adv_clip,
         "max_new_tokens": plan.max_new_tokens, "seed": model_seed, "save_every": 2, "dtype": "fp32",
         "env": plan.env})
     summary = train_grpo(config, folder / "run", resume=True)
@@ -331,8 +334,10 @@ def run(out: Path, plan: BenchPlan, jobs: int = 2, progress: bool = True) -> dic
     stored = out / "plan.json"
     if stored.exists():
         old = json.loads(stored.read_text())
-        changed = sorted(k for k in set(old) | set(plan.to_dict())
-                         if k not in EXTENDABLE and old.get(k) != plan.to_dict().get(k))
+        # a key the stored plan lacks (added to the bench since) holds its default there
+        known = {**BenchPlan().to_dict(), **old}
+        changed = sorted(k for k in set(known) | set(plan.to_dict())
+                         if k not in EXTENDABLE and known.get(k) != plan.to_dict().get(k))
         if changed:
             raise SystemExit(f"{stored}: this folder holds a bench with other settings ({', '.join(changed)}); "
                              "give another --out, or delete the folder to start again (more seeds or ablation "

@@ -24,6 +24,18 @@ Dr. GRPO):
 ``released`` (what the authors' released code effectively trained, verl 0.5 multi-turn)
     Per-turn rewards are dropped: ``R_i = z_i``, ``A_i = norm(R)_i`` on every turn of rollout ``i``.
 
+**Baseline members** (``baseline_members``, ours). By default the baseline and scale are taken over
+the whole group. With a mask of *valid* members (rollouts without a parse failure), ``mu`` and
+``sigma`` are taken over the valid members' values only and applied to every member, then clipped to
+``[-clip, clip]``. The motivation is measured (docs/learning.md): after SFT a group is typically six
+valid members whose moves differ (the best beats the median by ~0.1 NSE) and one or two that wrote a
+malformed call; their -0.5 penalties set the group's standard deviation (0.6 against 0.22 among the
+valid members), so the valid members' advantages, where the moves are ranked, shrink threefold while
+the format mistakes take the largest gradients. Taking the scale from the valid members restores the
+ranking of moves; the malformed members still get a negative advantage (clipped). With fewer than two
+valid members, or valid values all equal, the whole group's statistics are used. The constant baseline
+keeps the estimator unbiased; only its variance changes.
+
 A group whose returns are all equal (or that has a single return) gets exact zero advantages and
 no policy gradient; :attr:`GroupAdvantages.degenerate` flags it so the trainer can log the share of
 such groups. numpy only: nothing here imports torch.
@@ -70,6 +82,29 @@ def _stats(values: np.ndarray) -> tuple[float, float]:
 
 def _all_equal(values: np.ndarray) -> bool:
     return values.size <= 1 or bool(np.all(values == values[0]))
+
+
+def _subset_stats(values: np.ndarray, members: np.ndarray | None) -> tuple[float, float] | None:
+    """``(mean, sample std)`` over ``values[members]``; None when the subset cannot give a scale (fewer
+    than two values, or all equal), so the caller falls back to the whole group."""
+    if members is None:
+        return None
+    sub = values[members]
+    if sub.size < 2 or _all_equal(sub):
+        return None
+    return _stats(sub)
+
+
+def _normalise_with(values: np.ndarray, members: np.ndarray | None, *, std: bool, eps: float,
+                    clip: float) -> np.ndarray:
+    """:func:`group_normalise` of ``values``, with the baseline and scale from ``members`` when given."""
+    stats = _subset_stats(values, members)
+    if stats is None:
+        out = group_normalise(values, std=std, eps=eps)
+    else:
+        mean, sd = stats
+        out = (values - mean) / (sd + eps) if std else values - mean
+    return np.clip(out, -clip, clip) if clip > 0 else out
 
 
 def group_normalise(returns: ArrayLike, *, std: bool = True, eps: float = 1e-6) -> np.ndarray:
@@ -163,12 +198,15 @@ class GroupAdvantages:
 
 
 def group_advantages(turn_rewards: Sequence[Sequence[float]], terminals: Sequence[float], *, mode: str,
-                     gamma: float = 1.0, std: bool = True, eps: float = 1e-6) -> GroupAdvantages:
+                     gamma: float = 1.0, std: bool = True, eps: float = 1e-6,
+                     baseline_members: Sequence[bool] | None = None, clip: float = 0.0) -> GroupAdvantages:
     """Per-turn advantages of one group of rollouts in ``mode`` (formulas in the module docstring).
 
     ``turn_rewards[i]`` are the rewards of rollout ``i``'s assistant turns, ``terminals[i]`` its
     terminal reward. ``gamma`` is used by the ``turn`` mode only (it must lie in [0, 1] in every mode);
-    ``std`` and ``eps`` are those of :func:`group_normalise`.
+    ``std`` and ``eps`` are those of :func:`group_normalise`. ``baseline_members[i]``: whether rollout
+    ``i`` is one of the members the baseline and scale are taken from (None: all; module docstring);
+    ``clip > 0`` clips every advantage to ``[-clip, clip]`` (0: no clip).
 
     Reference: Shao, Z. et al. (2024), DeepSeekMath, arXiv 2402.03300, section 4.1.2;
     docs/rl-notes.md sections 4-5.
@@ -185,12 +223,19 @@ def group_advantages(turn_rewards: Sequence[Sequence[float]], terminals: Sequenc
         raise ValueError(f"{len(turn_rewards)} lists of turn rewards but {len(terminals)} terminal rewards")
     if len(terminals) == 0:
         raise ValueError("a group needs at least one rollout")
+    if not clip >= 0:
+        raise ValueError(f"clip must be >= 0, got {clip!r}")
+    if baseline_members is not None and len(baseline_members) != len(terminals):
+        raise ValueError(f"{len(baseline_members)} baseline flags for {len(terminals)} rollouts")
     n_turns = [len(r) for r in turn_rewards]
+    chosen = None if baseline_members is None else np.asarray(baseline_members, dtype=bool)
 
     if mode == "turn":
         to_go = [reward_to_go(r, float(z), gamma) for r, z in zip(turn_rewards, terminals)]
         pooled = np.concatenate(to_go) if to_go else np.zeros(0)
-        adv = group_normalise(pooled, std=std, eps=eps)
+        turn_members = None if chosen is None else np.repeat(chosen, n_turns)
+        adv = (group_normalise(pooled, std=std, eps=eps) if _all_equal(pooled)
+               else _normalise_with(pooled, turn_members, std=std, eps=eps, clip=clip))
         bounds = np.cumsum([0, *n_turns])
         per_turn = [adv[bounds[i]:bounds[i + 1]] for i in range(len(n_turns))]
         returns = np.array([g[0] if g.size else math.nan for g in to_go], dtype=np.float64)
@@ -200,7 +245,8 @@ def group_advantages(turn_rewards: Sequence[Sequence[float]], terminals: Sequenc
             returns = episode_returns(turn_rewards, terminals)
         else:  # released: the per-turn rewards are dropped
             returns = np.asarray(terminals, dtype=np.float64).copy()
-        per_episode = group_normalise(returns, std=std, eps=eps)
+        per_episode = (group_normalise(returns, std=std, eps=eps) if _all_equal(returns)
+                       else _normalise_with(returns, chosen, std=std, eps=eps, clip=clip))
         per_turn = [np.full(n, a, dtype=np.float64) for n, a in zip(n_turns, per_episode)]
         values = returns
 

@@ -107,6 +107,8 @@ __all__ = ["GRPOConfig", "load_grpo_config", "grpo_config_from_mapping", "check_
            "ADVANTAGES", "AGGREGATIONS"]
 
 ADVANTAGES = ("episode", "turn", "released")
+#: Whose returns set a group's baseline and scale (train/grpo/advantages.py, baseline members).
+BASELINES = ("group", "valid")
 #: Who samples the rollouts: the trainer's own model, an external server, or an engine in every trainer process.
 GENERATORS = ("local", "engine", "colocated")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -147,6 +149,10 @@ class GRPOConfig(Settings):
                                   "(terminal score only)")
     gamma: float = setting(1.0, ge=0, le=1, help="discount of later rewards in the turn credit")
     std_normalise: bool = setting(True, source="paper", help="divide advantages by the group's standard deviation")
+    baseline: str = setting("group", choices=BASELINES, source="ours",
+                            help="members the advantage's baseline and scale come from: group (all, the paper's) "
+                                 "or valid (rollouts without a parse failure; docs/learning.md)")
+    adv_clip: float = setting(0.0, ge=0, source="ours", help="clip every advantage to [-adv_clip, adv_clip] (0: off)")
     lr: float = setting(1e-6, gt=0, le=1, source="paper", help="learning rate (linear warm-up, then constant)",
                         fix=LR_FIX)
     warmup_steps: int = setting(0, ge=0, help="steps of linear warm-up")

@@ -896,6 +896,13 @@ def learning_signal(batch: Sequence[_Sequence], turn_advantages: np.ndarray, deg
             "tokens_adv_pos": float(shares[0]), "tokens_adv_neg": float(shares[1]), "tokens_adv_zero": float(shares[2])}
 
 
+def _parse_failures(rollout: Rollout) -> int:
+    """The parse failures of a played rollout (a rollout without an episode counts as one)."""
+    if rollout.episode is None:
+        return 1
+    return sum(t.kind == "parse_failure" for t in rollout.episode.turns)
+
+
 def _advantages(config: GRPOConfig, rollouts: Sequence[Rollout], groups: int) -> tuple[dict[int, np.ndarray], int]:
     """Per-turn advantages of the trainable rollouts (by index) and the number of degenerate groups."""
     per_turn: dict[int, np.ndarray] = {}
@@ -905,9 +912,11 @@ def _advantages(config: GRPOConfig, rollouts: Sequence[Rollout], groups: int) ->
         if not members:
             degenerate += 1
             continue
+        valid = ([_parse_failures(rollouts[i]) == 0 for i in members] if config.baseline == "valid" else None)
         ga = group_advantages([rollouts[i].turn_rewards for i in members],
                               [rollouts[i].terminal for i in members], mode=config.advantage,
-                              gamma=config.gamma, std=config.std_normalise)
+                              gamma=config.gamma, std=config.std_normalise, baseline_members=valid,
+                              clip=config.adv_clip)
         degenerate += bool(ga.degenerate)
         for i, adv in zip(members, ga.per_turn):
             per_turn[i] = np.asarray(adv, dtype=np.float64)
