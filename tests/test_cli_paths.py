@@ -43,6 +43,11 @@ NOT_PATHS: dict[str, str] = {
     "workers": "a number",
     "save_every": "a number",
     "save_wait": "a number",
+    "source": "a .jsonl file or a folder of them (train sft-import checks it, naming file and line)",
+    "target": "a checkpoint folder or an http(s) URL (train eval tells them apart and checks the folder)",
+    "run_name": "a W&B run name",
+    "model_entry": "a models-file entry",
+    "max_context_tokens": "a number",
 }
 _PATHY = re.compile(r"\b(folder|file|yaml|csv|store|binary|checkpoint|directory)\b|\.h5\b", re.I)
 _PATH_DESTS = {"out", "output", "out_dir", "output_dir", "run_dir", "store", "stores", "dir", "path", "file",

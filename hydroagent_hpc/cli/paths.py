@@ -80,6 +80,8 @@ PATHS: dict[tuple[str, ...], dict[str, PathKind]] = {
     ("store", "verify"): {"store": _in_file("campaign.h5")},
     ("store", "salvage"): {"store": _in_file("campaign.h5"), "out": _out_file("salvaged.h5")},
     ("train", "sft-data"): {"stores": _in_file("campaign.h5"), "out": _out_file("sft-data.h5")},
+    ("train", "sft-import"): {"out": _out_file("sft-data.h5")},
+    ("train", "eval"): {"out": _out_file("eval.h5")},
     ("train", "sft"): {"config": _in_file("sft.yaml"), "out": OUT_DIR},
     ("train", "grpo"): {"config": _in_file("grpo.yaml"), "out": OUT_DIR},
     ("train", "plan"): {"config": _in_file("sft.yaml")},
