@@ -58,7 +58,7 @@ JOBS ?= 1
 ifeq ($(JOBS),1)
 PYTEST_JOBS :=
 else
-PYTEST_JOBS := -n $(JOBS) --dist loadgroup
+PYTEST_JOBS := -n $(JOBS) --dist loadgroup --no-loadscope-reorder
 endif
 
 test: $(STAMP)

@@ -90,10 +90,26 @@ def small_sim(small_basin_dir):
 SHARED_MACHINERY = ("slurm", "mpi")
 
 
+#: The longest groups (measured: make test TESTS=all JOBS=2 --durations, 2026-12-03) go to the workers
+#: first, so that two long ones do not end the run on one worker while the other idles (the kill tests
+#: alone are 4 min; alphabetically they came last). The Makefile passes --no-loadscope-reorder, without
+#: which xdist hands out the groups with the most tests first instead.
+LONG_GROUPS = ("cluster", "tests/test_train_kill.py", "tests/test_grpo_train.py", "tests/test_pipeline.py",
+               "tests/test_done_means_intact.py", "tests/test_grpo_overlap.py", "tests/test_grpo_fsdp.py",
+               "tests/test_sft.py", "tests/test_grpo_ops.py", "tests/test_checkpoint_damage.py",
+               "tests/test_pipeline_faults.py", "tests/test_sft_ops.py", "tests/test_colocated.py")
+
+
 def _xdist_groups(items) -> None:
+    """Each test's group (its file, or ``cluster``), the long groups first in the collection order, which
+    is the order xdist hands groups to the workers (a stable sort: a file's tests keep their order)."""
+    group = {}
     for item in items:
         shared = next((m for m in SHARED_MACHINERY if item.get_closest_marker(m) is not None), None)
-        item.add_marker(pytest.mark.xdist_group("cluster" if shared else item.nodeid.split("::")[0]))
+        group[item.nodeid] = "cluster" if shared else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group[item.nodeid]))
+    rank = {name: i for i, name in enumerate(LONG_GROUPS)}
+    items.sort(key=lambda item: rank.get(group[item.nodeid], len(rank)))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
