@@ -298,3 +298,37 @@ def test_a_planted_pending_file_cannot_run_code(tmp_path, caplog):
         ahead.resume(3)
     assert not marker.exists() and ahead.take(3) is None
     assert "cannot be read" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """The loopback engine server (train/generation/engine_server.py) with the tiny Qwen3, in this process."""
+    from hydroagent_hpc.train.generation.engine_server import EngineServer
+    from hydroagent_hpc.train.tiny import build_tiny, save_tiny
+
+    model, tok = build_tiny(seed=0)
+    folder = save_tiny(tmp_path_factory.mktemp("overlap-engine") / "tiny", model, tok)
+    with EngineServer(str(folder)) as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_with_an_engine_the_next_steps_rollouts_come_from_the_previous_push(basins, engine, tmp_path):
+    """``generator: engine`` with one step of overlap: the engine keeps serving the weights pushed before
+    step n while step n trains, so step n + 1's rollouts were sampled by the weights of step n - 1, and the
+    importance ratios are not all 1; the run ends with every step once and no pending file left."""
+    cfg = _config(basins, tmp_path / "cfg", max_staleness=1, generator="engine",
+                  engine=f"{{api: sglang, url: '{engine.url}'}}")
+    out = tmp_path / "run"
+    done = _module(cfg, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == ["1", "2", "3"]
+    assert [int(r["staleness"]) for r in rows] == [0, 1, 1]
+    versions = _versions(out)
+    assert len(versions) == 3 * 2
+    assert all(v == max(int(e.split("-s")[1][:5]) - 2, 0) for e, v in versions.items()), versions
+    assert float(rows[0]["logprob_mismatch_max"]) < 1e-4  # step 1: the engine serves the starting weights
+    for r in rows[1:]:
+        assert float(r["logprob_mismatch_max"]) > 1e-3 and float(r["tis_ratio_max"]) > 1.0, r
+    assert not list((out / "overlap").iterdir())
