@@ -80,6 +80,7 @@ GRPO_DOMAIN = {
     "clip_low": num("float", 0, True, 1, False),
     "clip_high": num("float", 0),
     "tis_cap": num("float", 0),
+    "adv_clip": num("float", 0),
     "max_staleness": num("int", 0, True, 1),
     "kl_coef": num("float", 0),
     "entropy_coef": num("float", 0),
