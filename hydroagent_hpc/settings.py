@@ -549,8 +549,8 @@ def add_arguments(parser: argparse.ArgumentParser | Any, cls: type, names: Seque
     """Add ``--name`` options for the fields ``names`` of ``cls``: help text, limits and checks from the field.
 
     A value given on the command line goes through the same checks as one from a file; a field left
-    out is not set (``None``), so :func:`arguments_given` returns only what the user typed. ``true``
-    / ``false`` fields become ``--name`` / ``--no-name``.
+    out is not set at all (``argparse.SUPPRESS``), so :func:`arguments_given` returns only what the user
+    typed (``--name null`` included). ``true`` / ``false`` fields become ``--name`` / ``--no-name``.
     """
     known = {f.name: f for f in fields(cls)}
     hints = _hints(cls)
@@ -567,7 +567,8 @@ def add_arguments(parser: argparse.ArgumentParser | Any, cls: type, names: Seque
         dest = f"{prefix.replace('-', '_')}{name}"
         flag = _option(name, prefix, spec)
         if tp is bool:
-            parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=full)
+            parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                help=full)
             continue
         if typing.get_origin(tp) is tuple:  # a list: the option repeats (--module a --module b)
             item: Any = typing.get_args(tp)[0]
@@ -575,7 +576,8 @@ def add_arguments(parser: argparse.ArgumentParser | Any, cls: type, names: Seque
             def parse_item(text: str, _item: Any = item) -> Any:
                 return _from_text(text, _item)
 
-            parser.add_argument(flag, dest=dest, action="append", default=None, metavar=name.upper().rstrip("S"),
+            parser.add_argument(flag, dest=dest, action="append", default=argparse.SUPPRESS,
+                                metavar=name.upper().rstrip("S"),
                                 type=parse_item, help=f"{full} (repeat for several)")
             continue
 
@@ -591,7 +593,7 @@ def add_arguments(parser: argparse.ArgumentParser | Any, cls: type, names: Seque
 
         parse.__name__ = _type_name(tp)
         choices = spec.choices if spec and spec.choices and all(isinstance(c, str) for c in spec.choices) else None
-        parser.add_argument(flag, dest=dest, type=parse, default=None, help=full,
+        parser.add_argument(flag, dest=dest, type=parse, default=argparse.SUPPRESS, help=full,
                             metavar=("{" + ",".join(choices) + "}") if choices else name.upper())
 
 
@@ -612,10 +614,12 @@ def _from_text(text: str, tp: Any) -> Any:
 
 
 def arguments_given(args: argparse.Namespace, names: Sequence[str], *, prefix: str = "") -> dict[str, Any]:
-    """The options of :func:`add_arguments` the user gave, by field name."""
+    """The options of :func:`add_arguments` the user gave, by field name (``--key null`` gives None, which
+    sets an optional key to null; an option not typed is absent)."""
     out = {}
     for name in names:
-        value = getattr(args, f"{prefix.replace('-', '_')}{name}", None)
-        if value is not None:
+        dest = f"{prefix.replace('-', '_')}{name}"
+        if hasattr(args, dest):
+            value = getattr(args, dest)
             out[name] = tuple(value) if isinstance(value, list) else value
     return out

@@ -124,7 +124,9 @@ def test_command_line_options_come_from_the_same_fields():
     names = ("lr", "group_size", "norm_length", "preset")
     add_arguments(ap, Demo, names)
     args = ap.parse_args(["--lr", "3e-4", "--norm-length", "null", "--preset", "released"])
-    assert arguments_given(args, names) == {"lr": 3e-4, "preset": "released"}
+    # null sets an optional key to null; an option not typed is absent
+    assert arguments_given(args, names) == {"lr": 3e-4, "norm_length": None, "preset": "released"}
+    assert arguments_given(ap.parse_args(["--lr", "3e-4"]), names) == {"lr": 3e-4}
     help_text = ap.format_help()
     assert "learning rate (> 0; default 1e-06)" in help_text.replace("\n", " ").replace("  ", " ")
     for bad in (["--lr", "0"], ["--group-size", "1.5"], ["--preset", "papr"]):
