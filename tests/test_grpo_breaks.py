@@ -346,6 +346,8 @@ def test_the_valid_baseline_takes_the_scale_from_the_rollouts_without_a_parse_fa
     got = np.array([per_turn[i][0] for i in range(4)])
     assert got[:3] == pytest.approx((valid - valid.mean()) / (valid.std(ddof=1) + 1e-6))
     assert got[3] == -3.0
+    only, _ = _advantages(_config(advantage="episode", baseline="valid_only", adv_clip=3.0), rollouts, 1)
+    assert [only[i][0] for i in range(3)] == pytest.approx(list(got[:3])) and only[3][0] == 0.0
     plain, _ = _advantages(_config(advantage="episode"), rollouts, 1)
     everyone = np.array(returns)
     assert [plain[i][0] for i in range(4)] == pytest.approx(list((everyone - everyone.mean())

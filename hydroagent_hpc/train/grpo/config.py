@@ -108,7 +108,7 @@ __all__ = ["GRPOConfig", "load_grpo_config", "grpo_config_from_mapping", "check_
 
 ADVANTAGES = ("episode", "turn", "released")
 #: Whose returns set a group's baseline and scale (train/grpo/advantages.py, baseline members).
-BASELINES = ("group", "valid")
+BASELINES = ("group", "valid", "valid_only")
 #: Who samples the rollouts: the trainer's own model, an external server, or an engine in every trainer process.
 GENERATORS = ("local", "engine", "colocated")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -150,8 +150,9 @@ class GRPOConfig(Settings):
     gamma: float = setting(1.0, ge=0, le=1, help="discount of later rewards in the turn credit")
     std_normalise: bool = setting(True, source="paper", help="divide advantages by the group's standard deviation")
     baseline: str = setting("group", choices=BASELINES, source="ours",
-                            help="members the advantage's baseline and scale come from: group (all, the paper's) "
-                                 "or valid (rollouts without a parse failure; docs/learning.md)")
+                            help="members the advantage's baseline and scale come from: group (all, the paper's), "
+                                 "valid (rollouts without a parse failure; docs/learning.md) or valid_only (the "
+                                 "same, and rollouts with a parse failure get no advantage)")
     adv_clip: float = setting(0.0, ge=0, source="ours", help="clip every advantage to [-adv_clip, adv_clip] (0: off)")
     lr: float = setting(1e-6, gt=0, le=1, source="paper", help="learning rate (linear warm-up, then constant)",
                         fix=LR_FIX)

@@ -912,14 +912,16 @@ def _advantages(config: GRPOConfig, rollouts: Sequence[Rollout], groups: int) ->
         if not members:
             degenerate += 1
             continue
-        valid = ([_parse_failures(rollouts[i]) == 0 for i in members] if config.baseline == "valid" else None)
+        valid = ([_parse_failures(rollouts[i]) == 0 for i in members] if config.baseline != "group" else None)
         ga = group_advantages([rollouts[i].turn_rewards for i in members],
                               [rollouts[i].terminal for i in members], mode=config.advantage,
                               gamma=config.gamma, std=config.std_normalise, baseline_members=valid,
                               clip=config.adv_clip)
         degenerate += bool(ga.degenerate)
-        for i, adv in zip(members, ga.per_turn):
-            per_turn[i] = np.asarray(adv, dtype=np.float64)
+        for k, (i, adv) in enumerate(zip(members, ga.per_turn)):
+            # valid_only: a member with a parse failure carries no advantage (only the KL and entropy terms)
+            drop = config.baseline == "valid_only" and valid is not None and not valid[k]
+            per_turn[i] = np.zeros_like(adv, dtype=np.float64) if drop else np.asarray(adv, dtype=np.float64)
     return per_turn, degenerate
 
 
