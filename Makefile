@@ -52,9 +52,10 @@ else
 $(error TESTS=$(TESTS): use TESTS=fast (the default, without the tests marked slow) or TESTS=all)
 endif
 
-# JOBS=N runs the tests in N processes (pytest-xdist): each file on one process, the Slurm and MPI tests one
+# JOBS=N runs the tests in N processes (pytest-xdist; default 2, JOBS=1 runs them in this process): each file
+# on one process, the longest first, the Slurm and MPI tests one
 # at a time (tests/conftest.py SHARED_MACHINERY).
-JOBS ?= 1
+JOBS ?= 2
 ifeq ($(JOBS),1)
 PYTEST_JOBS :=
 else
