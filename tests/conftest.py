@@ -100,16 +100,24 @@ LONG_GROUPS = ("cluster", "tests/test_train_kill.py", "tests/test_grpo_train.py"
                "tests/test_pipeline_faults.py", "tests/test_sft_ops.py", "tests/test_colocated.py")
 
 
+#: Files whose tests run in one group per test function (the SFT and GRPO kill sweeps, 3-4 min each, have
+#: their own module fixtures: together on one worker they were the run's last 7 minutes).
+SPLIT_BY_TEST = ("tests/test_train_kill.py",)
+
+
 def _xdist_groups(items) -> None:
     """Each test's group (its file, or ``cluster``), the long groups first in the collection order, which
     is the order xdist hands groups to the workers (a stable sort: a file's tests keep their order)."""
     group = {}
     for item in items:
         shared = next((m for m in SHARED_MACHINERY if item.get_closest_marker(m) is not None), None)
-        group[item.nodeid] = "cluster" if shared else item.nodeid.split("::")[0]
+        file = item.nodeid.split("::")[0]
+        # a file whose long tests share no module fixture: one group per test function
+        group[item.nodeid] = ("cluster" if shared else item.nodeid.split("[")[0] if file in SPLIT_BY_TEST
+                              else file)
         item.add_marker(pytest.mark.xdist_group(group[item.nodeid]))
     rank = {name: i for i, name in enumerate(LONG_GROUPS)}
-    items.sort(key=lambda item: rank.get(group[item.nodeid], len(rank)))
+    items.sort(key=lambda item: rank.get(group[item.nodeid], rank.get(item.nodeid.split("::")[0], len(rank))))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
