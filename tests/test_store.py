@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hydroagent_hpc.params import PARAM_NAMES
@@ -263,6 +263,7 @@ _METRIC_VALUES = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.in
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(metrics=st.dictionaries(_ANY_TEXT, _METRIC_VALUES, max_size=8), text=_ANY_TEXT,
        args=st.dictionaries(_ANY_TEXT, st.one_of(st.floats(allow_nan=False), _ANY_TEXT), max_size=4))
+@example(metrics={"\ud800": "\udfff"}, text="\ud800", args={"x": "\udc80"})  # lone surrogates (pyarrow refuses them)
 def test_any_values_round_trip(tmp_path: Path, metrics: dict, text: str, args: dict) -> None:
     ep = make_episode(0, n_sims=1, n_steps=16, n_turns=1)
     ep.episode_id = f"h-{len(list(tmp_path.glob('*.h5')))}"

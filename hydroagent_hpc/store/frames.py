@@ -56,9 +56,15 @@ def _nullable_int(values: np.ndarray, nulls: np.ndarray) -> pd.arrays.IntegerArr
     return pd.arrays.IntegerArray(np.asarray(values, dtype=np.int64), np.asarray(nulls, dtype=bool))
 
 
+#: pandas 3's ``str`` dtype held in Python objects: with pyarrow installed (datasets and TRL bring it) the
+#: default ``str`` is Arrow-backed, which refuses text that is not valid UTF-8, such as a lone surrogate
+#: from a model's output that the store keeps as written.
+_TEXT = pd.StringDtype(storage="python", na_value=np.nan)
+
+
 def _str_column(values: list[str | None]) -> pd.Series:
-    """Text as pandas' default string dtype (``str`` in pandas 3, missing values NaN)."""
-    return pd.Series(values, dtype=None if any(v is not None for v in values) else object)
+    """Text as pandas' ``str`` dtype, Python storage (missing values NaN), whether or not pyarrow is there."""
+    return pd.Series(values, dtype=_TEXT if any(v is not None for v in values) else object)
 
 
 def _flatten(prefix: str, texts: list[str | None], n: int) -> pd.DataFrame:
