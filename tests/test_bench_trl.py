@@ -16,18 +16,13 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+from helpers.threads import one_torch_thread  # noqa: E402, F401  (autouse fixture)
 from hydroagent_hpc.train.measure import trl_compare as tc  # noqa: E402
 from hydroagent_hpc.train.tiny import build_tiny  # noqa: E402
 
 RTOL = tc.RTOL
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

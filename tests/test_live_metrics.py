@@ -26,6 +26,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tensorboard")
 
 from helpers.sft import short_trajectories, write_sft_data  # noqa: E402
+from helpers.threads import one_torch_thread  # noqa: E402, F401  (autouse fixture)
 from hydroagent_hpc.errors import ConfigError  # noqa: E402
 from hydroagent_hpc.train import live, tiny  # noqa: E402
 from hydroagent_hpc.train.grpo.trainer import train_grpo  # noqa: E402
@@ -35,12 +36,6 @@ from hydroagent_hpc.train.sft.trainer import load_sft_config, train_sft  # noqa:
 REL = 2e-7
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture
