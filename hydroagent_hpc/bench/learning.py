@@ -328,8 +328,10 @@ def _tuples(plan: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the scheduler
 
 
-def run(out: Path, plan: BenchPlan, jobs: int = 2, progress: bool = True) -> dict[str, Any]:
-    """Run every unit not done yet (``jobs`` at once), then :func:`summarise`; returns the summary."""
+def run(out: Path, plan: BenchPlan, jobs: int = 2, progress: bool = True,
+        threads: int | None = None) -> dict[str, Any]:
+    """Run every unit not done yet (``jobs`` at once, each on ``threads`` torch threads: by default the cores
+    shared out), then :func:`summarise`; returns the summary."""
     out.mkdir(parents=True, exist_ok=True)
     stored = out / "plan.json"
     if stored.exists():
@@ -344,7 +346,7 @@ def run(out: Path, plan: BenchPlan, jobs: int = 2, progress: bool = True) -> dic
                              "cells extend a bench: those may change)")
     stored.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
     todo = [u for u in units(plan) if _done(out / u.key) is None]
-    threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+    threads = threads or max(1, (os.cpu_count() or 1) // max(1, jobs))
     log.info("learning bench in %s: %d units to run (%d done), %d at once on %d thread(s) each", out, len(todo),
              len(units(plan)) - len(todo), jobs, threads)
     bar = _progress(len(todo), progress)
@@ -635,6 +637,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("results/learning"))
     ap.add_argument("--jobs", type=int, default=2, help="units at once (default 2: one per core here)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads per unit (default: the cores / --jobs; 1 when two benches share the cores)")
     ap.add_argument("--quick", action="store_true", help="toy sizes: the real code path in minutes (tests)")
     ap.add_argument("--report-only", action="store_true", help="score what is done; run nothing")
     default = BenchPlan()
@@ -651,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides: dict[str, Any] = {f.name: tuple(v) if isinstance(v, list) else v for f in dataclasses.fields(BenchPlan)
                  if (v := getattr(args, f.name)) is not None}
     plan = dataclasses.replace(plan, **overrides)
-    result = summarise(args.out, plan) if args.report_only else run(args.out, plan, jobs=args.jobs)
+    result = (summarise(args.out, plan) if args.report_only
+              else run(args.out, plan, jobs=args.jobs, threads=args.threads))
     print((args.out / "report.md").read_text())
     del result
     return 0
