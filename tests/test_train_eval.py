@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 from hydroagent_hpc.agents.llm.replay_server import ReplayServer
 from hydroagent_hpc.campaign.evaluate import evaluation_agent
 from hydroagent_hpc.cli import main
-from hydroagent_hpc.errors import UsageError
+from hydroagent_hpc.errors import ConfigError, UsageError
 from hydroagent_hpc.store import read_episodes, read_turns
 from hydroagent_hpc.train import tiny
 
@@ -84,3 +84,63 @@ def test_a_checkpoint_is_a_greedy_hf_local_agent_and_anything_else_one_clear_err
         evaluation_agent(str(tmp_path))
     assert "a folder without config.json" in err.value.message and "\n" not in err.value.message
     assert evaluation_agent("http://127.0.0.1:9/v1")["kind"] == "openai"
+
+
+def _scalars(folder) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def test_report_to_tensorboard_writes_the_stored_summary_next_to_the_store_once_per_rerun(tmp_path, small_basin_dir,
+                                                                                          capsys):
+    pytest.importorskip("tensorboard")
+    from hydroagent_hpc.campaign.evaluate import summary_rows, summary_values
+
+    call = '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>'
+    script = [_reply("Run it.\n" + call.format("run_simulation")), _reply("not a call <tool_call>{"),
+              _reply("Score it.\n" + call.format("evaluate"))] + [_reply("Done.")] * 4
+    out = tmp_path / "url.h5"
+    argv = ["train", "eval", "", "--basins", str(small_basin_dir), "--budget", "1", "--max-turns", "4",
+            "--model-entry", "hydroagent-local", "--out", str(out), "--report-to", "tensorboard", "--json"]
+    with ReplayServer({"responses": script, "strict": False}) as srv:
+        argv[2] = srv.base_url
+        assert main(argv) == 0
+        assert main(argv) == 0  # resumed: nothing played, the same summary logged again
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    stored = summary_values(out, summary_rows(out, agent="eval"))
+    assert result["summary"] == stored
+    assert stored["episodes"] == 1 and stored["simulations"] == 1 and stored["parse_failures"] >= 1
+    assert 0 < stored["valid_calls"] < 1 and stored["best_nse/syn_small"] == stored["best_nse_mean"]
+    folder = tmp_path / "url.live" / "tensorboard"
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 1  # the rerun replaced the first file
+    board = _scalars(folder)
+    expected = {f"eval/{k}": v for k, v in stored.items() if v is not None}
+    assert {"eval/best_nse_mean", "eval/valid_calls", "eval/simulations", "eval/parse_failures", "eval/reward",
+            "eval/best_nse/syn_small"} <= set(expected)
+    assert set(board) == set(expected)
+    for name, value in expected.items():
+        assert len(board[name]) == 1 and board[name][0][0] == 0, name
+        assert board[name][0][1] == pytest.approx(value, rel=2e-7, abs=1e-12), name
+
+
+def test_a_runs_final_logs_into_the_run_folder_at_its_last_step(tmp_path):
+    pytest.importorskip("tensorboard")
+    from hydroagent_hpc.train.live import EvalLiveSettings, evaluation_live_dir, report_evaluation
+
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "metrics.csv").write_text("step,loss\n1,2.5\n2,2.0\n3,1.5\n")
+    assert evaluation_live_dir(str(run / "final"), tmp_path / "held.h5") == (run / "eval-held", 3)
+    assert evaluation_live_dir(str(tmp_path / "ckpt"), tmp_path / "held.h5") == (tmp_path / "held.live", 0)
+    assert evaluation_live_dir("http://x/final", tmp_path / "held.h5") == (tmp_path / "held.live", 0)
+    folder = report_evaluation({"eval/best_nse_mean": 0.5}, EvalLiveSettings(report_to=("tensorboard",)),
+                               str(run / "final"), tmp_path / "held.h5")
+    assert folder == run / "eval-held"
+    assert _scalars(folder / "tensorboard") == {"eval/best_nse_mean": [(3, 0.5)]}
+    assert report_evaluation({"eval/x": 1.0}, EvalLiveSettings(), str(run / "final"), tmp_path / "h.h5") is None
+    (run / "metrics.csv").write_text("step,loss\n1,2.5\nx,2.0\n")
+    with pytest.raises(ConfigError, match=r"metrics\.csv:3: step 'x' is not a whole number"):
+        evaluation_live_dir(str(run / "final"), tmp_path / "held.h5")

@@ -16,7 +16,8 @@ on the given basins and seeds, run into an episode store by :func:`~hydroagent_h
   campaign files set them.
 
 The summary has one row per episode (basin, seed, best NSE, simulations, turns, parse failures,
-stop reason) and the mean and median best NSE over the episodes that scored one.
+reward, stop reason) and the mean and median best NSE over the episodes that scored one;
+:func:`summary_values` gives the same as numbers (what ``--report-to`` sends to TensorBoard and W&B).
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from hydroagent_hpc.campaign.run import run_campaign
 from hydroagent_hpc.campaign.spec import CampaignSpec, campaign_from_mapping
 from hydroagent_hpc.config import PRESETS
 from hydroagent_hpc.errors import UsageError
-from hydroagent_hpc.store import read_episodes
+from hydroagent_hpc.store import read_episodes, read_turns
 
-__all__ = ["DEFAULT_ENTRY", "evaluation_agent", "evaluation_campaign", "summary_rows", "format_summary",
-           "evaluate"]
+__all__ = ["DEFAULT_ENTRY", "evaluation_agent", "evaluation_campaign", "summary_rows", "summary_values",
+           "format_summary", "evaluate"]
 
 #: The models-file entry an evaluation of a URL uses by default (data/models.yaml: our checkpoints, Hermes text).
 DEFAULT_ENTRY = "hydroagent-local"
@@ -94,15 +95,43 @@ def summary_rows(store: str | Path, agent: str | None = None) -> list[dict[str, 
     if agent is not None:
         df = df[df["agent"] == agent]
     rows = []
-    for r in df.sort_values(["basin_id", "seed"]).itertuples(index=False):
-        d = r._asdict()
+    for d in df.sort_values(["basin_id", "seed"]).to_dict("records"):  # itertuples renames counters.turns
         nse = d.get("best_nse")
         rows.append({"episode_id": d["episode_id"], "basin": d["basin_id"], "seed": int(d["seed"]),
                      "best_nse": None if nse is None or not math.isfinite(float(nse)) else float(nse),
                      "simulations": int(d.get("n_sims", 0)), "turns": int(d.get("counters.turns", 0) or 0),
                      "parse_failures": int(d.get("counters.parse_failures", 0) or 0),
-                     "stop": str(d.get("stop_reason", ""))})
+                     "reward": float(d.get("total_reward", math.nan)), "stop": str(d.get("stop_reason", ""))})
     return rows
+
+
+def summary_values(store: str | Path, rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """The evaluation's summary as numbers, over the episodes ``rows`` (:func:`summary_rows`) of ``store``:
+    ``episodes``, ``scored`` (episodes with a best NSE), ``best_nse_mean`` and ``best_nse_median`` (over the
+    scored ones), ``valid_calls`` (share of the assistant messages, read from the turns, without a parse
+    failure; the report's definition), ``simulations``, ``parse_failures`` and ``reward`` (means per
+    episode), and ``best_nse/<basin>`` (mean over the basin's scored seeds). None where there is nothing to average."""
+    scored = [r["best_nse"] for r in rows if r["best_nse"] is not None]
+    n = len(rows)
+    out: dict[str, float | None] = {
+        "episodes": float(n), "scored": float(len(scored)),
+        "best_nse_mean": statistics.fmean(scored) if scored else None,
+        "best_nse_median": float(statistics.median(scored)) if scored else None,
+        "simulations": statistics.fmean(r["simulations"] for r in rows) if n else None,
+        "parse_failures": statistics.fmean(r["parse_failures"] for r in rows) if n else None,
+        "reward": statistics.fmean(r["reward"] for r in rows) if n else None,
+        "valid_calls": None}
+    ids = {r["episode_id"] for r in rows}
+    turns = read_turns(store) if ids else None
+    if turns is not None and len(turns):
+        turns = turns[turns["episode_id"].isin(ids)]
+        messages = turns.groupby("episode_id").message_index.nunique().sum()
+        failed = turns[turns["kind"] == "parse_failure"].groupby("episode_id").message_index.nunique().sum()
+        out["valid_calls"] = float(1 - failed / messages) if messages else None
+    for basin in sorted({r["basin"] for r in rows}):
+        values = [r["best_nse"] for r in rows if r["basin"] == basin and r["best_nse"] is not None]
+        out[f"best_nse/{basin}"] = statistics.fmean(values) if values else None
+    return out
 
 
 def format_summary(rows: Sequence[dict[str, Any]]) -> str:
@@ -130,4 +159,5 @@ def evaluate(target: str, basins: Sequence[str | Path], out: str | Path, *, budg
                                name=name, model_entry=model_entry, max_new_tokens=max_new_tokens,
                                max_context_tokens=max_context_tokens)
     counts = run_campaign(spec, out, workers=workers, progress=False)
-    return {**counts, "out": str(out), "rows": summary_rows(out, agent=name)}
+    rows = summary_rows(out, agent=name)
+    return {**counts, "out": str(out), "rows": rows, "summary": summary_values(out, rows)}

@@ -15,6 +15,7 @@ from pathlib import Path
 from hydroagent_hpc.config import EnvConfig
 from hydroagent_hpc.hpc.site import SiteSettings
 from hydroagent_hpc.settings import markdown
+from hydroagent_hpc.train.live import EvalLiveSettings
 
 _INTRO = """# Configuration reference
 
@@ -53,6 +54,7 @@ def sections() -> list[tuple[str, type]]:
         ("SFT run (`hydroagent train sft CONFIG`; `sft:` of a pipeline)", SFTConfig),
         ("GRPO run (`hydroagent train grpo CONFIG`; `grpo:` of a pipeline)", GRPOConfig),
         ("Inference engine (`engine:` of a GRPO config)", EngineSettings),
+        ("Evaluation's live metrics (`hydroagent train eval --report-to tensorboard ...`)", EvalLiveSettings),
         ("Pipeline SFT data (`sft_data:` of a pipeline)", SFTDataSection),
         ("Pipeline site file (`hydroagent pipeline submit --site FILE`)", Site),
         ("Slurm options of the submit commands (`--partition`, `--time`, ...)", SiteSettings),

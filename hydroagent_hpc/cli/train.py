@@ -24,6 +24,7 @@ from pathlib import Path
 from hydroagent_hpc.cli.argtypes import nonnegative_int, positive_float, positive_int, probability, seed
 from hydroagent_hpc.cli.runs import add_site_options, site_from_args
 from hydroagent_hpc.errors import ConfigError, UsageError, one_line
+from hydroagent_hpc.settings import add_arguments, arguments_given, option_names
 from hydroagent_hpc.train.grpo import launch as grpo_launch
 from hydroagent_hpc.train.grpo.config import load_grpo_config
 from hydroagent_hpc.train.grpo.timeline import (
@@ -34,11 +35,15 @@ from hydroagent_hpc.train.grpo.timeline import (
     read_timeline,
     utilisation,
 )
+from hydroagent_hpc.train.live import EvalLiveSettings, metric_values, report_evaluation, require_installed
 from hydroagent_hpc.train.memory_plan import GPUS, SHAPES, MemoryPlanError, check_plan, gpu_named, plan_grpo, plan_sft
 from hydroagent_hpc.train.sft import launch as sft_launch
 from hydroagent_hpc.train.sft.config import load_sft_config
 
 log = logging.getLogger("hydroagent")
+
+#: The ``train eval`` options made from :class:`EvalLiveSettings` (--report-to, --wandb-project, --run-name).
+EVAL_LIVE_OPTIONS = option_names(EvalLiveSettings)
 
 #: The SFT data presets (kept here too so building the parser does not import torch).
 _SFT_PRESETS = ("paper", "released")
@@ -76,10 +81,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate a checkpoint folder or an OpenAI-compatible URL as a campaign; print the summary table."""
     from hydroagent_hpc.campaign.evaluate import evaluate, format_summary  # loads pandas, h5py
 
+    live = EvalLiveSettings(**arguments_given(args, EVAL_LIVE_OPTIONS))
+    require_installed(live.report_to)  # before any episode is played
     result = evaluate(args.target, args.basins, args.out, budget=args.budget, preset=args.preset, seeds=args.seeds,
                       max_turns=args.max_turns, name=args.name, model_entry=args.model_entry,
                       max_new_tokens=args.max_new_tokens, max_context_tokens=args.max_context_tokens,
                       workers=args.workers)
+    report_evaluation(metric_values("eval", result["summary"]), live, args.target, args.out)
     if args.json:
         print(json.dumps(result, default=str))
     else:
@@ -357,6 +365,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="context of a local checkpoint (default: the agent's)")
     ev.add_argument("--workers", type=positive_int, default=1, metavar="N", help="episodes in parallel (default 1)")
     ev.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_arguments(ev, EvalLiveSettings, EVAL_LIVE_OPTIONS)
     ev.set_defaults(func=cmd_eval)
     pl = tsub.add_parser("plan", help="the GPU memory a training config needs, without a GPU",
                          description="The peak GPU memory of an SFT or GRPO config per trainer GPU, term by term "

@@ -24,6 +24,15 @@ steps that run again) and every step is shown once. W&B: the run's id is kept in
 lower than one it already holds, so a step replayed after the checkpoint keeps the value the
 interrupted run logged there (metrics.csv and TensorBoard hold the new one).
 
+**Evaluations.** ``hydroagent train eval ... --report-to tensorboard`` (:class:`EvalLiveSettings`) sends
+the evaluation's summary through the same sinks (:func:`report_evaluation`), each value under
+``eval/<name>`` (``eval/best_nse_mean``, ``eval/best_nse/<basin>``), into ``L/tensorboard`` and
+``L/wandb``: for a run's ``final/`` (a folder whose parent holds ``metrics.csv``) ``L`` is
+``RUN/eval-<store name>`` and the step is the run's last one, so ``tensorboard --logdir RUN`` shows the
+evaluation beside the training curves; for any other checkpoint or a URL, ``L`` is ``STORE.live`` next
+to the store, at step 0. The summary covers the whole store, so a rerun replaces the event file it
+wrote before (and starts a new W&B run).
+
 **Progress.** :class:`Progress` shows the steps going by: a tqdm bar with tokens/s and the time left
 when stderr is a terminal, otherwise (a batch job's log) a plain log line at most every
 :data:`LOG_EVERY_S` seconds and at the last step, with the same figures.
@@ -31,6 +40,7 @@ when stderr is a terminal, otherwise (a batch job's log) a plain log line at mos
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import logging
 import math
@@ -39,17 +49,19 @@ import secrets
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 from hydroagent_hpc.errors import ConfigError, one_line
-from hydroagent_hpc.settings import setting
+from hydroagent_hpc.settings import Settings, setting
 
 log = logging.getLogger(__name__)
 
 __all__ = ["REPORT_TO", "LIVE_KEYS", "LOG_EVERY_S", "MetricSink", "TensorBoardSink", "WandbSink", "Live", "Progress",
            "open_live", "require_installed", "metric_values", "tag", "is_terminal", "report_to_setting",
-           "wandb_project_setting", "run_name_setting"]
+           "wandb_project_setting", "run_name_setting", "EvalLiveSettings", "evaluation_live_dir",
+           "report_evaluation"]
 
 #: Where metric rows may also go (``report_to``).
 REPORT_TO = ("tensorboard", "wandb")
@@ -60,11 +72,11 @@ LOG_EVERY_S = 60.0
 _EXTRA = {"tensorboard": ("tensorboard", "torch.utils.tensorboard"), "wandb": ("wandb", "wandb")}
 
 
-def report_to_setting() -> Any:
+def report_to_setting(help: str = "where the metric rows also go while the run trains: tensorboard "
+                                   "(RUN/tensorboard), wandb (RUN/wandb; WANDB_MODE=offline needs no network; "
+                                   "the authors used W&B)") -> Any:
     """The ``report_to`` field of a trainer config (``tuple[str, ...]``)."""
-    return setting((), choices=REPORT_TO, unique=True, source="ours",
-                   help="where the metric rows also go while the run trains: tensorboard (RUN/tensorboard), "
-                        "wandb (RUN/wandb; WANDB_MODE=offline needs no network; the authors used W&B)",
+    return setting((), choices=REPORT_TO, unique=True, source="ours", help=help,
                    fix="list any of tensorboard, wandb (e.g. report_to: [tensorboard]), or [] for none")
 
 
@@ -277,10 +289,10 @@ class Live:
 
 
 def open_live(kind: str, config: Any, run_dir: str | os.PathLike[str], resumed_step: int | None,
-              total: int) -> Live:
+              total: int, progress: bool = True) -> Live:
     """Rank 0's :class:`Live` for a run of trainer ``kind`` ("sft", "grpo") resumed at ``resumed_step`` (None:
     a fresh start): the sinks ``config.report_to`` names (with ``wandb_project``, ``run_name``) and the
-    progress display up to step ``total``."""
+    progress display up to step ``total`` (``progress``: False for none)."""
     run_dir = Path(run_dir)
     report_to = tuple(getattr(config, "report_to", ()))
     require_installed(report_to)
@@ -298,4 +310,73 @@ def open_live(kind: str, config: Any, run_dir: str | os.PathLike[str], resumed_s
         raise
     if sinks:
         log.info("live metrics: %s", ", ".join(f"{n} ({run_dir / n})" for n in report_to))
-    return Live(kind, sinks, Progress(kind, total, resumed_step or 0))
+    return Live(kind, sinks, Progress(kind, total, resumed_step or 0) if progress else None)
+
+
+@dataclass(frozen=True)
+class EvalLiveSettings(Settings):
+    """Where ``hydroagent train eval`` also sends its summary (its ``--report-to``, ``--wandb-project`` and
+    ``--run-name`` options are made from these fields)."""
+
+    report_to: tuple[str, ...] = report_to_setting(
+        "where the evaluation's summary also goes: tensorboard, wandb (RUN/eval-<store name>/ when evaluating "
+        "a run's final/, at the run's last step; otherwise STORE.live/ next to the store, at step 0)")
+    wandb_project: str = wandb_project_setting()
+    run_name: str | None = setting(None, help="the evaluation's name in W&B (null: <run folder>/eval-<store name> "
+                                              "or the store's name)")
+
+
+def _last_step(metrics: Path) -> int:
+    """The step of the last row of a run's ``metrics.csv`` (0 when it holds none)."""
+    last = 0
+    with open(metrics, newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None or "step" not in reader.fieldnames:
+            raise ConfigError(f"{metrics}:1: no step column: not a run's metrics.csv",
+                              "evaluate a run's final/ whose metrics.csv the trainer wrote, or a copy of the "
+                              "checkpoint outside the run folder")
+        for line, row in enumerate(reader, start=2):
+            try:
+                last = int(row["step"])
+            except (TypeError, ValueError):
+                raise ConfigError(f"{metrics}:{line}: step {row['step']!r} is not a whole number",
+                                  "repair or remove the broken row (the trainer writes whole steps)") from None
+    return last
+
+
+def evaluation_live_dir(target: str, out: str | os.PathLike[str]) -> tuple[Path, int]:
+    """Where an evaluation of ``target`` into store ``out`` logs its summary, and at which step: a run's
+    ``final/`` (its parent holds ``metrics.csv``): ``RUN/eval-<store name>`` at the run's last step;
+    anything else: ``STORE.live`` next to the store, at step 0."""
+    out = Path(out)
+    folder = Path(target).expanduser()
+    if not target.startswith(("http://", "https://")) and folder.name == "final" and \
+            (folder.parent / "metrics.csv").is_file():
+        run = folder.resolve().parent
+        return run / f"eval-{out.stem}", _last_step(run / "metrics.csv")
+    return out.with_name(out.stem + ".live"), 0
+
+
+def report_evaluation(values: Mapping[str, float], settings: EvalLiveSettings, target: str,
+                      out: str | os.PathLike[str]) -> Path | None:
+    """An evaluation's summary ``values`` (named as :func:`tag` names them, ``eval/...``) to the sinks
+    ``settings.report_to`` names, in :func:`evaluation_live_dir`; the folder, or None when none was asked."""
+    if not settings.report_to:
+        return None
+    require_installed(settings.report_to)
+    folder, step = evaluation_live_dir(target, out)
+    board = folder / "tensorboard"
+    if "tensorboard" in settings.report_to and board.is_dir():
+        for old in board.glob("events.out.tfevents.*"):  # the summary of the whole store replaces the last one
+            old.unlink()
+    name = settings.run_name or (f"{folder.parent.name}/{folder.name}" if folder.name.startswith("eval-")
+                                 else folder.name)
+    live = open_live("eval", replace(settings, run_name=name), folder, None, 0, progress=False)
+    try:
+        live.log(step, values)
+    except BaseException:
+        live.close(failed=True)
+        raise
+    live.close()
+    log.info("evaluation summary: %d values at step %d to %s", len(values), step, folder)
+    return folder
