@@ -220,9 +220,11 @@ def test_accumulating_four_micro_batches_equals_one_big_batch(tmp_path, trajs):
 @pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "ddp"])
 def test_two_processes_on_gloo_follow_the_one_process_curve(reference, tmp_path, fsdp):
     """torchrun, 2 processes x accumulation 1 (FSDP2 fully_shard with activation checkpointing, or DDP)
-    == 1 process x accumulation 2."""
+    == 1 process x accumulation 2; with report_to: [tensorboard], only rank 0 writes the event file."""
+    pytest.importorskip("tensorboard")
     cfg = _cfg(tmp_path / "two.yaml", reference["data"], max_steps=6, micro_batch_size=1, grad_accum=1,
-               save_every=2, fsdp=fsdp, activation_checkpointing=fsdp, collective_timeout_s=4321)
+               save_every=2, fsdp=fsdp, activation_checkpointing=fsdp, collective_timeout_s=4321,
+               report_to="[tensorboard]")
     out = tmp_path / "two"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            "-m", "hydroagent_hpc.train.sft", str(cfg), "--out", str(out)],
@@ -237,6 +239,22 @@ def test_two_processes_on_gloo_follow_the_one_process_curve(reference, tmp_path,
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one]
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-4)
     _assert_same_params(_params(out), reference["params"], atol=SHAPE_ATOL)
+    _assert_one_event_writer(out, two)
+
+
+def _assert_one_event_writer(run: Path, rows: list[dict[str, float]]) -> None:
+    """RUN/tensorboard holds one event file (rank 0's writer), each metrics.csv row in it once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(p.name for p in (run / "tensorboard").iterdir())
+    assert len(files) == 1 and files[0].startswith("events.out.tfevents."), files
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    steps = [int(r["step"]) for r in rows]
+    for column in ("loss", "tokens", "lr", "grad_norm"):
+        logged = acc.Scalars(f"sft/{column}")
+        assert [e.step for e in logged] == steps, (column, [e.step for e in logged])  # no step twice
+        assert [e.value for e in logged] == pytest.approx([r[column] for r in rows], rel=2e-7), column
 
 
 # ---------------------------------------------------------------------------------------------
