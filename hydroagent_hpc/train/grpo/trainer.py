@@ -2,7 +2,7 @@
 
 The command line (and the MPI rank split) is :mod:`hydroagent_hpc.train.grpo.launch`.
 
-One step, top to bottom (:func:`train_grpo`):
+One step, top to bottom (:func:`train_grpo`; a step is :func:`_one_step`):
 
 1. **Prompts.** ``prompts_per_step`` training basins, taken in a per-epoch shuffle of
    ``basins`` (seeded); held-out ``validation_basins`` are never trained on.
@@ -62,7 +62,7 @@ import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -445,6 +445,32 @@ def _decoder_layers(model: Any) -> list[torch.nn.Module]:
     return list(getattr(getattr(model, "model", None), "layers", None) or [])
 
 
+@dataclass
+class _Run:
+    """What the step loop of :func:`train_grpo` works with, set up by :func:`_setup` (the engines by
+    :func:`_start_generators`; rank 0 alone holds the metrics, the episode store, the simulators, the basins
+    and the engine; the others hold None or empty ones)."""
+
+    config: GRPOConfig
+    run_dir: Path
+    model: Any
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    state: TrainerState
+    resume_from: Path | None
+    metrics: _Metrics | None
+    store: EpisodeStore | None
+    sims: dict[str, Any]
+    basins: dict[str, Any]
+    runner: Any
+    pad_id: int
+    ranks: Ranks
+    engine: EngineWeights | None
+    started: float
+    generator: ColocatedGenerator | None = None  # generator: colocated, on every rank
+
+
 def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool = True,
                pool: Any = None) -> dict[str, Any]:
     """Run GRPO as configured into ``run_dir``; returns a summary (see the module docstring).
@@ -457,28 +483,34 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
     rank trains on its share of each step (:func:`optimise`). See docs/grpo.md, "Several GPUs".
     With several processes only rank 0 may get a ``pool`` (the MPI layout of
     ``python -m hydroagent_hpc.train.grpo --pool mpi --trainers T``: the simulation ranks serve rank 0's rollouts).
-    """
 
+    In order: :func:`_setup` (every check before anything is written, then the run folder's files),
+    the generators (:func:`_start_generators`), the step loop (:func:`_run`); whatever happens the metrics,
+    the episode store and the engines are closed (:func:`_close`), the metrics' sinks marked failed on an error.
+    """
     started = time.perf_counter()
-    run_dir = Path(run_dir)
+    run = _setup(config, Path(run_dir), resume, pool, started)
+    try:
+        _start_generators(run)
+        return _run(run)
+    except BaseException:
+        if run.metrics is not None:  # TensorBoard, W&B and the progress display
+            run.metrics.close(failed=True)
+        raise
+    finally:
+        _close(run)
+
+
+def _setup(config: GRPOConfig, run_dir: Path, resume: bool, pool: Any, started: float) -> _Run:
+    """Everything before the first step, checks first: nothing is written before the run folder, the processes,
+    the basins and simulators (rank 0 only: it alone plays rollouts), the memory plan (on a GPU, before any
+    weight loads) and the model are checked and the run folder agrees with the config
+    (:func:`~hydroagent_hpc.train.rundir.prepare_run_dir`). Then the scorers (:func:`_training_ranks`), the
+    optimizer and the (resumed) state, and rank 0's files (:func:`_open_files`)."""
     check_run_dir(run_dir)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        check_world_size(config, world)
-        accelerator: Any = make_accelerator(config.collective_timeout_s)  # the process group: gloo or NCCL
-        world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
-        log.info("rank %d of %d: collectives time out after %.0f s", rank, world, process_group_timeout() or 0.0)
-        if pool is not None and rank != 0:
-            raise ConfigError(f"a simulation pool given to training rank {rank} of {world}",
-                              "give the pool to rank 0 only: it alone plays the rollouts (as "
-                              "python -m hydroagent_hpc.train.grpo --pool mpi --trainers does)")
-    else:
-        accelerator, rank = None, 0
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    accelerator, world, rank, device = _processes(config, pool)
     lead = rank == 0
     runner = RemoteRunner(pool, config.simulator) if pool is not None else None
-    # 1. checks before anything is written: basins, model, run folder (basins and simulators on rank 0
-    # only: it alone plays rollouts)
     all_dirs = list(config.basins) + list(config.validation_basins)
     basins = {d: load_basin(d) for d in all_dirs} if lead else {}
     sims = {d: open_simulator(Path(d) / "control.txt", config.simulator) for d in all_dirs} if lead else {}
@@ -490,6 +522,40 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
                                   model=model)
     if world > 1:
         dist.barrier()  # every rank has read the run folder before rank 0 writes to it
+    ranks = _training_ranks(config, model, accelerator, world, rank, device, dtype)
+    optimizer, scheduler, state = _optimizer_and_state(config, model, resume_from, ranks)
+    metrics, store = _open_files(config, run_dir, ranks, state, resume_from, basins) if lead else (None, None)
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    log.info("GRPO: %d training basins x K=%d, %d prompts/step, %d steps, %s advantages, kl %.3g, entropy %.3g, "
+             "%s on %s, %d process(es)%s", len(config.basins), config.group_size, config.prompts_per_step,
+             config.max_steps, config.advantage, config.kl_coef, config.entropy_coef, dtype, device, world,
+             " FSDP2" if ranks.fsdp else (" DDP" if world > 1 else ""))
+    return _Run(config, run_dir, model, tokenizer, optimizer, scheduler, state, resume_from, metrics, store, sims,
+                basins, runner, pad_id, ranks, None, started)
+
+
+def _processes(config: GRPOConfig, pool: Any) -> tuple[Any, int, int, torch.device]:
+    """(the accelerator or None, the number of processes, this one's rank, its device). With ``WORLD_SIZE`` > 1
+    the process group (gloo or NCCL) through accelerate, and a ``pool`` given to any rank but 0 refused."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        check_world_size(config, world)
+        accelerator: Any = make_accelerator(config.collective_timeout_s)  # the process group: gloo or NCCL
+        world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
+        log.info("rank %d of %d: collectives time out after %.0f s", rank, world, process_group_timeout() or 0.0)
+        if pool is not None and rank != 0:
+            raise ConfigError(f"a simulation pool given to training rank {rank} of {world}",
+                              "give the pool to rank 0 only: it alone plays the rollouts (as "
+                              "python -m hydroagent_hpc.train.grpo --pool mpi --trainers does)")
+        return accelerator, world, rank, device
+    return None, world, 0, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _training_ranks(config: GRPOConfig, model: Any, accelerator: Any, world: int, rank: int, device: torch.device,
+                    dtype: torch.dtype) -> Ranks:
+    """The training processes around ``model``: the frozen reference (``kl_coef`` > 0), activation checkpointing,
+    and the policy's and reference's scorers, sharded with FSDP2 (several processes, ``fsdp`` not off), the
+    policy's wrapped in DDP (several processes otherwise; the reference a full replica on every rank) or plain."""
     reference = None
     if config.kl_coef > 0:
         import copy
@@ -511,64 +577,181 @@ def train_grpo(config: GRPOConfig, run_dir: str | os.PathLike[str], resume: bool
             shard(ref_scorer, dtype, layers=_decoder_layers(reference))
     elif world > 1:
         scorer = accelerator.prepare(scorer)  # DDP; the reference is a full replica on every rank
-    ranks = Ranks(world, rank, device, dtype, use_fsdp, scorer, ref_scorer)
-    # after sharding: the optimizer holds (and the checkpoints name) the parameters of the model itself
-    # fused on a GPU: no full-size temporary at the step (the memory plan counts none)
+    return Ranks(world, rank, device, dtype, use_fsdp, scorer, ref_scorer)
+
+
+def _optimizer_and_state(config: GRPOConfig, model: Any, resume_from: Path | None,
+                         ranks: Ranks) -> tuple[torch.optim.Optimizer, Any, TrainerState]:
+    """AdamW (created after sharding: it holds, and the checkpoints name, the parameters of the model itself;
+    fused on a GPU: no full-size temporary at the step, the memory plan counts none), the warm-up schedule, and
+    the trainer state: fresh, or loaded from ``resume_from`` (its weights must be finite). The reference was
+    copied before: it stays the initial policy, not the resumed one."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
                                   betas=(0.9, 0.999), eps=1e-8, weight_decay=config.weight_decay,
-                                  fused=device.type == "cuda")
+                                  fused=ranks.device.type == "cuda")
     warm = config.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
     state = TrainerState()
     if resume_from is not None:
-        # the reference was copied above: it stays the initial policy, not the resumed one
         state = load_checkpoint(resume_from, model, optimizer, scheduler)
-        check_weights(model, f"--resume from {resume_from}: the checkpoint's model", distributed=world > 1,
-                      device=device, fix="resume from an earlier checkpoint (write its step-N name into "
-                                         "checkpoints/latest) or start a new --out folder")
-    metrics: _Metrics | None = None
-    store: EpisodeStore | None = None
-    engine = None
-    generator: ColocatedGenerator | None = None
-    if lead:
-        write_run_config(run_dir, config.to_dict(), {"device": str(device), "compute_dtype": str(dtype),
-                                                     "world_size": world, "fsdp": use_fsdp,
-                                                     "resumed_from_step": state.step or None})
-        resumed = state.step if resume_from is not None else None
-        metrics = _Metrics(run_dir / "metrics.csv", resumed,
-                           open_live("grpo", config, run_dir, resumed, config.max_steps))  # TensorBoard, W&B
-        store = EpisodeStore(run_dir / "rollouts.h5")
-        store.basins = basins
-    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-    log.info("GRPO: %d training basins x K=%d, %d prompts/step, %d steps, %s advantages, kl %.3g, entropy %.3g, "
-             "%s on %s, %d process(es)%s", len(config.basins), config.group_size, config.prompts_per_step,
-             config.max_steps, config.advantage, config.kl_coef, config.entropy_coef, dtype, device, world,
-             " FSDP2" if use_fsdp else (" DDP" if world > 1 else ""))
+        check_weights(model, f"--resume from {resume_from}: the checkpoint's model", distributed=ranks.distributed,
+                      device=ranks.device, fix="resume from an earlier checkpoint (write its step-N name into "
+                                               "checkpoints/latest) or start a new --out folder")
+    return optimizer, scheduler, state
 
-    try:
-        if lead and config.generator == "engine":
-            assert config.engine is not None  # checked with the config
-            engine = EngineWeights(config.engine, run_dir,
+
+def _open_files(config: GRPOConfig, run_dir: Path, ranks: Ranks, state: TrainerState, resume_from: Path | None,
+                basins: dict[str, Any]) -> tuple[_Metrics, EpisodeStore]:
+    """Rank 0: ``config.yaml``, the metrics (cut back to the checkpoint's step on a resume; with their
+    TensorBoard / W&B sinks) and the episode store."""
+    write_run_config(run_dir, config.to_dict(), {"device": str(ranks.device), "compute_dtype": str(ranks.dtype),
+                                                 "world_size": ranks.world, "fsdp": ranks.fsdp,
+                                                 "resumed_from_step": state.step or None})
+    resumed = state.step if resume_from is not None else None
+    metrics = _Metrics(run_dir / "metrics.csv", resumed,
+                       open_live("grpo", config, run_dir, resumed, config.max_steps))  # TensorBoard, W&B
+    store = EpisodeStore(run_dir / "rollouts.h5")
+    store.basins = basins
+    return metrics, store
+
+
+def _start_generators(run: _Run) -> None:
+    """The generators besides the trainer's own sampler: rank 0's external engine (``generator: engine``), or
+    an engine in every process (``generator: colocated``, its memory share beside the trainer's state)."""
+    config, ranks = run.config, run.ranks
+    if ranks.lead and config.generator == "engine":
+        assert config.engine is not None  # checked with the config
+        run.engine = EngineWeights(config.engine, run.run_dir,
                                    context_tokens=config.max_context_tokens + config.max_new_tokens)
-        if config.generator == "colocated":  # every rank: an engine in this process
-            share = colocated_memory_fraction(config, world=world, device=device)  # beside the trainer's state
-            generator = colocated_for_run(config, model, tokenizer, device, dtype, world=world, rank=rank,
-                                          planned_fraction=share)
-        return _run(_Run(config, run_dir, model, tokenizer, optimizer, scheduler, state, resume_from, metrics,
-                         store, sims, basins, runner, pad_id, ranks, engine, started, generator))
-    except BaseException:
-        if metrics is not None:  # TensorBoard, W&B and the progress display
-            metrics.close(failed=True)
-        raise
-    finally:
-        if metrics is not None:
-            metrics.close()
-        if store is not None:
-            store.close()
-        if engine is not None:
-            engine.close()
-        if generator is not None:
-            generator.close()
+    if config.generator == "colocated":  # every rank: an engine in this process
+        share = colocated_memory_fraction(config, world=ranks.world, device=ranks.device)  # beside the trainer's state
+        run.generator = colocated_for_run(config, run.model, run.tokenizer, ranks.device, ranks.dtype,
+                                          world=ranks.world, rank=ranks.rank, planned_fraction=share)
+
+
+def _close(run: _Run) -> None:
+    """The metrics (their live sinks and progress display), the episode store and the engines, those opened."""
+    if run.metrics is not None:
+        run.metrics.close()
+    if run.store is not None:
+        run.store.close()
+    if run.engine is not None:
+        run.engine.close()
+    if run.generator is not None:
+        run.generator.close()
+
+
+@dataclass
+class _Rollouts:
+    """Rank 0's rollouts of a step and what was derived from them; ``version``: the optimizer steps of the
+    weights that sampled them (the step's own minus one on-policy, minus two with ``max_staleness`` 1)."""
+
+    rollouts: list[Any]
+    stats: dict[str, Any]
+    per_turn: dict[Any, np.ndarray]
+    degenerate: int
+    seconds: float
+    version: int = 0
+
+
+@dataclass
+class _Progress:
+    """The step loop's record so far: the last validation's summary, the step last checkpointed (-1: none), the
+    rows of ``metrics.csv`` written by this process (rank 0), and what stopped the loop early (``"SIGTERM"``)."""
+
+    last_val: dict[str, Any]
+    saved_at: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    stopped: str | None = None
+
+
+def _run(run: _Run) -> dict[str, Any]:
+    """The step loop of :func:`train_grpo` (its setup done; the caller closes the store and the engine).
+
+    On rank 0 only: rollouts, advantages, episodes, metrics, validation, the engine. On every rank:
+    the weight gather for the engine push, the training step, checkpoints and the final model.
+    """
+    config, state, ranks = run.config, run.state, run.ranks
+    # the engine serves the current (initial or resumed) weights before any rollout
+    _sync_weights(run, state.step)
+    last_val: dict[str, Any] = {}
+    if ranks.lead and config.validation_basins and config.validate_every and run.resume_from is None:
+        last_val = _validate_now(run, state.step)
+    progress = _Progress(last_val, saved_at=state.step if run.resume_from is not None else -1)
+    with Signals() as signals, timeline.recording(run.run_dir, rank=ranks.rank, world=ranks.world, device=ranks.device,
+                                                  resumed_step=state.step if run.resume_from is not None else 0), \
+            _rollouts_ahead(run) as ahead:  # max_staleness 1 (rank 0): the next step's rollouts during training
+        while state.step < config.max_steps:
+            if _one_step(run, progress, signals, ahead):
+                break
+    return _finish(run, progress, ahead)
+
+
+def _one_step(run: _Run, progress: _Progress, signals: Signals, ahead: RolloutsAhead[_Rollouts] | None) -> bool:
+    """One step: the prompts and (rank 0) their rollouts, the training batch on every rank
+    (:func:`_shared_batch`), the next step's rollouts started (``max_staleness`` 1), the loss and one
+    optimizer step, the new weights served, the step recorded (:func:`_record_step`, its timeline line) and
+    checkpointed when due (:func:`_checkpoint_if_due`). True when a SIGTERM stops the run."""
+    config, state, ranks = run.config, run.state, run.ranks
+    step = state.step + 1
+    t_step = time.perf_counter()
+    timeline.begin_step(step)
+    idx, epoch, index = plan_prompts(len(config.basins), config.prompts_per_step, config.seed,
+                                     state.epoch, state.index)
+    played = _this_steps_rollouts(run, ahead, step, idx, t_step) if ranks.lead else None
+    batch = _shared_batch(run, played)
+    if ahead is not None and step < config.max_steps:
+        _play_ahead(run, ahead, step + 1, epoch, index)
+    t_train = time.perf_counter()
+    with timeline.span("train"):
+        parts, lr = _optimizer_step(run, batch)
+    training_s = time.perf_counter() - t_train
+    if ahead is not None:  # every rollout of the next step is sampled before the weights change
+        ahead.wait()
+    state.step, state.epoch, state.index = step, epoch, index
+    state.tokens += int(parts["tokens"])
+    # the engine serves the new weights before anything samples again (validation included)
+    weight_sync_s = float("nan")
+    if run.engine is not None or ranks.distributed or run.generator is not None:
+        with timeline.span("sync"):
+            weight_sync_s = _sync_weights(run, step)
+    if played is not None:
+        if config.validation_basins and config.validate_every and step % config.validate_every == 0:
+            with timeline.span("validate"):
+                progress.last_val = _validate_now(run, step)
+        progress.rows.append(_record_step(run, step, played, batch, parts, lr, len(idx), training_s,
+                                          time.perf_counter() - t_step, weight_sync_s, progress.last_val))
+    record = timeline.end_step()  # the step's line of RUN/timeline.jsonl, before its checkpoint
+    if run.metrics is not None and record is not None:
+        run.metrics.log(step, _phase_seconds(record))  # to TensorBoard / W&B (no column of metrics.csv)
+    return _checkpoint_if_due(run, progress, signals, ahead, step)
+
+
+def _shared_batch(run: _Run, played: _Rollouts | None) -> list[_Sequence]:
+    """Rank 0's training batch (the trainable rollouts with their advantages per group, from the ledger) on
+    every rank; then the colocated engines release their memory (the rollouts are over on every one)."""
+    with timeline.span("wait"):  # the other ranks wait here for rank 0's rollouts
+        batch = _share(training_batch(played.rollouts, played.per_turn) if played is not None else None, run.ranks)
+    if run.generator is not None:  # the rollouts are over on every engine: release their memory
+        with timeline.span("sleep"):
+            run.generator.sleep()
+    return batch
+
+
+def _finish(run: _Run, progress: _Progress, ahead: RolloutsAhead[_Rollouts] | None) -> dict[str, Any]:
+    """After the loop: unless a SIGTERM stopped it, the last checkpoint and ``final/`` (:func:`_save_last`);
+    the summary."""
+    state, rows = run.state, progress.rows
+    final = run.run_dir / "final"
+    if progress.stopped is None:
+        _save_last(run, progress.saved_at, final)
+        if ahead is not None:  # the last checkpoint holds the last step: no file is read again
+            ahead.prune(state.step)
+    return {"run_dir": str(run.run_dir), "steps": state.step, "stopped": progress.stopped,
+            "final": str(final) if progress.stopped is None else None,
+            "first_reward": rows[0]["reward_mean"] if rows else None,
+            "last_reward": rows[-1]["reward_mean"] if rows else None,
+            "world_size": run.ranks.world, "fsdp": run.ranks.fsdp, "wall_s": time.perf_counter() - run.started}
 
 
 def _push(engine: EngineWeights | None, model: Any, tokenizer: Any, step: int, ranks: Ranks) -> float:
@@ -605,122 +788,6 @@ def _share(batch: list[_Sequence] | None, ranks: Ranks) -> list[_Sequence]:
     box: list[Any] = [batch]
     dist.broadcast_object_list(box, src=0)
     return list(box[0])
-
-
-@dataclass
-class _Run:
-    """What the step loop of :func:`train_grpo` works with, set up by it (rank 0 alone holds the metrics,
-    the episode store, the simulators, the basins and the engine; the others hold None or empty ones)."""
-
-    config: GRPOConfig
-    run_dir: Path
-    model: Any
-    tokenizer: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    state: TrainerState
-    resume_from: Path | None
-    metrics: _Metrics | None
-    store: EpisodeStore | None
-    sims: dict[str, Any]
-    basins: dict[str, Any]
-    runner: Any
-    pad_id: int
-    ranks: Ranks
-    engine: EngineWeights | None
-    started: float
-    generator: ColocatedGenerator | None = None  # generator: colocated, on every rank
-
-
-@dataclass
-class _Rollouts:
-    """Rank 0's rollouts of a step and what was derived from them; ``version``: the optimizer steps of the
-    weights that sampled them (the step's own minus one on-policy, minus two with ``max_staleness`` 1)."""
-
-    rollouts: list[Any]
-    stats: dict[str, Any]
-    per_turn: dict[Any, np.ndarray]
-    degenerate: int
-    seconds: float
-    version: int = 0
-
-
-def _run(run: _Run) -> dict[str, Any]:
-    """The step loop of :func:`train_grpo` (its setup done; the caller closes the store and the engine).
-
-    On rank 0 only: rollouts, advantages, episodes, metrics, validation, the engine. On every rank:
-    the weight gather for the engine push, the training step, checkpoints and the final model.
-    """
-    config, state, ranks = run.config, run.state, run.ranks
-    # the engine serves the current (initial or resumed) weights before any rollout
-    _sync_weights(run, state.step)
-    last_val: dict[str, Any] = {}
-    if ranks.lead and config.validation_basins and config.validate_every and run.resume_from is None:
-        last_val = _validate_now(run, state.step)
-    summary_rows: list[dict[str, Any]] = []
-    stopped = None
-    saved_at = state.step if run.resume_from is not None else -1
-    with Signals() as signals, timeline.recording(run.run_dir, rank=ranks.rank, world=ranks.world, device=ranks.device,
-                                                  resumed_step=state.step if run.resume_from is not None else 0), \
-            _rollouts_ahead(run) as ahead:  # max_staleness 1 (rank 0): the next step's rollouts during training
-        while state.step < config.max_steps:
-            step = state.step + 1
-            t_step = time.perf_counter()
-            timeline.begin_step(step)
-            # 2. prompts and rollouts
-            idx, epoch, index = plan_prompts(len(config.basins), config.prompts_per_step, config.seed,
-                                             state.epoch, state.index)
-            played = _this_steps_rollouts(run, ahead, step, idx, t_step) if ranks.lead else None
-            # 3. advantages per group, from the ledger (rank 0), shared with every rank
-            with timeline.span("wait"):  # the other ranks wait here for rank 0's rollouts
-                batch = _share(training_batch(played.rollouts, played.per_turn) if played is not None else None, ranks)
-            if run.generator is not None:  # the rollouts are over on every engine: release their memory
-                with timeline.span("sleep"):
-                    run.generator.sleep()
-            if ahead is not None and step < config.max_steps:
-                _play_ahead(run, ahead, step + 1, epoch, index)
-            # 4. loss and one optimizer step
-            t_train = time.perf_counter()
-            with timeline.span("train"):
-                parts, lr = _optimizer_step(run, batch)
-            training_s = time.perf_counter() - t_train
-            if ahead is not None:  # every rollout of the next step is sampled before the weights change
-                ahead.wait()
-            state.step, state.epoch, state.index = step, epoch, index
-            state.tokens += int(parts["tokens"])
-            # the engine serves the new weights before anything samples again (validation included)
-            weight_sync_s = float("nan")
-            if run.engine is not None or ranks.distributed or run.generator is not None:
-                with timeline.span("sync"):
-                    weight_sync_s = _sync_weights(run, step)
-            # 5. record
-            if played is not None:
-                if config.validation_basins and config.validate_every and step % config.validate_every == 0:
-                    with timeline.span("validate"):
-                        last_val = _validate_now(run, step)
-                summary_rows.append(_record_step(run, step, played, batch, parts, lr, len(idx), training_s,
-                                                 time.perf_counter() - t_step, weight_sync_s, last_val))
-            record = timeline.end_step()  # the step's line of RUN/timeline.jsonl, before its checkpoint
-            if run.metrics is not None and record is not None:
-                run.metrics.log(step, _phase_seconds(record))  # to TensorBoard / W&B (no column of metrics.csv)
-            # 6. checkpoints (every rank agrees on a signal that reached any of them)
-            saved_at, want_stop = _checkpoint_if_due(run, signals, step, saved_at)
-            if ahead is not None:
-                ahead.prune(saved_at)
-            if want_stop:
-                stopped = "SIGTERM"
-                log.warning("SIGTERM: saved checkpoint step-%d and stopping", step)
-                break
-    final = run.run_dir / "final"
-    if stopped is None:
-        _save_last(run, saved_at, final)
-        if ahead is not None:  # the last checkpoint holds the last step: no file is read again
-            ahead.prune(run.state.step)
-    return {"run_dir": str(run.run_dir), "steps": state.step, "stopped": stopped,
-            "final": str(final) if stopped is None else None,
-            "first_reward": summary_rows[0]["reward_mean"] if summary_rows else None,
-            "last_reward": summary_rows[-1]["reward_mean"] if summary_rows else None,
-            "world_size": ranks.world, "fsdp": ranks.fsdp, "wall_s": time.perf_counter() - run.started}
 
 
 def _phase_seconds(record: Mapping[str, Any]) -> dict[str, float]:
@@ -842,9 +909,11 @@ def _record_step(run: _Run, step: int, played: _Rollouts, batch: list[_Sequence]
     return row
 
 
-def _checkpoint_if_due(run: _Run, signals: Signals, step: int, saved_at: int) -> tuple[int, bool]:
+def _checkpoint_if_due(run: _Run, progress: _Progress, signals: Signals, ahead: RolloutsAhead[_Rollouts] | None,
+                       step: int) -> bool:
     """A checkpoint every ``save_every`` steps, on SIGUSR1 and on SIGTERM (every rank agrees on a signal
-    that reached any of them); (the step last saved, whether to stop)."""
+    that reached any of them), recorded in ``progress.saved_at``; the rollouts played ahead before it are
+    dropped. True on a SIGTERM: the run stops (``progress.stopped``) after this step's checkpoint."""
     ranks = run.ranks
     fault("usr1", step)
     fault("term", step)
@@ -855,13 +924,19 @@ def _checkpoint_if_due(run: _Run, signals: Signals, step: int, saved_at: int) ->
                  ranks.rank, ranks.world, step, "yes" if signalled_here else "no")
     # a stop always saves this step: a SIGTERM that arrived during the last save had its save flag
     # cleared with that save's
-    if want_save or (want_stop and saved_at != step) or (run.config.save_every and step % run.config.save_every == 0):
+    if (want_save or (want_stop and progress.saved_at != step)
+            or (run.config.save_every and step % run.config.save_every == 0)):
         save_checkpoint_or_stop(run.run_dir, run.model, run.optimizer, run.scheduler, run.state,
-                        keep=run.config.keep_checkpoints)
-        saved_at = step
+                                keep=run.config.keep_checkpoints)
+        progress.saved_at = step
         signals.save = False
     fault("kill", step)
-    return saved_at, want_stop
+    if ahead is not None:
+        ahead.prune(progress.saved_at)
+    if want_stop:
+        progress.stopped = "SIGTERM"
+        log.warning("SIGTERM: saved checkpoint step-%d and stopping", step)
+    return want_stop
 
 
 def _save_last(run: _Run, saved_at: int, final: Path) -> None:
@@ -1005,25 +1080,7 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
             if reference is not None:
                 with torch.no_grad(), _autocast(device, autocast_dtype), timeline.span("forward"):
                     ref_logp, _ = reference(ids, attn, chunk_size=config.logprob_chunk, with_entropy=False)
-            # the generator's log-probs of the sampled ids against the trainer's: the engine mismatch (and,
-            # with max_staleness 1, the step of policy change between sampling and training)
-            gen = torch.zeros_like(mask)
-            is_weights = None
-            if len(seq.sample_logprobs) == int(mask.sum()):
-                gen[mask.bool()] = torch.tensor(seq.sample_logprobs, dtype=gen.dtype, device=device)
-                delta = (logp.detach().float() - gen)[mask.bool()]
-                if weight:
-                    sums["mismatch_abs_sum"] += float(delta.abs().sum())
-                    sums["mismatch_max"] = max(sums["mismatch_max"],
-                                               float(delta.abs().max()) if delta.numel() else 0.0)
-                if config.tis_cap > 0:  # truncated importance weights min(p_trainer / p_generator, cap)
-                    tis = truncated_importance_weights(logp, gen, mask, config.tis_cap)
-                    is_weights = tis.weights
-                    if weight:
-                        sums["tis_weight_sum"] += float(tis.weights[mask.bool()].sum())
-                        sums["tis_ratio_sum"] += tis.ratio_sum
-                        sums["tis_truncated"] += tis.truncated
-                        sums["tis_ratio_max"] = max(sums["tis_ratio_max"], tis.ratio_max)
+            is_weights = _off_policy_weights(config, seq, logp, mask, weight, sums, device)
             parts = grpo_loss(logp, logp.detach(), ref_logp, entropy, adv, mask, clip_low=config.clip_low,
                               clip_high=config.clip_high, kl_coef=config.kl_coef, entropy_coef=config.entropy_coef,
                               aggregation=config.aggregation, norm_length=config.norm_length,
@@ -1041,6 +1098,31 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
             value = getattr(parts, key)
             sums[key] += float(value) * (share if key == "clip_fraction" else 1.0)
     return sums
+
+
+def _off_policy_weights(config: GRPOConfig, seq: _Sequence, logp: torch.Tensor, mask: torch.Tensor, weight: float,
+                        sums: dict[str, float], device: torch.device) -> torch.Tensor | None:
+    """The generator's log-probs of the sampled ids against the trainer's ``logp``: the engine mismatch (and,
+    with ``max_staleness`` 1, the step of policy change between sampling and training), added to ``sums`` (a
+    ``defaultdict(float)``) on a real pass (``weight`` not 0); with ``tis_cap`` > 0 the truncated importance weights
+    ``min(p_trainer / p_generator, cap)``. None without weights (``tis_cap`` 0, or no generator log-probs)."""
+    if len(seq.sample_logprobs) != int(mask.sum()):
+        return None
+    gen = torch.zeros_like(mask)
+    gen[mask.bool()] = torch.tensor(seq.sample_logprobs, dtype=gen.dtype, device=device)
+    delta = (logp.detach().float() - gen)[mask.bool()]
+    if weight:
+        sums["mismatch_abs_sum"] += float(delta.abs().sum())
+        sums["mismatch_max"] = max(sums["mismatch_max"], float(delta.abs().max()) if delta.numel() else 0.0)
+    if not config.tis_cap > 0:
+        return None
+    tis = truncated_importance_weights(logp, gen, mask, config.tis_cap)
+    if weight:
+        sums["tis_weight_sum"] += float(tis.weights[mask.bool()].sum())
+        sums["tis_ratio_sum"] += tis.ratio_sum
+        sums["tis_truncated"] += tis.truncated
+        sums["tis_ratio_max"] = max(sums["tis_ratio_max"], tis.ratio_max)
+    return tis.weights
 
 
 _SUMMED = ("loss", "pg", "kl", "entropy", "clip_fraction", "mismatch_abs_sum", "tis_weight_sum", "tis_ratio_sum",
