@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.cases import every_case
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.train.checkpoint import FAULT_ENV
 from hydroagent_hpc.train.grpo.config import load_grpo_config
@@ -251,8 +252,9 @@ def test_stale_rollouts_come_from_the_previous_weights_and_on_policy_runs_stay_o
     assert any(not torch.equal(a[k], b[k]) for k in a)
 
 
+# two kill moments; the one inside the playing thread runs unless HYDROAGENT_CASES=all (tests/helpers/cases.py)
 @pytest.mark.slow
-@pytest.mark.parametrize("faults", ["usr1:2,kill:2", "usr1:1,kill_after_rollouts:3"])
+@pytest.mark.parametrize("faults", ["usr1:1,kill_after_rollouts:3", *(["usr1:2,kill:2"] if every_case() else [])])
 def test_a_stale_run_killed_and_resumed_neither_repeats_nor_skips_a_step(basins, tmp_path, faults):
     """``usr1:2,kill:2``: killed after checkpoint 2, with step 3's rollouts (played during step 2) on disk;
     ``kill_after_rollouts:3``: killed by the thread playing step 3 during step 2, after checkpoint 1."""
