@@ -59,7 +59,8 @@ import re
 import resource
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,8 @@ from hydroagent_hpc.train.writes import check_run_dir, save_checkpoint_or_stop
 log = logging.getLogger(__name__)
 
 __all__ = ["SFTConfig", "load_sft_config", "train_sft", "plan_epoch", "collate",
-           "weighted_token_loss", "loss_denominator", "lr_factor", "METRICS_COLUMNS", "sft_optimizer"]
+           "weighted_token_loss", "targets_only_head", "loss_denominator", "lr_factor", "METRICS_COLUMNS",
+           "sft_optimizer"]
 
 METRICS_COLUMNS = ("step", "loss", "tokens", "tokens_per_s", "lr", "grad_norm", "peak_mem_mb")
 BUCKET_WINDOW = 32  # micro-batches per length-sorting window
@@ -147,14 +149,48 @@ def collate(items: Sequence[dict[str, Any]], pad_id: int, weight_scale: float = 
 
 def weighted_token_loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """``sum_i w_i sum_t m_i[t] CE(logits_i[t-1], ids_i[t])`` (a sum: the caller divides by the step's
-    ``sum_i w_i sum_t m_i[t]``). Cross-entropy is taken in fp32 on the masked positions only."""
+    ``sum_i w_i sum_t m_i[t]``). Cross-entropy is taken in fp32 on the masked positions only.
+
+    ``logits``: ``[B, T, V]``, or ``[targets, V]`` when the model's head saw only the positions that
+    predict a masked token (:func:`targets_only_head`), in the same (row-major) order."""
     mask = batch["loss_mask"][:, 1:]
     selected = mask > 0
     targets = batch["input_ids"][:, 1:][selected]
-    token_logits = logits[:, :-1][selected].float()
+    token_logits = (logits if logits.dim() == 2 else logits[:, :-1][selected]).float()
     ce = F.cross_entropy(token_logits, targets, reduction="none")
     token_weight = (batch["weight"][:, None] * mask)[selected]
     return (ce * token_weight).sum()
+
+
+@contextlib.contextmanager
+def targets_only_head(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Iterator[None]:
+    """While in force, the model's output head (``get_output_embeddings``; under a DDP wrapper its
+    ``module``'s) projects only the hidden states at the positions ``t - 1`` of the masked tokens ``t`` of
+    ``batch``, so ``.logits`` is ``[targets, V]`` (what :func:`weighted_token_loss` takes) instead of
+    ``[B, T, V]``: the head's matmul, its gradient and the logits tensor shrink to the assistant tokens
+    (8% of the tokens of the TRL bench's batch). The loss is the same number; the head's weight gradient
+    sums the same products without the zero rows. A model without such a head, or a head called with
+    another shape, is left as it is (full logits)."""
+    inner: Any = getattr(model, "module", model)
+    find = getattr(inner, "get_output_embeddings", None)
+    head = find() if callable(find) else None
+    if not isinstance(head, torch.nn.Module):
+        yield
+        return
+    selected = batch["loss_mask"][:, 1:] > 0
+    shape = tuple(batch["input_ids"].shape)
+
+    def select(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        hidden = args[0] if args else None
+        if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or tuple(hidden.shape[:2]) != shape:
+            return None
+        return (hidden[:, :-1][selected], *args[1:])
+
+    handle = head.register_forward_pre_hook(select)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def loss_denominator(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -346,7 +382,7 @@ def _optimizer_step(model: Any, batches: list[dict[str, torch.Tensor]], autocast
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for a, b in enumerate(batches):
         with grad_sync(model, a == len(batches) - 1):
-            with autocast():
+            with autocast(), targets_only_head(model, b):  # logits of the assistant targets only
                 logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
                 part = weighted_token_loss(logits, b) / max(denominator, 1e-30)
             (part * world).backward()
@@ -370,114 +406,186 @@ def _optimizer_step(model: Any, batches: list[dict[str, torch.Tensor]], autocast
     return loss, grad_norm, lr, tokens
 
 
+@dataclass
+class _SFTRun:
+    """What the step loop of :func:`train_sft` works with, set up by :func:`_setup` (rank 0 alone holds the
+    metrics), and the loop's record so far: the epochs' plans, each step's loss and tokens/s, the step last
+    checkpointed (-1: none) and what stopped the loop early (``"SIGTERM"``)."""
+
+    config: SFTConfig
+    run_dir: Path
+    dataset: SFTDataset
+    lengths: np.ndarray
+    model: Any
+    tokenizer: Any
+    autocast: Callable[[], Any]
+    dtype: torch.dtype
+    use_fsdp: bool
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    state: TrainerState
+    world: int
+    rank: int
+    device: torch.device
+    micro_per_step: int
+    steps_per_epoch: int
+    max_steps: int
+    pad_id: int
+    resumed_at: int | None
+    saved_at: int
+    started: float
+    metrics: MetricsCSV | None = None
+    plans: dict[int, list[list[int]]] = field(default_factory=dict)
+    losses: list[float] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    stopped: str | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
 def train_sft(config: SFTConfig, run_dir: str | os.PathLike[str], resume: bool = True) -> dict[str, Any]:
     """Run SFT as configured into ``run_dir``; returns a summary (see the module docstring).
 
     ``summary["stopped"]`` is ``"SIGTERM"`` when a SIGTERM stopped the run after its checkpoint
     (no ``final/`` then), else None.
+
+    In order: :func:`_setup` (every check before anything is written, then the processes, the model on
+    them, the plan of steps and the run folder's files), one :func:`_one_step` per optimizer step, and
+    :func:`_finish` (the last checkpoint, ``final/``, the summary). The metrics (their progress bar and
+    live sinks) are closed when the loop ends, on an error too.
     """
     started = time.perf_counter()
-    run_dir = Path(run_dir)
-    # 1. checks, before anything is written
+    run = _setup(config, Path(run_dir), resume, started)
+    bar = run.metrics if run.metrics is not None else contextlib.nullcontext()  # metrics.close(): the bar and the sinks
+    with bar, Signals() as signals:  # the bar is cleared on an error too: its message stays one line
+        while run.state.step < run.max_steps:
+            if _one_step(run, signals):
+                break
+    return _finish(run)
+
+
+def _setup(config: SFTConfig, run_dir: Path, resume: bool, started: float) -> _SFTRun:
+    """Everything before the first step. First the checks, before anything is written (:func:`_preflight`,
+    the model, the data against it, the run folder against the config); then the processes and the model on
+    them (:func:`_place_model`), the optimizer, the plan of steps and the schedule, the (resumed) state, and
+    rank 0's ``config.yaml`` and metrics (:func:`_open_files`)."""
     dataset = _preflight(config, run_dir)
     model, tokenizer = _load_model(config)
     lengths = _check_data_fits(dataset, config, model)
     resume_from = prepare_run_dir(run_dir, config.to_dict(), resume, ConfigError, field_defaults(SFTConfig),
                                   model=model)
-
-    # 2. processes and the model on them
     accelerator = make_accelerator(config.collective_timeout_s)
     world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
     if world > 1:
         log.info("rank %d of %d: collectives time out after %.0f s", rank, world, process_group_timeout() or 0.0)
-    distributed = world > 1
     model, autocast, dtype, use_fsdp = _place_model(config, model, accelerator)
     optimizer = sft_optimizer(model, config)
-
-    # 3. the plan of steps
     micro_per_step, steps_per_epoch, max_steps = _step_plan(config, world, len(dataset))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, max_steps, config.min_lr_ratio))
-
     state = TrainerState(micro_per_step=micro_per_step)
-    metrics: MetricsCSV | None = None
     if resume_from is not None:
         state = _resume(resume_from, model, optimizer, scheduler, micro_per_step, world, config.grad_accum)
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    run = _SFTRun(config, run_dir, dataset, lengths, model, tokenizer, autocast, dtype, use_fsdp, optimizer, scheduler,
+                  state, world, rank, device, micro_per_step, steps_per_epoch, max_steps, pad_id,
+                  resumed_at=state.step if resume_from is not None else None,
+                  saved_at=state.step if resume_from is not None else -1, started=started)
     if rank == 0:
-        write_run_config(run_dir, config.to_dict(), {"world_size": world, "fsdp": use_fsdp, "compute_dtype": str(dtype),
-                                        "steps_per_epoch": steps_per_epoch, "max_steps": max_steps,
-                                        "examples": len(dataset), "resumed_from_step": state.step or None})
-        resumed = state.step if resume_from is not None else None
-        metrics = MetricsCSV(run_dir / "metrics.csv", METRICS_COLUMNS, resumed,
-                             open_live("sft", config, run_dir, resumed, max_steps))  # TensorBoard, W&B, progress
-    if distributed:
+        run.metrics = _open_files(run)
+    if run.distributed:
         dist.barrier()
     log.info("SFT: %d examples, %d steps/epoch, %d steps, %d process(es)%s, %s, micro-batch %d x accumulation %d",
              len(dataset), steps_per_epoch, max_steps, world, " FSDP2" if use_fsdp else "", dtype,
              config.micro_batch_size, config.grad_accum)
+    return run
 
-    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-    plans: dict[int, list[list[int]]] = {}
-    losses: list[float] = []
-    rates: list[float] = []
-    stopped: str | None = None
-    resumed_at = state.step if resume_from is not None else None
-    saved_at = state.step if resume_from is not None else -1
-    bar = metrics if metrics is not None else contextlib.nullcontext()  # metrics.close(): the bar and the sinks
-    with bar, Signals() as signals:  # the bar is cleared on an error too: its message stays one line
-        while state.step < max_steps:
-            t0 = time.perf_counter()
-            # 4. this rank's micro-batches of the step, and the step's denominator
-            plan = plans.get(state.epoch) or plans.setdefault(state.epoch, plan_epoch(
-                lengths.tolist(), config.micro_batch_size, config.seed, state.epoch, config.bucket_by_length))
-            batches = _micro_batches(dataset, plan, state.index * micro_per_step + rank, world, config.grad_accum,
-                                     pad_id, device)
-            # 5. forward/backward per micro-batch, then one optimizer step
-            try:
-                loss, grad_norm, lr, tokens = _optimizer_step(model, batches, autocast, optimizer, scheduler, config,
-                                                              world, device, state.step + 1)
-            except NonFiniteError as exc:  # nothing is saved after a non-finite step: the last checkpoint stays
-                raise stopped_at(exc, run_dir) from None
-            _advance(state, steps_per_epoch, int(tokens))
-            elapsed = time.perf_counter() - t0
-            row = {"step": state.step, "loss": loss, "tokens": int(tokens), "tokens_per_s": tokens / elapsed,
-                   "lr": lr, "grad_norm": grad_norm, "peak_mem_mb": _peak_mem_mb(device)}
-            losses.append(loss)
-            rates.append(tokens / elapsed)
-            if metrics is not None:
-                _record_step(metrics, row, config.log_every, max_steps)
 
-            # 6. checkpoints: periodic, SIGUSR1 (save, go on), SIGTERM (save, stop)
-            fault("usr1", state.step)
-            fault("term", state.step)
-            want_save, want_stop = agree(signals, distributed, device)
-            # a stop always saves this step: a SIGTERM that arrived during the last save had its save flag
-            # cleared with that save's
-            if (want_save or (want_stop and saved_at != state.step)
-                    or (config.save_every and state.step % config.save_every == 0)):
-                save_checkpoint_or_stop(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
-                saved_at = state.step
-                signals.save = False
-            fault("kill", state.step)
-            if want_stop:
-                stopped = "SIGTERM"
-                log.warning("SIGTERM: saved checkpoint step-%d and stopping", state.step)
-                break
+def _open_files(run: _SFTRun) -> MetricsCSV:
+    """Rank 0: ``config.yaml`` and the metrics (cut back to the checkpoint's step on a resume; with their
+    TensorBoard / W&B sinks and the progress display)."""
+    config, state = run.config, run.state
+    write_run_config(run.run_dir, config.to_dict(), {"world_size": run.world, "fsdp": run.use_fsdp,
+                                                     "compute_dtype": str(run.dtype),
+                                                     "steps_per_epoch": run.steps_per_epoch,
+                                                     "max_steps": run.max_steps, "examples": len(run.dataset),
+                                                     "resumed_from_step": state.step or None})
+    return MetricsCSV(run.run_dir / "metrics.csv", METRICS_COLUMNS, run.resumed_at,
+                      open_live("sft", config, run.run_dir, run.resumed_at, run.max_steps))  # TensorBoard, W&B, the bar
 
-    final = run_dir / "final"
-    if stopped is None:
-        if saved_at != state.step:
-            save_checkpoint_or_stop(run_dir, model, optimizer, scheduler, state, keep=config.keep_checkpoints)
-        _save_final(final, model, tokenizer, dtype)
-    if distributed:
+
+def _one_step(run: _SFTRun, signals: Signals) -> bool:
+    """One optimizer step: this rank's micro-batches of it (the epoch's plan made once), forward and backward
+    of each and one optimizer step (:func:`_optimizer_step`; nothing is saved after a non-finite step: the last
+    checkpoint stays), the step's row of the metrics, and a checkpoint when due (:func:`_maybe_checkpoint`).
+    True when a SIGTERM stops the run."""
+    config, state = run.config, run.state
+    t0 = time.perf_counter()
+    plan = run.plans.get(state.epoch) or run.plans.setdefault(state.epoch, plan_epoch(
+        run.lengths.tolist(), config.micro_batch_size, config.seed, state.epoch, config.bucket_by_length))
+    batches = _micro_batches(run.dataset, plan, state.index * run.micro_per_step + run.rank, run.world,
+                             config.grad_accum, run.pad_id, run.device)
+    try:
+        loss, grad_norm, lr, tokens = _optimizer_step(run.model, batches, run.autocast, run.optimizer, run.scheduler,
+                                                      config, run.world, run.device, state.step + 1)
+    except NonFiniteError as exc:  # nothing is saved after a non-finite step: the last checkpoint stays
+        raise stopped_at(exc, run.run_dir) from None
+    _advance(state, run.steps_per_epoch, int(tokens))
+    elapsed = time.perf_counter() - t0
+    row = {"step": state.step, "loss": loss, "tokens": int(tokens), "tokens_per_s": tokens / elapsed,
+           "lr": lr, "grad_norm": grad_norm, "peak_mem_mb": _peak_mem_mb(run.device)}
+    run.losses.append(loss)
+    run.rates.append(tokens / elapsed)
+    if run.metrics is not None:
+        _record_step(run.metrics, row, config.log_every, run.max_steps)
+    return _maybe_checkpoint(run, signals)
+
+
+def _maybe_checkpoint(run: _SFTRun, signals: Signals) -> bool:
+    """Checkpoints: every ``save_every`` steps, on SIGUSR1 (save, go on) and on SIGTERM (save, stop; every rank
+    agrees on a signal that reached any of them). True on a SIGTERM: the run stops (``run.stopped``) after
+    this step's checkpoint."""
+    config, state = run.config, run.state
+    fault("usr1", state.step)
+    fault("term", state.step)
+    want_save, want_stop = agree(signals, run.distributed, run.device)
+    # a stop always saves this step: a SIGTERM that arrived during the last save had its save flag
+    # cleared with that save's
+    if (want_save or (want_stop and run.saved_at != state.step)
+            or (config.save_every and state.step % config.save_every == 0)):
+        save_checkpoint_or_stop(run.run_dir, run.model, run.optimizer, run.scheduler, state,
+                                keep=config.keep_checkpoints)
+        run.saved_at = state.step
+        signals.save = False
+    fault("kill", state.step)
+    if want_stop:
+        run.stopped = "SIGTERM"
+        log.warning("SIGTERM: saved checkpoint step-%d and stopping", state.step)
+    return want_stop
+
+
+def _finish(run: _SFTRun) -> dict[str, Any]:
+    """After the loop: unless a SIGTERM stopped it, the last step's checkpoint (unless saved already) and
+    ``final/`` (:func:`_save_final`, a collective); the summary, logged."""
+    state, metrics, losses, rates = run.state, run.metrics, run.losses, run.rates
+    final = run.run_dir / "final"
+    if run.stopped is None:
+        if run.saved_at != state.step:
+            save_checkpoint_or_stop(run.run_dir, run.model, run.optimizer, run.scheduler, state,
+                                    keep=run.config.keep_checkpoints)
+        _save_final(final, run.model, run.tokenizer, run.dtype)
+    if run.distributed:
         dist.barrier()
     first_loss = (float(metrics.rows[0][1]) if metrics is not None and metrics.rows
                   else (losses[0] if losses else None))
-    summary = {"run_dir": str(run_dir), "steps": state.step, "max_steps": max_steps, "epoch": state.epoch,
+    summary = {"run_dir": str(run.run_dir), "steps": state.step, "max_steps": run.max_steps, "epoch": state.epoch,
                "first_loss": first_loss, "final_loss": losses[-1] if losses else None, "tokens": state.tokens,
-               "tokens_per_s": float(np.mean(rates)) if rates else None, "peak_mem_mb": _peak_mem_mb(device),
-               "world_size": world, "fsdp": use_fsdp, "resumed_from_step": resumed_at, "stopped": stopped,
-               "final": str(final) if stopped is None else None, "wall_s": time.perf_counter() - started}
+               "tokens_per_s": float(np.mean(rates)) if rates else None, "peak_mem_mb": _peak_mem_mb(run.device),
+               "world_size": run.world, "fsdp": run.use_fsdp, "resumed_from_step": run.resumed_at,
+               "stopped": run.stopped, "final": str(final) if run.stopped is None else None,
+               "wall_s": time.perf_counter() - run.started}
     log.info("SFT done: %s", {k: summary[k] for k in ("steps", "first_loss", "final_loss", "tokens_per_s")})
     return summary
 
