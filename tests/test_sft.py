@@ -8,6 +8,7 @@ triggered at a chosen step by its fault-injection variable), and a real 2-proces
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import subprocess
@@ -36,6 +37,7 @@ from hydroagent_hpc.train.sft.trainer import (  # noqa: E402
     loss_denominator,
     lr_factor,
     plan_epoch,
+    targets_only_head,
     train_sft,
     weighted_token_loss,
 )
@@ -168,6 +170,31 @@ def test_loss_is_the_weighted_mean_of_assistant_token_ce_and_rows_do_not_leak(to
                     num += w * -float(logp[t - 1, ids[t]])
                     den += w
     assert got == pytest.approx(num / den, rel=1e-5)
+
+
+def test_the_head_on_the_assistant_targets_only_gives_the_full_logits_loss_and_gradient(tok, trajs):
+    """The trainer's forward (targets_only_head): logits [targets, V], the same loss and gradient as the
+    full [B, T, V] logits, and the head is whole again afterwards."""
+    items = [{"input_ids": torch.tensor(t.input_ids), "assistant_mask": torch.tensor(t.assistant_mask),
+              "weight": torch.tensor(w)} for t, w in zip(trajs[:3], (1.0, 0.25, 2.0))]
+    batch = collate(items, tok.pad_token_id)
+    targets = int((batch["loss_mask"][:, 1:] > 0).sum())
+    results = []
+    for only in (False, True):
+        model = tiny.build_tiny_qwen3(tok, seed=0)
+        with targets_only_head(model, batch) if only else contextlib.nullcontext():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        assert logits.shape == ((targets, len(tok)) if only else (*batch["input_ids"].shape, len(tok)))
+        loss = weighted_token_loss(logits, batch) / loss_denominator(batch)
+        loss.backward()
+        results.append((float(loss), {n: p.grad for n, p in model.named_parameters()}))
+        after = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        assert after.shape == (*batch["input_ids"].shape, len(tok))  # the hook is gone
+    (full_loss, full_grad), (loss, grad) = results
+    assert 0 < targets < int(batch["attention_mask"].sum())  # prompts and padding are not projected
+    assert loss == pytest.approx(full_loss, rel=1e-6)
+    for name, g in full_grad.items():
+        assert torch.allclose(grad[name], g, rtol=1e-5, atol=1e-7), name
 
 
 def test_a_zero_weight_example_changes_nothing(tmp_path, trajs, tok):

@@ -3,7 +3,8 @@
 Both sides get the same token ids, the same assistant masks and the same starting weights of the
 tiny Qwen3 (:mod:`hydroagent_hpc.train.tiny`), in float32 on the CPU. What is compared, exactly:
 
-**SFT.** Ours: the trainer's own functions (:func:`~hydroagent_hpc.train.sft.trainer.collate`,
+**SFT.** Ours: the trainer's own functions (:func:`~hydroagent_hpc.train.sft.trainer.collate`, the forward
+with :func:`~hydroagent_hpc.train.sft.trainer.targets_only_head`,
 :func:`~hydroagent_hpc.train.sft.trainer.weighted_token_loss` over
 :func:`~hydroagent_hpc.train.sft.trainer.loss_denominator`, backward, ``clip_grad_norm_``), or the
 whole trainer (:func:`~hydroagent_hpc.train.sft.trainer.train_sft`, its ``metrics.csv``). TRL: one
@@ -34,6 +35,7 @@ the gradient differs even where the ratio is 1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
 import json
@@ -58,7 +60,13 @@ from hydroagent_hpc.env.toolcalls import render_hermes, render_tool_response, to
 from hydroagent_hpc.train.grpo.loss import grpo_loss, token_logprobs
 from hydroagent_hpc.train.sft.config import config_from_mapping
 from hydroagent_hpc.train.sft.data import DATA_SCHEMA, DATA_VERSION, SFTDataset
-from hydroagent_hpc.train.sft.trainer import collate, loss_denominator, train_sft, weighted_token_loss
+from hydroagent_hpc.train.sft.trainer import (
+    collate,
+    loss_denominator,
+    targets_only_head,
+    train_sft,
+    weighted_token_loss,
+)
 from hydroagent_hpc.train.tiny import build_tiny, build_tiny_qwen3, build_tiny_tokenizer, save_tiny
 from hydroagent_hpc.types import ToolCall
 
@@ -157,7 +165,9 @@ def our_sft_step(model: torch.nn.Module, items: Sequence[dict[str, torch.Tensor]
     batch = collate(items, pad_id)
     if variant == "no-mask":
         batch["loss_mask"] = batch["attention_mask"].float()
-    logits = work(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    head = targets_only_head(work, batch) if variant == "trainer" else contextlib.nullcontext()
+    with head:  # the trainer's forward: the head on the assistant targets only
+        logits = work(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     if variant == "per-sequence":
         rows = [weighted_token_loss(logits[i:i + 1], {k: v[i:i + 1] for k, v in batch.items()})
                 / loss_denominator({k: v[i:i + 1] for k, v in batch.items()}) for i in range(len(items))]
