@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -44,3 +47,40 @@ def test_the_bench_scores_every_row_and_resumes(tmp_path):
                                                         "GRPO released"]
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert json.loads((out / "plan.json").read_text())["ablation"] == 1
+
+
+CHILD = """
+import os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from hydroagent_hpc.bench.learning import _worker
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_worker, initargs=(1,))
+    print(pool.submit(os.getpid).result(), flush=True)
+    pool.submit(time.sleep, 120)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_bench_leaves_no_worker_running(tmp_path):
+    """A bench killed mid-unit (SIGKILL: no cleanup runs) takes its worker with it, instead of leaving it
+    training on and holding its run's store lock against the next run."""
+    script = tmp_path / "bench_child.py"
+    script.write_text(CHILD)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _running(worker):
+        time.sleep(0.1)
+    assert not _running(worker), f"worker {worker} outlived the killed bench"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -43,11 +43,14 @@ numbers. ``--quick`` is a smoke-sized run (minutes) for the tests.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import logging
 import math
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -93,6 +96,7 @@ class BenchPlan:
     baseline: str = "group"
     adv_clip: float = 0.0
     temperature: float = 1.0
+    entropy_coef: float = 0.01  # the paper's entropy bonus
     max_new_tokens: int = 128
     validate_every: int = 4
     curve_basins: int = 12
@@ -267,7 +271,7 @@ def _grpo(out: Path, plan: BenchPlan, folder: Path, data_seed: int, model_seed: 
         "validation_basins": _read(out, "heldout")["basins"][:plan.curve_basins],
         "validate_every": plan.validate_every, "group_size": plan.k, "prompts_per_step": plan.prompts_per_step,
         "max_steps": plan.grpo_steps, "lr": plan.grpo_lr, "advantage": credit, "temperature": plan.temperature,
-        "baseline": plan.baseline, "adv_clip": plan.adv_clip,
+        "baseline": plan.baseline, "adv_clip": plan.adv_clip, "entropy_coef": plan.entropy_coef,
         "max_new_tokens": plan.max_new_tokens, "seed": model_seed, "save_every": 2, "dtype": "fp32",
         "env": plan.env})
     summary = train_grpo(config, folder / "run", resume=True)
@@ -303,9 +307,17 @@ def _read(out: Path, key: str) -> dict[str, Any]:
 
 
 def _worker(threads: int) -> None:
-    """A worker process's start, before anything imports torch: it reads its thread count once."""
+    """A worker process's start, before anything imports torch: it reads its thread count once. On Linux
+    the worker gets a SIGTERM when the bench process dies (``prctl(PR_SET_PDEATHSIG)``), so a bench
+    killed mid-unit leaves no worker training on (and holding its run's store lock); the unit resumes
+    from its checkpoint on the next run."""
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        except OSError:
+            log.debug("no prctl here: a killed bench's workers finish their unit")
 
 
 def _do(out: str, plan: dict[str, Any], unit: Unit) -> tuple[str, float]:
