@@ -125,7 +125,8 @@ def test_the_standin_refuses_every_call_the_real_engines_refuse(tiny, stops):
     _sync_by_hand(engine, model)
     assert engine.generate(_prompt(tok), None, GREEDY, stop).ids == sample.ids
     engine.close()
-    assert [e for _, e in journal if e not in ("update",)] == ["synced", "checksum", "sleep", "wake", "synced"]
+    assert [e for _, e in journal if e not in ("update",)] == ["synced", "checksum", "generate", "generated", "sleep",
+                                                                "wake", "synced", "generate", "generated"]
 
 
 @pytest.fixture
@@ -359,9 +360,12 @@ def test_a_grpo_step_wakes_syncs_generates_sleeps_then_trains(basins, tmp_path, 
     summary = train_grpo(cfg, tmp_path / "run")
     assert summary["steps"] == 1 and summary["stopped"] is None
     (engine,) = made
-    events = [e for _, e in engine.journal if e != "update"]
+    events = [e for _, e in engine.journal if e not in ("update", "generate", "generated")]
     # construction (awake), the first sync, the rollouts, sleep before training, wake and sync after it
     assert events == ["synced", "checksum", "sleep", "train", "wake", "synced", "checksum"]
+    # every turn answered before the engine sleeps and the trainer optimises
+    assert engine.journal.index(("trainer", "train")) > max(i for i, (_, e) in enumerate(engine.journal)
+                                                            if e == "generated")
     assert engine.generated > 0 and engine.closed
     assert len(engine.syncs) == 2 and all(len(s) >= 2 for s in engine.syncs)  # 1 MiB buckets: several per sync
     (row,) = _rows(tmp_path / "run")

@@ -108,7 +108,8 @@ def test_staleness_is_off_by_default_and_refused_where_it_cannot_run(tmp_path):
                                           r"  fix: set tis_cap: 2\.0"):
         load_grpo_config(_write(tmp_path, max_staleness=1))
     with pytest.raises(ConfigError, match=r"max_staleness: 1 with generator: colocated.*sleep.*\n"
-                                          r"  fix: set max_staleness: 0, or generator: engine or local"):
+                                          r"  fix: set colocated\.awake_while_training: true .*, or "
+                                          r"max_staleness: 0, or generator: engine or local"):
         load_grpo_config(_write(tmp_path, max_staleness=1, tis_cap=2.0, generator="colocated"))
     with pytest.raises(ConfigError, match=r"max_staleness"):
         load_grpo_config(_write(tmp_path, max_staleness=2, tis_cap=2.0))

@@ -80,7 +80,13 @@ paged KV pool, planned as a warning (an engine preempts and queues; it does not 
 training phase is the trainer's alone) and awake during the rollouts: then the GPU holds the trainer's
 master weights, AdamW state and reference (its gradients are freed) beside the engine's bf16 weights,
 workspace and KV pool (phase ``colocated generation``); the engine's share of the GPU is what that
-resident state leaves (:func:`colocated_memory_fraction`).
+resident state leaves (:func:`colocated_memory_fraction`). With ``colocated.awake_while_training``
+(``max_staleness: 1``: the next step decodes while this one trains) the engine never sleeps: phase
+``training beside the awake engine`` is the training phase with the engine's bf16 weights, its KV pool
+(``memory_fraction x total - 2 N``, at least one rollout at full context, ``M kv``) and its workspace
+resident throughout, and the engine's share, when ``memory_fraction`` is null, is what the training
+*peak* leaves (:func:`colocated_memory_fraction`). Planned against free memory (the trainer's own check)
+the GPU's total is taken as the free bytes plus :data:`CONTEXT_RESERVE`.
 
 Peaks: each phase has terms resident throughout and *moments* (the forward pass, the loss's
 backward, a checkpointed layer's backward, the optimizer step, a decode step, a prefill) whose
@@ -109,7 +115,7 @@ __all__ = ["ModelShape", "GPU", "GPUS", "QWEN3_4B_INSTRUCT_2507", "SHAPES", "Ter
            "MemoryPlanError", "plan_sft", "plan_grpo", "check_plan", "free_device_memory", "require_fits",
            "shape_for_model", "decoder_saved_bytes", "layer_saved_bytes", "layer_backward_bytes",
            "prefill_layer_bytes", "kv_bytes_per_token", "gpu_named", "engine_memory_fraction",
-           "colocated_memory_fraction",
+           "colocated_memory_fraction", "awake_while_training",
            "GiB", "SLACK", "CONTEXT_RESERVE", "PREFIX_NEW_TOKENS", "ENGINE_MEMORY_FRACTION", "TRAINER_ADAMW",
            "LOCAL_GENERATION_MODE"]
 
@@ -864,13 +870,74 @@ def _colocated_resident(shape: ModelShape, config: Any, lay: _Layout) -> list[Te
     return out
 
 
+def awake_while_training(config: Any) -> bool:
+    """``generator: colocated`` with ``colocated.awake_while_training``: the engines stay awake beside the trainer."""
+    colocated = getattr(config, "colocated", None)
+    return config.generator == "colocated" and bool(getattr(colocated, "awake_while_training", False))
+
+
+def _grpo_train(config: Any, world: int) -> _Train:
+    """One GRPO pass: one sequence of up to ``max_context_tokens``, ``ceil(R / W)`` passes per rank."""
+    r = config.prompts_per_step * config.group_size
+    t = config.max_context_tokens
+    return _Train(tokens=t, rows=1, loss_tokens=t, checkpointing=config.activation_checkpointing,
+                  passes=-(-r // world), chunk=config.logprob_chunk, reference=config.kl_coef > 0)
+
+
+def _awake_share(shape: ModelShape, config: Any, lay: _Layout, total: int) -> float:
+    """With ``awake_while_training``: the largest share of ``total`` an engine may take (weights and KV pool)
+    beside the trainer's training peak, its workspace (:data:`ENGINE_WORKSPACE`), the CUDA context and
+    :data:`SLACK` (less one MiB for rounding), at most :data:`ENGINE_MEMORY_FRACTION` and at least 0.01."""
+    capacity = total - CONTEXT_RESERVE
+    training, _ = _training_phase("grpo", shape, lay, _grpo_train(config, lay.world), capacity, "")
+    engine = capacity / (1 + SLACK) - training.tensors - ENGINE_WORKSPACE - MiB
+    return float(min(ENGINE_MEMORY_FRACTION, max(0.01, engine / total)))
+
+
+def _awake_engine_terms(shape: ModelShape, config: Any, lay: _Layout, total: int) -> tuple[float, int, list[Term]]:
+    """(the engine's share, its KV pool, its resident terms) for an engine awake beside the training: bf16
+    weights, the KV pool of ``memory_fraction x total`` less the weights (at least one rollout at full
+    context), and its workspace."""
+    given = getattr(getattr(config, "colocated", None), "memory_fraction", None)
+    share = float(given) if given is not None else _awake_share(shape, config, lay, total)
+    weights = 2 * shape.params
+    full = config.max_context_tokens * kv_bytes_per_token(shape)
+    pool = int(share * total) - weights
+    how = "colocated.memory_fraction" if given is not None else "the plan's share"
+    terms = [_t("engine weights (bf16, awake)", weights, "2 N"),
+             _t("engine KV pool (bf16, awake)", max(pool, full),
+                f"{share:.2f} x total - 2 N ({how}), at least M kv = {config.max_context_tokens:,} x kv"),
+             _t("engine workspace (activations, CUDA graphs)", ENGINE_WORKSPACE, "estimate")]
+    return share, max(pool, full), terms
+
+
+def _awake_phase(shape: ModelShape, config: Any, lay: _Layout, capacity: int, total: int, device: str
+                 ) -> tuple[Phase, list[str]]:
+    """The training phase with the awake engine's weights, KV pool and workspace resident beside it."""
+    training, _ = _training_phase("grpo", shape, lay, _grpo_train(config, lay.world), capacity, device)
+    share, pool, engine = _awake_engine_terms(shape, config, lay, total)
+    r = -(-(config.prompts_per_step * config.group_size) // lay.world)
+    m = config.max_context_tokens
+    kvt = kv_bytes_per_token(shape)
+    notes = [f"colocated, awake while training: each engine takes {share:.2f} of its GPU ({_g(int(share * total))} "
+             f"GiB: weights and a KV pool of {_g(pool)} GiB, {pool // (m * kvt)} of its {r} rollouts at full "
+             f"context) beside the trainer's training peak"]
+    if int(share * total) - 2 * shape.params < m * kvt:
+        notes.append(f"colocated: a share of {share:.2f} leaves the engine no KV pool for one rollout at full "
+                     f"context ({_g(m * kvt)} GiB): planned with that much")
+    phase = Phase("training beside the awake engine", (*training.resident, *engine), training.moments, capacity,
+                  device)
+    return phase, notes
+
+
 def colocated_memory_fraction(config: Any, *, world: int = 1, device: Any = None, total_bytes: int | None = None,
                               shape: ModelShape | None = None) -> float:
     """The share of its GPU's ``total_bytes`` a colocated engine may take while awake: what the trainer's
     resident state (:func:`_colocated_resident`), the CUDA context (:data:`CONTEXT_RESERVE`) and
-    :data:`SLACK` leave, at most :data:`ENGINE_MEMORY_FRACTION` and at least 0.05. ``total_bytes``
-    defaults to ``device``'s (CUDA); without either (a CPU run, the stand-in engine) the share is 0.5,
-    which nothing reads."""
+    :data:`SLACK` leave, at most :data:`ENGINE_MEMORY_FRACTION` and at least 0.05; with
+    ``colocated.awake_while_training``, what the trainer's training *peak* leaves beside the engine's
+    workspace (:func:`_awake_share`). ``total_bytes`` defaults to ``device``'s (CUDA); without either
+    (a CPU run, the stand-in engine) the share is 0.5, which nothing reads."""
     if total_bytes is None:
         import torch
 
@@ -881,15 +948,18 @@ def colocated_memory_fraction(config: Any, *, world: int = 1, device: Any = None
     if shape is None:
         shape, _ = shape_for_model(config.model)
     lay = _layout(config.dtype, config.fsdp, world)
+    if awake_while_training(config):
+        return _awake_share(shape, config, lay, total_bytes)
     resident = sum(t.bytes for t in _colocated_resident(shape, config, lay)) + CONTEXT_RESERVE
     share = (total_bytes * (1 - SLACK) - resident) / total_bytes
     return float(min(ENGINE_MEMORY_FRACTION, max(0.05, share)))
 
 
-def _colocated_phase(shape: ModelShape, config: Any, lay: _Layout, capacity: int, device: str
-                     ) -> tuple[Phase, list[str]]:
+def _colocated_phase(shape: ModelShape, config: Any, lay: _Layout, capacity: int, device: str,
+                     awake_pool: int | None = None) -> tuple[Phase, list[str]]:
     """A colocated trainer GPU while its engine is awake: the trainer's resident state and the engine's
-    bf16 weights, workspace and KV pool (the rollouts of the step spread over ``W`` engines)."""
+    bf16 weights, workspace and KV pool (the rollouts of the step spread over ``W`` engines).
+    ``awake_pool``: the engine's fixed KV pool when it stays awake beside the training."""
     r = -(-(config.prompts_per_step * config.group_size) // lay.world)
     m = config.max_context_tokens
     kvt = kv_bytes_per_token(shape)
@@ -897,6 +967,8 @@ def _colocated_phase(shape: ModelShape, config: Any, lay: _Layout, capacity: int
                 _t("engine weights (bf16)", 2 * shape.params, "2 N"),
                 _t("engine workspace (activations, CUDA graphs)", ENGINE_WORKSPACE, "estimate")]
     pool = int(capacity / (1 + SLACK)) - sum(t.bytes for t in resident)  # what the engine's KV pool can take
+    if awake_pool is not None:
+        pool = awake_pool
     demand = r * m * kvt
     notes = []
     if pool <= 0:
@@ -971,7 +1043,10 @@ def plan_grpo(config: Any, *, world: int = 1, gpu: str | GPU | None = None, free
     per rank (``R = prompts_per_step x group_size``). Generation: ``generator: local`` samples on
     the trainer GPU (one process; ``generation_mode``: ``autocast`` over the fp32 weights, ``bf16``
     for a bf16 copy, or ``fp32``; default :data:`LOCAL_GENERATION_MODE`; ``prefill_tokens``: the new ids of one turn
-    with the prefix cache); ``generator: engine`` plans the engine's GPU (same kind) as a warning.
+    with the prefix cache); ``generator: engine`` plans the engine's GPU (same kind) as a warning;
+    ``generator: colocated`` the engine awake beside the trainer's resident state (phase ``colocated
+    generation``) and, with ``colocated.awake_while_training``, beside its training (phase ``training
+    beside the awake engine``).
     """
     notes: list[str] = []
     if shape is None:
@@ -982,8 +1057,7 @@ def plan_grpo(config: Any, *, world: int = 1, gpu: str | GPU | None = None, free
     lay = _layout(config.dtype, config.fsdp, world)
     r = config.prompts_per_step * config.group_size
     t = config.max_context_tokens
-    tr = _Train(tokens=t, rows=1, loss_tokens=t, checkpointing=config.activation_checkpointing,
-                passes=-(-r // world), chunk=config.logprob_chunk, reference=config.kl_coef > 0)
+    tr = _grpo_train(config, world)
     training, no_ac = _training_phase("grpo", shape, lay, tr, capacity, device)
     phases = [training]
     setup = _setup_phase(shape, lay, tr.reference, capacity, device)
@@ -994,7 +1068,17 @@ def plan_grpo(config: Any, *, world: int = 1, gpu: str | GPU | None = None, free
         engine, engine_notes = _engine_phase(shape, config, capacity, device)
         notes += engine_notes
     elif config.generator == "colocated":
-        colocated, colocated_notes = _colocated_phase(shape, config, lay, capacity, device)
+        awake_pool = None
+        if awake_while_training(config):
+            if free_bytes is not None or gpu is None:  # the free memory: its total as free + the CUDA context
+                total = capacity + CONTEXT_RESERVE
+            else:
+                total = (gpu if isinstance(gpu, GPU) else gpu_named(gpu)).total
+            awake, awake_notes = _awake_phase(shape, config, lay, capacity, total, device)
+            phases.append(awake)
+            notes += awake_notes
+            awake_pool = next(t.bytes for t in awake.resident if t.name.startswith("engine KV pool"))
+        colocated, colocated_notes = _colocated_phase(shape, config, lay, capacity, device, awake_pool)
         phases.append(colocated)
         notes += colocated_notes
     else:
@@ -1085,6 +1169,8 @@ def _suggest_grpo(config: Any, world: int, gpu: str | GPU | None, free_bytes: in
         p = plan(start)
         out.append(f"activation_checkpointing: true saves {_g(plan(config).training.peak - p.training.peak)} GiB "
                    f"in training" + (f" ({_peak_note(p)})" if p.fits else " (not enough alone)"))
+    if awake_while_training(config):
+        out += _suggest_awake(config, world, start, pre, plan)
     if config.generator == "local":
         r = config.prompts_per_step * config.group_size
         for prefix in ((True, False) if config.prefix_cache else (False,)):
@@ -1102,7 +1188,7 @@ def _suggest_grpo(config: Any, world: int, gpu: str | GPU | None, free_bytes: in
                 p = plan(dataclasses.replace(cand, generation_batch=g))
                 out.append(f"{what}generation_batch: {g} ({_peak_note(p)})")
                 break
-        eng = dataclasses.replace(start, generator="engine", engine=config.engine or _ANY_ENGINE)
+        eng = dataclasses.replace(start, generator="engine", engine=config.engine or _ANY_ENGINE, colocated=None)
         if plan(eng).fits:
             out.append(f"{pre}generator: engine on a GPU of its own ({_peak_note(plan(eng))} on the trainer)")
 
@@ -1114,13 +1200,42 @@ def _suggest_grpo(config: Any, world: int, gpu: str | GPU | None, free_bytes: in
     if m is not None:
         out.append(f"{pre}max_context_tokens: {1024 * m} (episodes end at that length)")
     if free_bytes is None:
-        eng = dataclasses.replace(start, generator="engine", engine=config.engine or _ANY_ENGINE)
+        eng = dataclasses.replace(start, generator="engine", engine=config.engine or _ANY_ENGINE, colocated=None)
         for w in range(max(2, world + 1), 65):
             p = plan(eng, w)
             if p.fits:
                 out.append(f"{pre}more GPUs: {w} trainers with generator: engine on a GPU of its own "
                            f"({_peak_note(p)} per trainer GPU)")
                 break
+    return out
+
+
+def _suggest_awake(config: Any, world: int, start: Any, pre: str, plan: Callable[..., MemoryPlan]) -> list[str]:
+    """An engine awake beside the training that does not fit: a smaller ``colocated.memory_fraction`` (the
+    largest that fits), more GPUs, or the engines asleep while training (each checked by planning again)."""
+    out: list[str] = []
+    colocated = start.colocated
+
+    def with_fraction(f: float | None) -> Any:
+        return dataclasses.replace(start, colocated=dataclasses.replace(colocated, memory_fraction=f))
+
+    if colocated.memory_fraction is not None:
+        best = _largest_fitting(1, int(colocated.memory_fraction * 100) - 1,
+                                lambda k: plan(with_fraction(k / 100)).fits)
+        if best is not None:
+            out.append(f"{pre}a smaller colocated.memory_fraction: {best / 100:.2f} (or null: the largest share that "
+                       f"fits beside the training peak)")
+    auto = with_fraction(None)
+    for w in range(world + 1, 65):
+        p = plan(dataclasses.replace(auto, fsdp=start.fsdp if start.fsdp is not False else True), w)
+        if p.fits:
+            out.append(f"{pre}more GPUs: {w} trainers, each with its engine awake ({_peak_note(p)} per GPU)")
+            break
+    asleep = dataclasses.replace(start, max_staleness=0,
+                                 colocated=dataclasses.replace(colocated, awake_while_training=False))
+    if plan(asleep).fits:
+        out.append(f"{pre}colocated.awake_while_training: false" + (" and max_staleness: 0" if config.max_staleness
+                                                                     else "") + " (the engines sleep while training)")
     return out
 
 

@@ -24,6 +24,15 @@ in memory, gathered from the FSDP2 shards bucket by bucket, never through the di
    :meth:`ColocatedGenerator.check_released`, called by the trainer at the top of its optimisation
    step, refuses to train while an engine of this process holds memory.
 
+With ``colocated.awake_while_training`` (:attr:`ColocatedGenerator.awake_while_training`; what
+``max_staleness: 1`` needs) step 3 is left out: the engine keeps its weights and KV pool beside the
+trainer (the memory plan counts both, ``train/memory_plan.py``), never sleeps nor wakes after its
+construction, and :meth:`~ColocatedGenerator.check_released` lets the trainer optimise beside it. Rank 0
+then plays the next step's rollouts on the engines while the trainers optimise
+(:class:`~hydroagent_hpc.train.grpo.overlap.RolloutsAhead`), sampled by the weights of the last sync, and
+joins that thread before the next sync: a sync never runs while a turn is in flight on its engine (the
+stand-in refuses it).
+
 An engine that fails (its ``generate`` raises: the scheduler process died, the rank went away) is
 marked lost: its rollouts in flight and the later turns of its rollouts end with
 :class:`EngineLostError` (recorded as failed rollouts, not trained on), the step goes on with the
@@ -343,14 +352,16 @@ class ColocatedGenerator:
 
     Build it with :meth:`start` (every rank; a collective when several ranks train). ``journal`` holds
     ``(who, event)`` entries in order: each engine's calls (the stand-in's) and this layout's
-    ``("trainer", "train")`` when :meth:`check_released` passes.
+    ``("trainer", "train")`` when :meth:`check_released` passes. ``awake_while_training``: the engine is
+    never put to sleep, and the trainer optimises beside it (``colocated.awake_while_training``).
     """
 
     def __init__(self, engine: Any, *, bucket_bytes: int, dtype: torch.dtype, rank: int = 0,
                  remotes: Sequence[tuple[str, int]] = (), authkey: bytes = b"", journal: list[tuple[str, str]]
-                 | None = None, service_host: str = "") -> None:
+                 | None = None, service_host: str = "", awake_while_training: bool = False) -> None:
         self.local = EngineHandle(engine, rank)
         self.rank = rank
+        self.awake_while_training = bool(awake_while_training)
         self.bucket_bytes = int(bucket_bytes)
         self.dtype = dtype
         self.journal: list[tuple[str, str]] = journal if journal is not None else []
@@ -363,19 +374,21 @@ class ColocatedGenerator:
         self.checked = ""
 
     @classmethod
-    def start(cls, backend: str, spec: EngineSpec, *, bucket_bytes: int, world: int = 1, rank: int = 0
-              ) -> ColocatedGenerator:
+    def start(cls, backend: str, spec: EngineSpec, *, bucket_bytes: int, world: int = 1, rank: int = 0,
+              awake_while_training: bool = False) -> ColocatedGenerator:
         """This rank's engine from ``backend``; with several ranks the services and their addresses are
         exchanged (a collective: every rank calls it)."""
         engine = BACKENDS[backend](spec)
         if world == 1:
-            return cls(engine, bucket_bytes=bucket_bytes, dtype=spec.dtype, rank=rank, journal=spec.journal)
+            return cls(engine, bucket_bytes=bucket_bytes, dtype=spec.dtype, rank=rank, journal=spec.journal,
+                       awake_while_training=awake_while_training)
         import torch.distributed as dist
 
         box: list[Any] = [secrets.token_bytes(32) if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         authkey = bytes(box[0])
-        me = cls(engine, bucket_bytes=bucket_bytes, dtype=spec.dtype, rank=rank, journal=spec.journal)
+        me = cls(engine, bucket_bytes=bucket_bytes, dtype=spec.dtype, rank=rank, journal=spec.journal,
+                 awake_while_training=awake_while_training)
         if rank != 0:
             me.service = EngineService(me.local, authkey)
         addresses: list[Any] = [None] * world
@@ -418,13 +431,15 @@ class ColocatedGenerator:
         return self.last_sync_s
 
     def sleep(self) -> None:
-        """Release this process's engine's memory (every rank, after the rollouts)."""
+        """Release this process's engine's memory (every rank, after the rollouts). The trainer does not call
+        it with :attr:`awake_while_training`."""
         if self.local.alive and self.local.engine.holds_memory:
             self.local.engine.sleep()
 
     def check_released(self) -> None:
-        """The trainer's check before it optimises: no engine of this process holds memory."""
-        if self.local.engine.holds_memory:
+        """The trainer's check before it optimises: no engine of this process holds memory (with
+        :attr:`awake_while_training` the engine may: the memory plan counted it beside the trainer)."""
+        if self.local.engine.holds_memory and not self.awake_while_training:
             raise ColocatedError(f"colocated engine {self.local.name} holds its memory while the trainer optimises "
                                  f"(rank {self.rank})",
                                  "put the engines to sleep (ColocatedGenerator.sleep) before the optimisation step")
@@ -450,7 +465,7 @@ def for_run(config: Any, model: torch.nn.Module, tokenizer: Any, device: torch.d
     """This rank's :class:`ColocatedGenerator` for a GRPO config (``generator: colocated``; every rank calls
     it). The weights are handed over in ``dtype``, the run's compute dtype (bf16 on a GPU); the engine's
     memory share is ``colocated.memory_fraction``, else ``planned_fraction``: what the memory plan leaves
-    beside the trainer's resident state on this GPU
+    beside the trainer's resident state on this GPU (beside its training peak with ``awake_while_training``)
     (:func:`~hydroagent_hpc.train.memory_plan.colocated_memory_fraction`)."""
     settings = config.colocated or ColocatedSettings()
     fraction = settings.memory_fraction if settings.memory_fraction is not None else planned_fraction
@@ -460,7 +475,8 @@ def for_run(config: Any, model: torch.nn.Module, tokenizer: Any, device: torch.d
                       context_tokens=config.max_context_tokens + config.max_new_tokens, seed=config.seed,
                       pad_id=int(pad), max_batch=config.generation_batch, prefix_cache=config.prefix_cache)
     generator = ColocatedGenerator.start(settings.backend, spec, bucket_bytes=settings.bucket_mb * 2**20, world=world,
-                                         rank=rank)
-    log.info("colocated engine %s on %s (memory share %.2f, weights in %s buckets of %d MiB)", generator.local.name,
-             device, fraction, str(dtype).replace("torch.", ""), settings.bucket_mb)
+                                         rank=rank, awake_while_training=settings.awake_while_training)
+    log.info("colocated engine %s on %s (memory share %.2f, weights in %s buckets of %d MiB%s)", generator.local.name,
+             device, fraction, str(dtype).replace("torch.", ""), settings.bucket_mb,
+             ", awake while training" if settings.awake_while_training else "")
     return generator

@@ -32,7 +32,13 @@ class ColocatedSettings(Settings):
                            help="the engine in every trainer process: sglang, vllm or standin (CPU, tests)")
     memory_fraction: float | None = setting(
         None, gt=0, lt=1, help="the share of its GPU the engine takes while awake (null: what the memory plan "
-                               "leaves beside the trainer's resident state)",
+                               "leaves beside the trainer's resident state, or with awake_while_training beside "
+                               "the trainer's training peak)",
         fix="give a share between 0 and 1 (e.g. 0.5), or null to take it from the memory plan")
     bucket_mb: int = setting(DEFAULT_BUCKET_MB, ge=1, le=65536,
                              help="MiB of weights gathered from the shards and handed to the engine at a time")
+    awake_while_training: bool = setting(
+        False, source="ours",
+        help="keep the engines awake (their weights and KV pool resident) beside the trainer while it optimises, "
+             "instead of asleep; needed by max_staleness 1, whose next rollouts decode during training; the "
+             "memory plan then counts engine and trainer together (docs/colocated.md, Overlap)")

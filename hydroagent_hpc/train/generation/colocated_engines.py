@@ -154,7 +154,10 @@ class StandinEngine:
     come only from :meth:`update_weights`, and samples with
     :class:`~hydroagent_hpc.train.generation.sampler.BatchedSampler` (prefix cache by ``key``) behind
     a :class:`~hydroagent_hpc.train.generation.sampler.GenerationServer` per sampling setting, so the
-    requests in flight are batched as an engine batches them. ``journal`` gets one entry per call.
+    requests in flight are batched as an engine batches them. ``journal`` gets one entry per control call
+    and ``generate`` / ``generated`` around every turn. A control call (wake, sleep, a bucket, the checksum)
+    while a ``generate`` is in flight is an :class:`EngineOrderError`: SGLang's scheduler must be idle
+    for them, and vLLM's ``LLM`` is not thread-safe (``in_flight`` counts the turns in flight).
     ``fail_after``: the engine fails (raises) on that many ``generate`` calls from now (tests).
     """
 
@@ -177,6 +180,7 @@ class StandinEngine:
         self._servers: dict[Sampling, GenerationServer] = {}
         self.fail_after = fail_after
         self.generated = 0
+        self.in_flight = 0  # generate calls between their start and their answer
         self.requests: list[list[int]] = []  # the ids of every generate call, in order (what tests read)
         self.closed = False
 
@@ -186,6 +190,10 @@ class StandinEngine:
     def _require(self, awake: bool, what: str) -> None:
         if self.closed:
             raise EngineOrderError(f"{self.name}: {what} after close", "build a new engine")
+        if what != "generate" and self.in_flight:
+            raise EngineOrderError(f"{self.name}: {what} while {self.in_flight} generate call(s) are in flight",
+                                   "join the rollouts (RolloutsAhead.wait) before the engine's weights or "
+                                   "memory change")
         if self._awake != awake:
             state = "awake" if self._awake else "asleep"
             raise EngineOrderError(f"{self.name}: {what} while {state}",
@@ -246,7 +254,7 @@ class StandinEngine:
             self._note("checksum")
             return tensor_digest(self._params[name])
 
-    def _server(self, sampling: Sampling, stop_ids: Sequence[int]) -> GenerationServer:
+    def _server(self, sampling: Sampling, stop_ids: Sequence[int], ids: Sequence[int]) -> GenerationServer:
         with self._lock:
             self._require(True, "generate")
             if not self._ready:
@@ -262,14 +270,20 @@ class StandinEngine:
                     raise RuntimeError(f"{self.name}: the scheduler process died (fail_after)")
                 self.fail_after -= 1
             self.generated += 1
+            self.in_flight += 1
+            self.requests.append(list(ids))
+            self._note("generate")
             return server
 
     def generate(self, ids: Sequence[int], seed: int | None, sampling: Sampling, stop_ids: Sequence[int],
                  key: Hashable | None = None) -> Sample:
-        server = self._server(sampling, stop_ids)
-        with self._lock:
-            self.requests.append(list(ids))
-        return server.generate(ids, seed, key=key)
+        server = self._server(sampling, stop_ids, ids)  # counted in flight from here
+        try:
+            return server.generate(ids, seed, key=key)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+                self._note("generated")
 
     def _stop_servers(self) -> None:
         for server in self._servers.values():

@@ -33,7 +33,8 @@ key                    meaning
 generator              ``local`` (default: in-process transformers), ``engine`` (an HTTP server) or
                        ``colocated`` (an engine inside every trainer process; ``docs/colocated.md``:
                        ``colocated.backend`` sglang, vllm or standin, ``colocated.memory_fraction``,
-                       ``colocated.bucket_mb``)
+                       ``colocated.bucket_mb``, ``colocated.awake_while_training``: needed by
+                       ``max_staleness: 1``)
 engine.api             ``sglang`` or ``vllm`` (:data:`hydroagent_hpc.train.generation.engine.ENGINE_APIS`)
 engine.url             the server's base URL, e.g. ``http://node12:30000`` (required)
 engine.launch          null (a server you started) or the argument list that starts one; ``{model}``
@@ -166,7 +167,8 @@ class GRPOConfig(Settings):
                                              "each token's advantage (0: off)")
     max_staleness: int = setting(0, ge=0, le=1, source="ours",
                                  help="0: on-policy (the paper's and released's); 1: the next step's rollouts are "
-                                      "played while this step trains, by the weights one step older (needs tis_cap)",
+                                      "played while this step trains, by the weights one step older (needs tis_cap; "
+                                      "colocated also colocated.awake_while_training)",
                                  fix="give 0 (on-policy) or 1 (one step of overlap; docs/grpo.md)")
     kl_coef: float = setting(0.2, ge=0, presets=_by_preset("kl_coef"), source="paper, released",
                              help="weight of the KL penalty to the reference policy")
@@ -228,11 +230,13 @@ class GRPOConfig(Settings):
         if self.engine is not None and self.engine.launch is None and not ENGINE_API_RELOAD[self.engine.api]:
             raise invalid("engine", f"api {self.engine.api} cannot reload weights from disk while it runs",
                           "give engine.launch so the trainer restarts the engine on each new checkpoint")
-        if self.max_staleness and self.generator == "colocated":
+        awake = self.colocated is not None and self.colocated.awake_while_training
+        if self.max_staleness and self.generator == "colocated" and not awake:
             raise invalid("max_staleness", "1 with generator: colocated: its engines sleep while their GPUs "
                                            "train, so nothing can play the next step's rollouts then "
                                            "(docs/colocated.md, Overlap)",
-                          "set max_staleness: 0, or generator: engine or local")
+                          "set colocated.awake_while_training: true (the engines stay awake beside the trainer; "
+                          "the memory plan counts both), or max_staleness: 0, or generator: engine or local")
         if self.max_staleness and not self.tis_cap > 0:
             raise invalid("max_staleness", f"{self.max_staleness} trains on rollouts sampled by older weights, which "
                                            "needs truncated importance weights (tis_cap is 0)",

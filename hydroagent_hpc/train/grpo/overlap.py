@@ -17,7 +17,11 @@ What samples while the trainer updates, per generator:
 * ``local``: a copy of the policy (one more set of weights in memory), refreshed from the trainer's
   weights before each start (:meth:`BehaviourModel.refresh`): the in-process sampler decodes with it
   while the trainer's model trains.
-* ``colocated``: refused (its engines sleep while their GPUs train; docs/colocated.md, Overlap).
+* ``colocated`` with ``colocated.awake_while_training`` (refused without it: the engines would sleep
+  while their GPUs train): the engines, awake beside the trainers, keep the weights of the last sync;
+  the rollout policies are built on a shell, as for ``engine``. The weight sync after the step waits for
+  the thread (and, with several ranks, every rank for rank 0: a barrier), so no engine takes new weights
+  while a turn is in flight on it (docs/colocated.md, Overlap).
 
 **Resume.** When the thread is joined, the step's rollouts are also written to
 ``RUN/overlap/step-NNNNNN.pkl`` (a pickle of the trainer's own record, written to a temporary file,
@@ -120,9 +124,8 @@ class BehaviourModel:
 
 
 def behaviour_model(generator: str, model: Any) -> BehaviourModel:
-    """The :class:`BehaviourModel` of ``generator`` (``local``: a copy; ``engine``: a shell)."""
-    if generator == "colocated":
-        raise ValueError("max_staleness 1 does not run with generator: colocated (its engines sleep while training)")
+    """The :class:`BehaviourModel` of ``generator`` (``local``: a copy; ``engine`` and ``colocated``, whose
+    engines sample: a shell)."""
     return BehaviourModel(model, copy_weights=generator == "local")
 
 

@@ -708,6 +708,8 @@ def _one_step(run: _Run, progress: _Progress, signals: Signals, ahead: RolloutsA
     training_s = time.perf_counter() - t_train
     if ahead is not None:  # every rollout of the next step is sampled before the weights change
         ahead.wait()
+    if config.max_staleness and run.generator is not None and ranks.distributed:
+        dist.barrier()  # colocated: no rank's engine takes new weights while rank 0's thread may still use it
     state.step, state.epoch, state.index = step, epoch, index
     state.tokens += int(parts["tokens"])
     # the engine serves the new weights before anything samples again (validation included)
@@ -729,10 +731,11 @@ def _one_step(run: _Run, progress: _Progress, signals: Signals, ahead: RolloutsA
 
 def _shared_batch(run: _Run, played: _Rollouts | None) -> list[_Sequence]:
     """Rank 0's training batch (the trainable rollouts with their advantages per group, from the ledger) on
-    every rank; then the colocated engines release their memory (the rollouts are over on every one)."""
+    every rank; then the colocated engines release their memory (the rollouts are over on every one), unless
+    they stay awake beside the trainer (``colocated.awake_while_training``)."""
     with timeline.span("wait"):  # the other ranks wait here for rank 0's rollouts
         batch = _share(training_batch(played.rollouts, played.per_turn) if played is not None else None, run.ranks)
-    if run.generator is not None:  # the rollouts are over on every engine: release their memory
+    if run.generator is not None and not run.generator.awake_while_training:  # release the engines' memory
         with timeline.span("sleep"):
             run.generator.sleep()
     return batch
