@@ -696,6 +696,14 @@ def estimate_layout(shape: EpisodeShape, costs: StepCosts, layout: Layout, *, gr
       beside their KV cache): the GPUs' work is the busiest engine's decode plus the training, the
       rollouts' wall time (their simulations) can hide it or be hidden, so the step is
       ``sync + max(rollouts, busiest engine + train)`` in the steady state.
+
+    What is built for that row (``colocated.awake_while_training``, docs/colocated.md "Overlap") matches
+    its order: the rollouts start once the batch is shared, the sync waits for them, and nobody sleeps or
+    wakes. The row assumes two things the build does not guarantee, both unmeasured. First, decode and
+    training share a GPU without slowing each other: their work adds up as if they ran one after the
+    other at full speed. Real contention for SMs, memory bandwidth and NCCL would make it longer.
+    Second, each engine decodes all its rollouts as one batch. Beside the training, the memory plan gives
+    the paper's engine a KV pool for 3 of its 8 rollouts at full context, so long episodes queue.
     """
     r = simulate_rollouts(shape, costs, engines=layout.engines, group_size=group_size, batching=layout.batching,
                           decode_tokens_per_turn=layout.decode_tokens_per_turn, turn_cv=turn_cv, seed=seed)
