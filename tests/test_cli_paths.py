@@ -46,6 +46,7 @@ NOT_PATHS: dict[str, str] = {
     "source": "a .jsonl file or a folder of them (train sft-import checks it, naming file and line)",
     "target": "a checkpoint folder or an http(s) URL (train eval tells them apart and checks the folder)",
     "run_name": "a W&B run name",
+    "report_to": "sink names (tensorboard, wandb); where they write follows from the store or run folder",
     "model_entry": "a models-file entry",
     "max_context_tokens": "a number",
 }
