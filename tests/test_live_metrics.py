@@ -257,3 +257,20 @@ def test_grpo_rows_and_step_phases_reach_tensorboard(grpo_basins, tmp_path):
         assert name in board, name
     assert {"timeline/rank0/generate_s", "timeline/rank0/train_s", "timeline/rank0/validate_s"} <= set(phases)
     assert 0 < phases["timeline/rank0/train_s"][1] <= float(rows[0]["step_s"])
+
+
+def test_an_evaluation_summary_reaches_offline_wandb_at_the_runs_last_step(tmp_path, offline_wandb):
+    """``train eval --report-to wandb`` on a run's ``final/``: one offline W&B run under
+    ``RUN/eval-<store>/wandb`` holding the summary at the run's last step."""
+    pytest.importorskip("wandb")
+    from hydroagent_hpc.train.live import EvalLiveSettings, report_evaluation
+
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "metrics.csv").write_text("step,loss\n1,2.5\n2,2.0\n3,1.5\n")
+    values = {"eval/best_nse_mean": 0.5, "eval/valid_calls": 0.75, "eval/best_nse/syn_small": 0.25}
+    folder = report_evaluation(values, EvalLiveSettings(report_to=("wandb",)), str(run / "final"), tmp_path / "held.h5")
+    assert folder == run / "eval-held"
+    runs = _wandb_history(folder)
+    assert len(runs) == 1
+    _assert_matches(next(iter(runs.values())), {k: {3: v} for k, v in values.items()})
