@@ -82,6 +82,20 @@ def _files(run: Path) -> list[str]:
     return sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
 
 
+def _assert_one_event_writer(run: Path, rows: list[dict[str, str]]) -> None:
+    """RUN/tensorboard holds one event file (rank 0's writer), each metrics.csv step in it once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(p.name for p in (run / "tensorboard").iterdir())
+    assert len(files) == 1 and files[0].startswith("events.out.tfevents."), files
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    for column in ("loss", "reward_mean", "kl", "grad_norm"):
+        logged = acc.Scalars(f"grpo/{column}")
+        assert [e.step for e in logged] == [int(r["step"]) for r in rows], column  # no step twice
+        assert [e.value for e in logged] == pytest.approx([float(r[column]) for r in rows], rel=2e-7), column
+
+
 def _episodes(run: Path) -> list[tuple[str, float]]:
     """The stored episodes' ids and rewards, sorted."""
     from hydroagent_hpc.store import read_episodes
@@ -103,7 +117,8 @@ def one(basins, server, tmp_path_factory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "ddp"])
 def test_two_processes_train_what_one_process_trains(basins, server, one, tmp_path, fsdp):
-    cfg = _config(tmp_path / "grpo.yaml", basins, server.url, fsdp=str(fsdp).lower())
+    # report_to: only rank 0 may open the live sinks (one event file below)
+    cfg = _config(tmp_path / "grpo.yaml", basins, server.url, fsdp=str(fsdp).lower(), report_to="[tensorboard]")
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
@@ -140,8 +155,10 @@ def test_two_processes_train_what_one_process_trains(basins, server, one, tmp_pa
     # each rank's own RNG states, for each rank to restore its own (gpu-audit F12)
     extra = torch.load(run / "checkpoints" / "step-2" / "trainer.pt", weights_only=False)
     assert len(extra["rng_ranks"]) == 2 and extra["rng"] is not None
-    # only rank 0 wrote the run folder: the one-process run's files, each once (metrics not appended twice)
-    assert _files(run) == _files(one)
+    # only rank 0 wrote the run folder: the one-process run's files, each once (metrics not appended twice),
+    # and one TensorBoard writer holding each step's row once
+    assert [f for f in _files(run) if not f.startswith("tensorboard/")] == _files(one)
+    _assert_one_event_writer(run, two_rows)
     # the step timeline has both ranks' lanes (gathered on rank 0): rank 1 waits while rank 0 plays the
     # rollouts, both train and take part in the weight gather for the engine
     from hydroagent_hpc.train.grpo.timeline import read_timeline, utilisation
