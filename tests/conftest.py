@@ -90,14 +90,16 @@ def small_sim(small_basin_dir):
 SHARED_MACHINERY = ("slurm", "mpi")
 
 
-#: The longest groups (measured: make test TESTS=all JOBS=2 --durations, 2026-12-03) go to the workers
+#: The longest groups (measured: make test TESTS=all JOBS=2 --durations, 2026-12-04) go to the workers
 #: first, so that two long ones do not end the run on one worker while the other idles (the kill tests
 #: alone are 4 min; alphabetically they came last). The Makefile passes --no-loadscope-reorder, without
 #: which xdist hands out the groups with the most tests first instead.
-LONG_GROUPS = ("cluster", "tests/test_train_kill.py", "tests/test_grpo_train.py", "tests/test_pipeline.py",
-               "tests/test_done_means_intact.py", "tests/test_grpo_overlap.py", "tests/test_grpo_fsdp.py",
-               "tests/test_sft.py", "tests/test_grpo_ops.py", "tests/test_checkpoint_damage.py",
-               "tests/test_pipeline_faults.py", "tests/test_sft_ops.py", "tests/test_colocated.py")
+LONG_GROUPS = ("cluster", "tests/test_pipeline.py", "tests/test_train_kill.py", "tests/test_grpo_fsdp.py",
+               "tests/test_grpo_train.py", "tests/test_grpo_timeline.py", "tests/test_grpo_overlap.py",
+               "tests/test_colocated.py", "tests/test_colocated_overlap.py", "tests/test_sft.py",
+               "tests/test_env_fuzz.py", "tests/test_learning_bench.py", "tests/test_bench_sft_learning.py",
+               "tests/test_done_means_intact.py", "tests/test_grpo_ops.py", "tests/test_checkpoint_damage.py",
+               "tests/test_pipeline_faults.py", "tests/test_sft_ops.py", "tests/test_store_damage.py")
 
 
 #: Files whose tests run in one group per test function (the SFT and GRPO kill sweeps, 3-4 min each, have
