@@ -40,6 +40,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from helpers.cases import sampled  # noqa: E402
 from helpers.sft import short_trajectories, write_sft_data  # noqa: E402
+from helpers.threads import one_torch_thread  # noqa: E402, F401  (autouse fixture)
 from hydroagent_hpc.errors import HydroAgentError, one_line  # noqa: E402
 from hydroagent_hpc.train import tiny  # noqa: E402
 from hydroagent_hpc.train.checkpoint import FAULT_ENV, TrainerState, save_checkpoint  # noqa: E402
@@ -47,14 +48,6 @@ from hydroagent_hpc.train.sft.trainer import load_sft_config, sft_optimizer, tra
 
 STEPS = 3
 FILES = ("model.pt", "optim.pt", "trainer.pt", "manifest.json")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

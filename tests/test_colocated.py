@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.colocated import capture_standins, grpo_config
 from hydroagent_hpc.errors import CannotHealError, ConfigError
-from hydroagent_hpc.train.generation import colocated as colo
 from hydroagent_hpc.train.generation.colocated import (
     ColocatedGenerator,
     EngineService,
@@ -325,27 +325,6 @@ def test_the_memory_plan_gives_the_engine_what_the_trainer_leaves(basins):
     assert not any(p.name == "generation" for p in plan.phases)
 
 
-def _capture(monkeypatch) -> list[StandinEngine]:
-    """The stand-in engines the trainer builds (the registry's factory, kept)."""
-    made: list[StandinEngine] = []
-
-    def factory(spec: EngineSpec) -> StandinEngine:
-        made.append(StandinEngine(spec))
-        return made[-1]
-
-    monkeypatch.setitem(colo.BACKENDS, "standin", factory)
-    return made
-
-
-def _config(basins: Path, tmp_path: Path, name: str, **extra: object) -> Path:
-    values: dict[str, object] = {"basins": f"[{basins / 'b1'}, {basins / 'b2'}]", "group_size": 2,
-                                 "prompts_per_step": 1, "max_steps": 2, "max_new_tokens": 12, "lr": "1.0e-3",
-                                 "generation_batch": 1, "env": "{max_turns: 2}", **extra}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text("".join(f"{k}: {v}\n" for k, v in values.items()))
-    return path
-
-
 def _rows(run: Path) -> list[dict[str, str]]:
     with open(run / "metrics.csv", newline="") as fh:
         return list(csv.DictReader(fh))
@@ -355,8 +334,8 @@ COLOCATED = {"generator": "colocated", "colocated": "{backend: standin, bucket_m
 
 
 def test_a_grpo_step_wakes_syncs_generates_sleeps_then_trains(basins, tmp_path, monkeypatch):
-    made = _capture(monkeypatch)
-    cfg = load_grpo_config(_config(basins, tmp_path, "c", max_steps=1, env="{max_turns: 1}", **COLOCATED))
+    made = capture_standins(monkeypatch)
+    cfg = load_grpo_config(grpo_config(tmp_path, basins, "c", max_steps=1, env="{max_turns: 1}", **COLOCATED))
     summary = train_grpo(cfg, tmp_path / "run")
     assert summary["steps"] == 1 and summary["stopped"] is None
     (engine,) = made
@@ -373,9 +352,9 @@ def test_a_grpo_step_wakes_syncs_generates_sleeps_then_trains(basins, tmp_path, 
 
 
 def test_an_engine_left_awake_stops_the_optimisation(basins, tmp_path, monkeypatch):
-    _capture(monkeypatch)
+    capture_standins(monkeypatch)
     monkeypatch.setattr(ColocatedGenerator, "sleep", lambda self: None)  # a trainer that forgets to release
-    cfg = load_grpo_config(_config(basins, tmp_path, "c", max_steps=1, env="{max_turns: 1}", **COLOCATED))
+    cfg = load_grpo_config(grpo_config(tmp_path, basins, "c", max_steps=1, env="{max_turns: 1}", **COLOCATED))
     with pytest.raises(ColocatedError, match="holds its memory while the trainer optimises"):
         train_grpo(cfg, tmp_path / "run")
 
@@ -387,13 +366,13 @@ def test_colocated_standin_trains_exactly_what_local_trains(basins, caller, tmp_
     and the final weights equal the in-process generator's bit for bit."""
     from safetensors.torch import load_file
 
-    made = _capture(monkeypatch)
+    made = capture_standins(monkeypatch)
     # the resume test's recipe (tests/test_grpo_train.py RESUME_RUN): both steps' groups earn different rewards
     common = {"model": caller, "group_size": 4, "max_new_tokens": 18, "temperature": 1.2, "lr": "1.0e-5", "seed": 1,
               "validation_basins": f"[{basins / 'v1'}]", "validate_every": 1}
     runs = {}
     for name, extra in (("local", {}), ("colocated", COLOCATED)):
-        cfg = load_grpo_config(_config(basins, tmp_path, name, **common, **extra))
+        cfg = load_grpo_config(grpo_config(tmp_path, basins, name, **common, **extra))
         assert train_grpo(cfg, tmp_path / name)["steps"] == 2
         runs[name] = _rows(tmp_path / name)
     compared = ("reward_mean", "reward_std", "terminal_mean", "best_nse_mean", "trainable", "degenerate_groups",

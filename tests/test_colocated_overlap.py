@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.colocated import capture_standins, grpo_config
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.train.generation import colocated as colo
 from hydroagent_hpc.train.generation.colocated import weight_buckets
@@ -37,26 +38,11 @@ def basins(grpo_basins: Path) -> Path:
     return grpo_basins  # tests/conftest.py
 
 
-def _capture(monkeypatch) -> list[StandinEngine]:
-    made: list[StandinEngine] = []
-
-    def factory(spec: EngineSpec) -> StandinEngine:
-        made.append(StandinEngine(spec))
-        return made[-1]
-
-    monkeypatch.setitem(colo.BACKENDS, "standin", factory)
-    return made
-
-
 def _config(tmp_path: Path, basins: Path, name: str, *, awake: bool, **extra: object) -> Path:
-    values: dict[str, object] = {"basins": f"[{basins / 'b1'}, {basins / 'b2'}]", "group_size": 2,
-                                 "prompts_per_step": 1, "max_steps": 2, "max_new_tokens": 12, "lr": "1.0e-3",
-                                 "generation_batch": 1, "env": "{max_turns: 1}", "generator": "colocated",
-                                 "colocated": f"{{backend: standin, bucket_mb: 1, awake_while_training: "
-                                              f"{str(awake).lower()}}}", **extra}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text("".join(f"{k}: {v}\n" for k, v in values.items()))
-    return path
+    """One tool call an episode, the stand-in engines awake while training or not."""
+    return grpo_config(tmp_path, basins, name, env="{max_turns: 1}", generator="colocated",
+                       colocated=f"{{backend: standin, bucket_mb: 1, awake_while_training: {str(awake).lower()}}}",
+                       **extra)
 
 
 def _rows(run: Path) -> list[dict[str, str]]:
@@ -289,7 +275,7 @@ def test_awake_on_policy_trains_exactly_what_asleep_trains(basins, tmp_path, mon
     equal the sleeping layout's bit for bit (one-row batches, the stand-in samples in fp32)."""
     from safetensors.torch import load_file
 
-    made = _capture(monkeypatch)
+    made = capture_standins(monkeypatch)
     runs = {}
     for awake in (False, True):
         name = "awake" if awake else "asleep"
