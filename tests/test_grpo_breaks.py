@@ -20,6 +20,7 @@ real environments and the real simulator.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -113,9 +114,11 @@ def _written_loss(model, reference, batch: Sequence[_Sequence], kl_coef: float, 
         logp = logits.gather(-1, target)[:, 0]  # logp[t - 1] = log p(ids[t] | ids[<t])
         d = ref.gather(-1, target)[:, 0] - logp
         entropy = -(logits.exp() * logits).sum(-1)
+        # pg_tokens: arguments: the advantage only on the tokens the mask keeps (1 everywhere without one)
+        keep = torch.ones(len(s.ids)) if s.pg_mask is None else torch.from_numpy(s.pg_mask)
         for adv, (start, end) in zip(s.advantages, s.spans):
             sl = slice(start - 1, end - 1)
-            loss = loss + (-float(adv) * logp[sl] + kl_coef * (d[sl].exp() - d[sl] - 1)
+            loss = loss + (-float(adv) * keep[start:end] * logp[sl] + kl_coef * (d[sl].exp() - d[sl] - 1)
                            - entropy_coef * entropy[sl]).sum() / total
     return loss
 
@@ -155,6 +158,30 @@ def test_one_update_is_the_written_grpo_gradient():
     assert parts["kl"] > 0.01 and parts["grad_norm"] == pytest.approx(
         math.sqrt(sum(float((g * g).sum()) for g in grads)), rel=1e-4)
     assert all(torch.equal(p, ref_before[k]) for k, p in reference.named_parameters())
+
+
+def test_with_pg_tokens_arguments_the_advantage_moves_only_the_kept_tokens_and_kl_all():
+    """``pg_tokens: arguments`` (train/grpo/decisions.py): the update is the written gradient with each
+    turn's advantage on the tokens of its mask only, while the KL and entropy terms and the token-mean's
+    normaliser keep every sampled token. Breaks caught: the mask ignored by the loss (the update is then
+    ``pg_tokens: all``'s, which the test also checks differs); the KL or entropy masked with it."""
+    model, _ = build_tiny(seed=1)
+    reference, _ = build_tiny(seed=2)
+    reference.eval().requires_grad_(False)
+    kl_coef, entropy_coef = 0.3, 0.01
+    config = _config(kl_coef=kl_coef, entropy_coef=entropy_coef, max_grad_norm=1e9, pg_tokens="arguments")
+    rng = np.random.default_rng(5)
+    batch = [dataclasses.replace(s, pg_mask=(rng.random(len(s.ids)) < 0.4).astype(np.float32)) for s in _sequences()]
+    model.eval()
+    want = torch.autograd.grad(_written_loss(model, reference, batch, kl_coef, entropy_coef), list(model.parameters()))
+    plain = [dataclasses.replace(s, pg_mask=None) for s in batch]
+    unmasked = torch.autograd.grad(_written_loss(model, reference, plain, kl_coef, entropy_coef),
+                                   list(model.parameters()))
+    delta, _ = _sgd_update(model, reference, batch, config)
+    scale = max(float(g.abs().max()) for g in want)
+    for (k, _), g in zip(model.named_parameters(), want):
+        torch.testing.assert_close(delta[k], -g, rtol=0, atol=2e-5 * scale, msg=lambda m, k=k: f"{k}: {m}")
+    assert max(float((a - b).abs().max()) for a, b in zip(want, unmasked)) > 100 * 2e-5 * scale
 
 
 def test_gradient_clipping_bounds_the_update():

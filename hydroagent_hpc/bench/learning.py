@@ -95,6 +95,7 @@ class BenchPlan:
     grpo_lr: float = 2e-4
     baseline: str = "group"
     adv_clip: float = 0.0
+    pg_tokens: str = "all"  # the tokens the policy gradient is taken on (all: the paper's; or arguments)
     temperature: float = 1.0
     entropy_coef: float = 0.01  # the paper's entropy bonus
     max_new_tokens: int = 128
@@ -271,7 +272,8 @@ def _grpo(out: Path, plan: BenchPlan, folder: Path, data_seed: int, model_seed: 
         "validation_basins": _read(out, "heldout")["basins"][:plan.curve_basins],
         "validate_every": plan.validate_every, "group_size": plan.k, "prompts_per_step": plan.prompts_per_step,
         "max_steps": plan.grpo_steps, "lr": plan.grpo_lr, "advantage": credit, "temperature": plan.temperature,
-        "baseline": plan.baseline, "adv_clip": plan.adv_clip, "entropy_coef": plan.entropy_coef,
+        "baseline": plan.baseline, "adv_clip": plan.adv_clip, "pg_tokens": plan.pg_tokens,
+        "entropy_coef": plan.entropy_coef,
         "max_new_tokens": plan.max_new_tokens, "seed": model_seed, "save_every": 2, "dtype": "fp32",
         "env": plan.env})
     summary = train_grpo(config, folder / "run", resume=True)

@@ -101,6 +101,7 @@ from hydroagent_hpc.settings import (
 )
 from hydroagent_hpc.train.generation.colocated_config import ColocatedSettings
 from hydroagent_hpc.train.generation.engine_config import ENGINE_API_RELOAD, EngineSettings
+from hydroagent_hpc.train.grpo.decisions import PG_TOKENS
 from hydroagent_hpc.train.live import report_to_setting, run_name_setting, wandb_project_setting
 from hydroagent_hpc.yamlio import load_strict
 
@@ -155,6 +156,10 @@ class GRPOConfig(Settings):
                                  "valid (rollouts without a parse failure; docs/learning.md) or valid_only (the "
                                  "same, and rollouts with a parse failure get no advantage)")
     adv_clip: float = setting(0.0, ge=0, source="ours", help="clip every advantage to [-adv_clip, adv_clip] (0: off)")
+    pg_tokens: str = setting("all", choices=PG_TOKENS, source="ours",
+                             help="sampled tokens the policy gradient is taken on: all (the paper's) or arguments (the "
+                                  "tool calls' arguments, the moves; every sampled token keeps the KL and entropy "
+                                  "terms; docs/learning.md)")
     lr: float = setting(1e-6, gt=0, le=1, source="paper", help="learning rate (linear warm-up, then constant)",
                         fix=LR_FIX)
     warmup_steps: int = setting(0, ge=0, help="steps of linear warm-up")

@@ -114,6 +114,7 @@ from hydroagent_hpc.train.generation.sampler import BatchedSampler, RolloutSampl
 from hydroagent_hpc.train.grpo import timeline
 from hydroagent_hpc.train.grpo.advantages import group_advantages, token_advantages
 from hydroagent_hpc.train.grpo.config import GRPOConfig, check_world_size
+from hydroagent_hpc.train.grpo.decisions import PieceTable, argument_mask
 from hydroagent_hpc.train.grpo.loss import LogprobModel, grpo_loss, truncated_importance_weights
 from hydroagent_hpc.train.grpo.overlap import RolloutsAhead, behaviour_model
 from hydroagent_hpc.train.live import Live, open_live
@@ -734,7 +735,9 @@ def _shared_batch(run: _Run, played: _Rollouts | None) -> list[_Sequence]:
     every rank; then the colocated engines release their memory (the rollouts are over on every one), unless
     they stay awake beside the trainer (``colocated.awake_while_training``)."""
     with timeline.span("wait"):  # the other ranks wait here for rank 0's rollouts
-        batch = _share(training_batch(played.rollouts, played.per_turn) if played is not None else None, run.ranks)
+        pieces = PieceTable(run.tokenizer) if run.config.pg_tokens == "arguments" else None
+        batch = _share(training_batch(played.rollouts, played.per_turn, pieces) if played is not None else None,
+                       run.ranks)
     if run.generator is not None and not run.generator.awake_while_training:  # release the engines' memory
         with timeline.span("sleep"):
             run.generator.sleep()
@@ -965,7 +968,7 @@ def learning_signal(batch: Sequence[_Sequence], turn_advantages: np.ndarray, deg
     carry 0 trains on the KL and entropy terms alone)."""
     counts = np.zeros(3)
     for seq in batch:
-        adv = token_advantages(seq.advantages, seq.spans, len(seq.ids))[np.asarray(seq.mask, dtype=bool)]
+        adv = seq.token_advantages()[np.asarray(seq.mask, dtype=bool)]
         counts += ((adv > 0).sum(), (adv < 0).sum(), (adv == 0).sum())
     shares = counts / counts.sum() if counts.sum() else np.full(3, np.nan)
     q = np.quantile(turn_advantages, [0.1, 0.5, 0.9]) if turn_advantages.size else np.full(3, np.nan)
@@ -1006,19 +1009,30 @@ def _advantages(config: GRPOConfig, rollouts: Sequence[Rollout], groups: int) ->
 @dataclass
 class _Sequence:
     """What the loss needs of one trainable rollout (and what rank 0 sends the other ranks): the ids,
-    the 0/1 mask of sampled ids, the assistant spans, the generator's log-probs of the mask-1 ids and
-    the advantage of each assistant turn."""
+    the 0/1 mask of sampled ids, the assistant spans, the generator's log-probs of the mask-1 ids, the
+    advantage of each assistant turn and, with ``pg_tokens: arguments``, the 0/1 mask of the tokens that
+    carry it (None: every token of a turn does)."""
 
     ids: list[int]
     mask: list[int]
     spans: list[tuple[int, int]]
     sample_logprobs: list[float]
     advantages: np.ndarray
+    pg_mask: np.ndarray | None = None
+
+    def token_advantages(self) -> np.ndarray:
+        """Each token's advantage: its turn's (:func:`token_advantages`), times :attr:`pg_mask` if any."""
+        adv = token_advantages(self.advantages, self.spans, len(self.ids))
+        return adv if self.pg_mask is None else adv * self.pg_mask
 
 
-def training_batch(rollouts: Sequence[Rollout], per_turn: dict[int, np.ndarray]) -> list[_Sequence]:
-    """The trainable rollouts among ``rollouts`` as sequences, each with its per-turn advantages ``per_turn[i]``."""
-    return [_Sequence(list(r.ids), list(r.mask), list(r.spans), list(r.sample_logprobs), per_turn[i])
+def training_batch(rollouts: Sequence[Rollout], per_turn: dict[int, np.ndarray],
+                   pieces: PieceTable | None = None) -> list[_Sequence]:
+    """The trainable rollouts among ``rollouts`` as sequences, each with its per-turn advantages ``per_turn[i]``;
+    with ``pieces`` (``pg_tokens: arguments``) each also with the mask of its tool calls' argument tokens
+    (:func:`~hydroagent_hpc.train.grpo.decisions.argument_mask`)."""
+    return [_Sequence(list(r.ids), list(r.mask), list(r.spans), list(r.sample_logprobs), per_turn[i],
+                      None if pieces is None else argument_mask(pieces(r.ids), r.spans))
             for i in per_turn if (r := rollouts[i]).trainable]
 
 
@@ -1074,7 +1088,7 @@ def _accumulate(config: GRPOConfig, scorer: torch.nn.Module, reference: torch.nn
         ids = torch.tensor([seq.ids], dtype=torch.long, device=device)
         attn = torch.ones_like(ids)
         mask = torch.tensor([seq.mask], dtype=torch.float32, device=device)
-        adv = torch.from_numpy(token_advantages(seq.advantages, seq.spans, len(seq.ids)))[None].to(
+        adv = torch.from_numpy(seq.token_advantages())[None].to(
             device=device, dtype=torch.float32)
         with grad_sync(scorer, j == len(passes) - 1):
             with _autocast(device, autocast_dtype), timeline.span("forward"):
