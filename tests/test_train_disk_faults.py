@@ -19,6 +19,7 @@ import errno
 import hashlib
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,14 +133,22 @@ def _digests(folder: Path) -> dict[str, str]:
 LIMITS = {"config.yaml": 600, "model.pt": 256 << 10, "optim.pt": 5 << 20}
 
 
-@pytest.mark.slow  # two or three trainer processes per case: about 30 s each
-@pytest.mark.parametrize("stops", sorted(LIMITS))
-def test_a_full_disk_during_a_run_leaves_the_last_checkpoint_as_it_was(stops, data, tmp_path):
-    cfg = _sft_config(tmp_path / "sft.yaml", data)
-    run = tmp_path / "run"
-    # a first run saves step 1 and stops (SIGTERM through the trainer's handler)
-    first = _hydroagent("train", "sft", str(cfg), "--out", str(run), env=_env(**{FAULT_ENV: "term:1"}))
+@pytest.fixture(scope="module")
+def stopped(data, tmp_path_factory) -> tuple[Path, Path]:
+    """The SFT config and a run that saved step 1 and stopped (SIGTERM through the trainer's handler): every
+    case resumes a copy of it."""
+    tmp = tmp_path_factory.mktemp("stopped")
+    cfg = _sft_config(tmp / "sft.yaml", data)
+    first = _hydroagent("train", "sft", str(cfg), "--out", str(tmp / "run"), env=_env(**{FAULT_ENV: "term:1"}))
     assert first.returncode == 143, first.stderr[-2000:]
+    return cfg, tmp / "run"
+
+
+@pytest.mark.slow  # one or two trainer processes per case: about 20 s each
+@pytest.mark.parametrize("stops", sorted(LIMITS))
+def test_a_full_disk_during_a_run_leaves_the_last_checkpoint_as_it_was(stops, stopped, tmp_path):
+    cfg, run = stopped[0], tmp_path / "run"
+    shutil.copytree(stopped[1], run)
     ckpts = run / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == "step-1"
     before = _digests(ckpts / "step-1")
