@@ -64,6 +64,8 @@ endif
 # on one process, the longest first, the Slurm and MPI tests one
 # at a time (tests/conftest.py SHARED_MACHINERY).
 JOBS ?= 2
+# PYTEST_ARGS passes more options to pytest (e.g. PYTEST_ARGS=--durations=25, as .ci/run does).
+PYTEST_ARGS ?=
 ifeq ($(JOBS),1)
 PYTEST_JOBS :=
 else
@@ -71,7 +73,7 @@ PYTEST_JOBS := -n $(JOBS) --dist loadgroup --no-loadscope-reorder
 endif
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_JOBS) $(PYTEST_SELECT) tests; rc=$$?; \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_JOBS) $(PYTEST_SELECT) $(PYTEST_ARGS) tests; rc=$$?; \
 	if [ "$(TESTS)" = fast ]; then echo "make test: the tests marked slow (training processes, Slurm, MPI, learning runs," \
 	"long fuzzing) were left out; run every test with: make test TESTS=all  (as .ci/run does)"; fi; exit $$rc
 
