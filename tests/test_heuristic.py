@@ -103,3 +103,27 @@ def test_partial_sends_only_what_changes(basin, small_sim):
     assert parse_message(sets[0].text).calls[0].arguments == {"alpha0": 0.5}
     with pytest.raises(ValueError, match="partial"):
         HeuristicHydrologist(partial="yes")  # type: ignore[arg-type]
+
+
+def test_explore_draws_moves_the_diagnosis_would_not_make(basin, small_sim):
+    """explore=p: that share of the moves is drawn uniformly (teacher data whose moves vary, so a student
+    samples moves GRPO can rank); explore=0 leaves the episode unchanged; seeds draw different moves."""
+    plain = _run(basin, small_sim, HeuristicHydrologist(seed=0))
+    assert [t.text for t in _run(basin, small_sim, HeuristicHydrologist(seed=0, explore=0.0)).turns] == \
+        [t.text for t in plain.turns]
+
+    def moves(ep):
+        return [t.text.split("\n")[0] for t in ep.turns if t.tool == "set_parameters"][1:]
+
+    drawn = [_run(basin, small_sim, HeuristicHydrologist(seed=s, explore=1.0)) for s in (0, 1)]
+    for ep in drawn:
+        assert ep.counters["parse_failures"] == 0 and ep.counters["simulations"] == 12
+        assert moves(ep) and all("to see how the fit responds" in m for m in moves(ep))
+    assert [s.params for s in drawn[0].sims] != [s.params for s in drawn[1].sims]
+    assert not any("to see how the fit responds" in m for m in moves(plain))
+    half = _run(basin, small_sim, HeuristicHydrologist(seed=0, explore=0.5))
+    share = sum("to see how the fit responds" in m for m in moves(half)) / len(moves(half))
+    assert 0.1 < share < 0.9, share
+    for bad in (1.5, -0.1, True):
+        with pytest.raises(ValueError, match="explore"):
+            HeuristicHydrologist(explore=bad)  # type: ignore[arg-type]

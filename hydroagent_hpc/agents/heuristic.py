@@ -45,6 +45,13 @@ clipped value counts as what the environment used), which the tool allows (parti
 The search is unchanged; the call is a key or two (``{"ke": 1.2}``) instead of an 11-key object
 that a small student has to copy back exactly, value by value (malformed argument objects, keys
 repeated, are how it broke in docs/grpo.md, "SFT learning on CPU").
+
+``explore`` (default 0: off) is for teacher data too: with that probability a move after an
+evaluation is replaced by a move of a parameter and direction drawn uniformly among those still
+free to move (epsilon-greedy; the reverting and step shrinking that follow are the usual ones). A
+student imitating a teacher whose moves never vary samples its moves almost deterministically, so
+a GRPO group has nothing among its moves to rank (docs/learning.md); with exploring teacher data
+the student's moves carry a spread that the simulator's reward can sharpen.
 """
 
 from __future__ import annotations
@@ -85,8 +92,10 @@ class HeuristicHydrologist:
     overshoot: float = 0.0  # teacher data: probability that a move asks past its bound (see the module doc)
     digits: int | None = None  # teacher data: significant digits of the values a move sets (None: 6 decimals)
     partial: bool = False  # teacher data: send only the values that differ from the environment's (module doc)
+    explore: float = 0.0  # teacher data: probability that a move is a uniformly drawn one (module doc)
     _rng: Any = None
     _noise: Any = None
+    _explore: Any = None
     _phase: str = "start"
     _current: dict[str, float] = field(default_factory=dict)
     _best: dict[str, float] | None = None
@@ -109,9 +118,13 @@ class HeuristicHydrologist:
             raise ValueError(f"heuristic: digits must be a whole number from 1 to 15, got {self.digits!r}")
         if not isinstance(self.partial, bool):
             raise ValueError(f"heuristic: partial must be true or false, got {self.partial!r}")
+        if isinstance(self.explore, bool) or not isinstance(self.explore, (int, float)) \
+                or not 0.0 <= self.explore <= 1.0:
+            raise ValueError(f"heuristic: explore must be a probability in [0, 1], got {self.explore!r}")
         self._rng = np.random.default_rng(self.seed)
         # a separate stream, so overshoot = 0 leaves the tie-breaking draws (and the episodes) unchanged
         self._noise = np.random.default_rng([self.seed, 0x0E5])
+        self._explore = np.random.default_rng([self.seed, 0xE7])  # its own stream too (explore = 0: unchanged)
         self._steps = dict.fromkeys(TUNABLE, self.step0)
         self._env = {k: float(PARAMS[k].default) for k in TUNABLE}
 
@@ -158,6 +171,8 @@ class HeuristicHydrologist:
         move = self._next_move(obs or {})
         if move is None:
             return None
+        if self.explore > 0.0 and self._explore.random() < self.explore:
+            move = self._random_move() or move
         params = self._apply(move)
         self._phase = "run"
         if self.overshoot > 0.0 and self._noise.random() < self.overshoot:
@@ -219,6 +234,13 @@ class HeuristicHydrologist:
         d = 1 if self._rng.random() < 0.5 else -1
         m = _Move(k, d, f"The diagnostics look balanced; a small probe of {k}.")
         return m if self._can_move(m) else _Move(k, -d, m.reason)
+
+    def _random_move(self) -> _Move | None:
+        """A parameter and direction drawn uniformly among those free to move (teacher ``explore``)."""
+        free = [_Move(k, d, f"I try {k} {'up' if d > 0 else 'down'} to see how the fit responds.")
+                for k in self._names for d in (1, -1) if self._steps[k] >= self.min_step]
+        free = [m for m in free if self._can_move(m)]
+        return free[int(self._explore.integers(len(free)))] if free else None
 
     def _diagnose(self, obs: dict) -> list[_Move]:
         d = {**self._diag, **obs}
