@@ -25,7 +25,9 @@ help:
 
 # The install goes through uv when it can be had (about 10 s instead of pip's 100), told pip's own settings
 # (find-links, extra indexes, constraints; best match over every index, as pip chooses: the same versions);
-# without uv, or if uv fails, pip installs the same.
+# without uv, or if uv fails, pip installs the same. Bytecode is compiled at install, as pip does: uv leaves it
+# out, and where PYTHONDONTWRITEBYTECODE is set (it is on the machines this was measured on) every process
+# that imports torch and transformers compiles them from source again (5-8 s; the suite starts hundreds).
 PIP_SETTING = $$($(PY) -m pip config list 2>/dev/null | sed -n "s/^\(global\|:env:\)\.$(1)='\(.*\)'$$/\2/p" | head -n 1)
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,7 +35,7 @@ $(STAMP): setup.cfg pyproject.toml
 	($(PY) -m pip install --quiet uv && \
 	  UV_FIND_LINKS="$(call PIP_SETTING,find-links)" UV_EXTRA_INDEX_URL="$(call PIP_SETTING,extra-index-url)" \
 	  UV_CONSTRAINT="$(call PIP_SETTING,constraint)" UV_INDEX_STRATEGY=unsafe-best-match \
-	  $(VENV)/bin/uv pip install --quiet --python $(PY) '$(TORCH_SPEC)' -e '.[dev]') || \
+	  $(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) '$(TORCH_SPEC)' -e '.[dev]') || \
 	  { echo "uv could not install the environment: pip does" >&2; \
 	    $(PY) -m pip install --quiet '$(TORCH_SPEC)' && $(PY) -m pip install --quiet -e '.[dev]'; }
 	touch $(STAMP)
