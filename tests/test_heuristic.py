@@ -127,3 +127,17 @@ def test_explore_draws_moves_the_diagnosis_would_not_make(basin, small_sim):
     for bad in (1.5, -0.1, True):
         with pytest.raises(ValueError, match="explore"):
             HeuristicHydrologist(explore=bad)  # type: ignore[arg-type]
+
+
+def test_explore_start_draws_the_first_guess(basin, small_sim):
+    """explore_start=1: the first call's alpha0 is drawn (log-uniform on [0.1, 1.5]), differently per seed;
+    0 keeps the episode; the draws leave the moves' own exploration stream alone."""
+    plain = _run(basin, small_sim, HeuristicHydrologist(seed=0), max_simulations=3)
+    assert [t.text for t in _run(basin, small_sim, HeuristicHydrologist(seed=0, explore_start=0.0),
+                                 max_simulations=3).turns] == [t.text for t in plain.turns]
+    firsts = [_run(basin, small_sim, HeuristicHydrologist(seed=s, explore_start=1.0, digits=3), max_simulations=3)
+              .sims[0].params["alpha0"] for s in range(6)]
+    assert plain.sims[0].params["alpha0"] == 0.5
+    assert all(0.1 <= v <= 1.5 and float(f"{v:.3g}") == v for v in firsts) and len(set(firsts)) == 6, firsts
+    with pytest.raises(ValueError, match="explore_start"):
+        HeuristicHydrologist(explore_start=2.0)

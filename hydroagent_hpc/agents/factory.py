@@ -213,7 +213,8 @@ def _scripted(options: dict[str, Any], *, name: str, seed: int, env: EnvConfig) 
 # --------------------------------------------------------------------------- the table (one line per kind)
 
 AGENT_KINDS.register("heuristic", AgentKind(_heuristic, ("step0", "min_step", "max_restarts", "overshoot", "digits",
-                                                              "partial", "explore"),
+                                                              "partial", "explore",
+                                                              "explore_start"),
                                             help="the rule-based hydrologist (text tools)"))
 for _kind in ("dds", "sceua", "lhs", "random", "dream"):
     AGENT_KINDS.register(_kind, AgentKind(_optimizer(_kind), _optimizer_options(_kind),

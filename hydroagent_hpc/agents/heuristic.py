@@ -51,7 +51,10 @@ evaluation is replaced by a move of a parameter and direction drawn uniformly am
 free to move (epsilon-greedy; the reverting and step shrinking that follow are the usual ones). A
 student imitating a teacher whose moves never vary samples its moves almost deterministically, so
 a GRPO group has nothing among its moves to rank (docs/learning.md); with exploring teacher data
-the student's moves carry a spread that the simulator's reward can sharpen.
+the student's moves carry a spread that the simulator's reward can sharpen. ``explore_start``
+(default 0: off) does the same for the first call: with that probability the overland storage it
+starts with (``alpha0``, 0.5 otherwise) is drawn log-uniformly from [0.1, 1.5], so a student samples
+first guesses as well.
 """
 
 from __future__ import annotations
@@ -93,9 +96,11 @@ class HeuristicHydrologist:
     digits: int | None = None  # teacher data: significant digits of the values a move sets (None: 6 decimals)
     partial: bool = False  # teacher data: send only the values that differ from the environment's (module doc)
     explore: float = 0.0  # teacher data: probability that a move is a uniformly drawn one (module doc)
+    explore_start: float = 0.0  # teacher data: probability that the starting alpha0 is drawn (module doc)
     _rng: Any = None
     _noise: Any = None
     _explore: Any = None
+    _explore_start: Any = None
     _phase: str = "start"
     _current: dict[str, float] = field(default_factory=dict)
     _best: dict[str, float] | None = None
@@ -118,13 +123,15 @@ class HeuristicHydrologist:
             raise ValueError(f"heuristic: digits must be a whole number from 1 to 15, got {self.digits!r}")
         if not isinstance(self.partial, bool):
             raise ValueError(f"heuristic: partial must be true or false, got {self.partial!r}")
-        if isinstance(self.explore, bool) or not isinstance(self.explore, (int, float)) \
-                or not 0.0 <= self.explore <= 1.0:
-            raise ValueError(f"heuristic: explore must be a probability in [0, 1], got {self.explore!r}")
+        for key in ("explore", "explore_start"):
+            p = getattr(self, key)
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+                raise ValueError(f"heuristic: {key} must be a probability in [0, 1], got {p!r}")
         self._rng = np.random.default_rng(self.seed)
         # a separate stream, so overshoot = 0 leaves the tie-breaking draws (and the episodes) unchanged
         self._noise = np.random.default_rng([self.seed, 0x0E5])
         self._explore = np.random.default_rng([self.seed, 0xE7])  # its own stream too (explore = 0: unchanged)
+        self._explore_start = np.random.default_rng([self.seed, 0x57A])
         self._steps = dict.fromkeys(TUNABLE, self.step0)
         self._env = {k: float(PARAMS[k].default) for k in TUNABLE}
 
@@ -185,6 +192,8 @@ class HeuristicHydrologist:
         base = {k: float(PARAMS[k].default) for k in TUNABLE}
         if base["alpha0"] <= 0.0:
             base["alpha0"] = 0.5
+            if self.explore_start > 0.0 and self._explore_start.random() < self.explore_start:
+                base["alpha0"] = self._round(math.exp(float(self._explore_start.uniform(math.log(0.1), math.log(1.5)))))
         self._current = dict(base)
         self._last_move = None
         return dict(base)

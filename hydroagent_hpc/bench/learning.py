@@ -104,6 +104,7 @@ class BenchPlan:
     ablation: int = 2
     recovery: float = 0.1
     teacher_explore: float = 0.0  # the teacher's share of uniformly drawn moves (HeuristicHydrologist.explore)
+    teacher_explore_start: float = 0.0  # the teacher's share of drawn first guesses (.explore_start)
 
     @property
     def env(self) -> dict[str, Any]:
@@ -243,7 +244,8 @@ def _data(out: Path, plan: BenchPlan, folder: Path, data_seed: int) -> dict[str,
     teacher = campaign_from_mapping({
         "name": "teacher", "basins": basins, "seeds": list(plan.teacher_seeds), "env": _campaign_env(plan),
         "agents": [{"name": "heuristic", "kind": "heuristic", "partial": True, "digits": 3, "overshoot": 0.2,
-                    **({"explore": plan.teacher_explore} if plan.teacher_explore else {})}]})
+                    **({"explore": plan.teacher_explore} if plan.teacher_explore else {}),
+                    **({"explore_start": plan.teacher_explore_start} if plan.teacher_explore_start else {})}]})
     run_campaign(teacher, folder / "teacher.h5", progress=False)
     report = build_sft_data([folder / "teacher.h5"], folder / "sft.h5", preset="released", tokenizer="tiny",
                             augment="none", max_tokens=32768, recovery=plan.recovery, recovery_seed=data_seed)
