@@ -23,8 +23,12 @@ def test_the_bench_scores_every_row_and_resumes(tmp_path):
     out = tmp_path / "bench"
     result = run(out, TOY, jobs=2, progress=False)
     rows = {r["row"]: r for r in result["rows"]}
-    assert list(rows) == ["Base", "SFT", "SFT+GRPO", "heuristic", "DDS", "random", "DDS (every simulation)",
-                          "random (every simulation)"]
+    assert list(rows)[:8] == ["Base", "SFT", "SFT+GRPO", "heuristic", "DDS", "random", "DDS (every simulation)",
+                              "random (every simulation)"]
+    blind = list(rows)[8:]  # what a policy making the same moves on every basin reaches (bench/blind.py)
+    assert [b.split(" (")[0] for b in blind] == ["blind: best first guess", "blind: best fixed pair"]
+    assert rows[blind[0]]["best_nse"] <= rows[blind[1]]["best_nse"] and rows[blind[1]]["n"] == 16
+    assert all(0.0 < rows[r]["distinct_moves"] <= 1.0 for r in ("SFT", "heuristic", "random"))
     assert rows["random (every simulation)"]["sims"] == TOY.max_simulations  # calls enough for every simulation
     for name in ("SFT", "SFT+GRPO", "Base"):
         assert rows[name]["n"] == 1 and rows[name]["sims"] <= TOY.max_simulations

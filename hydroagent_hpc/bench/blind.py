@@ -26,7 +26,7 @@ import itertools
 import logging
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +36,17 @@ from hydroagent_hpc.agents.scripted import ScriptedPolicy
 from hydroagent_hpc.config import preset
 from hydroagent_hpc.env.environment import CalibrationEnv
 from hydroagent_hpc.env.episode import run_episode
-from hydroagent_hpc.params import spec_of
+from hydroagent_hpc.params import PARAMS, spec_of
 from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.store import read_episodes, read_sims
 
-__all__ = ["blind_ceiling", "moves", "nse_table", "main"]
+__all__ = ["PARAM_COLUMNS", "blind_ceiling", "default_grid", "moves", "nse_table", "main"]
 
 logger = logging.getLogger(__name__)
+
+#: The multipliers a store's simulation rows hold (the 13 of the paper; Snow-17's sit in ``extra_params``).
+PARAM_COLUMNS = tuple(PARAMS)
 
 
 def nse_table(basins: Sequence[Path | str], param: str = "alpha0", grid: Sequence[float] = (),
@@ -85,20 +88,24 @@ def blind_ceiling(table: dict[float, np.ndarray]) -> dict[str, Any]:
             "basins": int(len(next(iter(table.values()))))}
 
 
-def moves(store: Path | str, agent: str | None = None, evaluated_only: bool = True) -> dict[str, Any]:
-    """The simulated parameter sets of each episode in ``store``, in order, and how many distinct sequences
-    there are: one sequence over every basin means the policy's moves did not depend on the basin."""
+def moves(store: Path | str, agent: str | None = None, episode_ids: Collection[str] | None = None,
+          evaluated_only: bool = True) -> dict[str, Any]:
+    """The simulated parameter sets of each episode in ``store`` (of ``agent``, or the ``episode_ids``), in
+    order, and how many distinct sequences there are: one sequence over every basin means the policy's
+    moves did not depend on the basin."""
     eps = read_episodes(store)
     if agent is not None:
         eps = eps[eps.agent == agent]
+    if episode_ids is not None:
+        eps = eps[eps.episode_id.isin(set(episode_ids))]
     sims = read_sims(store)
     sims = sims[sims.episode_id.isin(set(eps.episode_id))].sort_values(["episode_id", "run_id"])
     if evaluated_only:
         sims = sims[sims.evaluated.astype(bool)]
-    names = [c for c in ("wm", "b", "im", "ke", "fc", "iwu", "under", "leaki", "th", "isu", "alpha", "beta",
-                         "alpha0") if c in sims.columns]
+    names = [c for c in PARAM_COLUMNS if c in sims.columns]
     seqs = {eid: tuple(tuple(round(float(x), 6) for x in row) for row in g[names].to_numpy())
             for eid, g in sims.groupby("episode_id")}
+    seqs.update({eid: () for eid in eps.episode_id if eid not in seqs})  # no evaluated simulation: the empty one
     return {"episodes": len(eps), "distinct_sequences": len(set(seqs.values())), "sequences": seqs}
 
 

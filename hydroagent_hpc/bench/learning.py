@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from hydroagent_hpc.bench.blind import blind_ceiling, moves, nse_table
 from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
 from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
 from hydroagent_hpc.train.sft.config import config_from_mapping
@@ -160,6 +161,7 @@ def units(plan: BenchPlan) -> list[Unit]:
                             (f"{cell}/grpo-{credit}", "heldout")))
     out.append(Unit("references", "references", (), ("heldout",)))
     out.append(Unit("references-sims", "references", (True,), ("heldout",)))
+    out.append(Unit("blind", "blind", (), ("heldout",)))
     out += [Unit(f"base{m}/eval", "eval", (f"base{m}",), (f"base{m}", "heldout")) for m in plan.model_seeds]
     return out
 
@@ -224,6 +226,12 @@ def _references(out: Path, plan: BenchPlan, folder: Path, every_simulation: bool
                                   "seeds": list(plan.ref_seeds), "env": env})
     run_campaign(spec, folder / "eval.h5", progress=False)
     return {"store": str(folder / "eval.h5")}
+
+
+def _blind(out: Path, plan: BenchPlan, folder: Path) -> dict[str, Any]:
+    """What a policy that never reads its observations reaches on the held-out basins (bench/blind.py)."""
+    table = nse_table(_read(out, "heldout")["basins"], "alpha0", observation=plan.env["observation"])
+    return {**blind_ceiling(table), "param": "alpha0", "table": {str(k): v.tolist() for k, v in table.items()}}
 
 
 def _base(out: Path, plan: BenchPlan, folder: Path, model_seed: int) -> dict[str, Any]:
@@ -302,7 +310,8 @@ def _eval(out: Path, plan: BenchPlan, folder: Path, of: str) -> dict[str, Any]:
 
 
 _WORK: dict[str, Callable[..., dict[str, Any]]] = {"heldout": _heldout, "references": _references, "base": _base,
-                                                   "data": _data, "sft": _sft, "grpo": _grpo, "eval": _eval}
+                                                   "data": _data, "sft": _sft, "grpo": _grpo, "eval": _eval,
+                                                   "blind": _blind}
 
 
 def _read(out: Path, key: str) -> dict[str, Any]:
@@ -424,16 +433,18 @@ def score(store: Path | str, agent: str | None = None, seed: int | None = None) 
     messages = int(turns.groupby("episode_id").message_index.nunique().sum())
     failed = int(turns[turns.kind == "parse_failure"].groupby("episode_id").message_index.nunique().sum())
     nse = eps.best_nse.astype(float).to_numpy()
+    distinct = moves(store, episode_ids=list(eps.episode_id))["distinct_sequences"]
     return {"best_nse": float(np.where(np.isfinite(nse), nse, UNSCORED).mean()) if nse.size else math.nan,
             "unscored": int((~np.isfinite(nse)).sum()),
             "valid_calls": 1.0 - failed / max(1, messages), "sims": float(eps.n_sims.mean()),
             "parse_failures": float(eps["counters.parse_failures"].mean()),
-            "reward": float(eps.total_reward.mean()), "episodes": int(len(eps))}
+            "reward": float(eps.total_reward.mean()), "episodes": int(len(eps)),
+            "distinct_moves": distinct / len(eps) if len(eps) else math.nan}
 
 
 #: The best NSE an episode without a valid simulation scores (the floor of the paper's clipped terminal term).
 UNSCORED = -1.0
-METRICS = ("best_nse", "valid_calls", "sims", "parse_failures", "reward")
+METRICS = ("best_nse", "valid_calls", "sims", "parse_failures", "reward", "distinct_moves")
 
 
 def _row(name: str, samples: list[dict[str, float]], over: str) -> dict[str, Any]:
@@ -483,6 +494,15 @@ def summarise(out: Path, plan: BenchPlan) -> dict[str, Any]:
         for ref in REFERENCES[1:]:
             rows.append(_row(f"{ {'dds': 'DDS'}.get(ref, ref)} (every simulation)",
                              [score(store, ref, seed) for seed in plan.ref_seeds], "seeds"))
+    if have("blind"):
+        b = _done(out / "blind") or {}
+        grid = len(b.get("table") or {})
+        for name, key in (("blind: best first guess", "best_single"), ("blind: best fixed pair", "best_pair")):
+            value = b[key]
+            shown = ", ".join(f"{v:g}" for v in value) if isinstance(value, list) else f"{value:g}"
+            rows.append({"row": f"{name} (alpha0 {shown})", "n": grid, "over": "alpha0 values tried",
+                         **dict.fromkeys(METRICS, math.nan), **{f"{m}_sd": math.nan for m in METRICS},
+                         "best_nse": b[f"{key}_nse"], "unscored": 0})
     # the ablation: the same cells for every credit mode, beside their own SFT
     ablation = []
     common = [c for c in cells[:plan.ablation] if all(c in grpo[cr] for cr in CREDITS) and c in sft]
@@ -603,12 +623,13 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| row | n | best NSE | valid calls | sims | parse failures | reward |", "|---|---|---|---|---|---|---|"]
+    lines = ["| row | n | best NSE | valid calls | sims | parse failures | reward | distinct moves |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = []
         for m, spec in (("best_nse", ".3f"), ("valid_calls", ".0%"), ("sims", ".1f"), ("parse_failures", ".2f"),
-                        ("reward", ".2f")):
-            cell = _fmt(r[m], spec)
+                        ("reward", ".2f"), ("distinct_moves", ".0%")):
+            cell = _fmt(r.get(m, math.nan), spec)
             if np.isfinite(r.get(f"{m}_sd", math.nan)):
                 cell += f" ± {_fmt(r[f'{m}_sd'], spec)}"
             cells.append(cell)
@@ -625,7 +646,11 @@ def report_markdown(result: Mapping[str, Any], curves: Any, signal: Any) -> str:
              f"{plan['grpo_steps']} steps, K={plan['k']}, {plan['prompts_per_step']} prompts per step, lr "
              f"{plan['grpo_lr']:g}, temperature {plan['temperature']:g}. Mean ± sample standard deviation over seeds "
              "(trained rows: over model x data seeds; Base: over model seeds; references: over their seeds). "
-             "An episode without a valid simulation counts as best NSE -1.", "", "## Rows", ""]
+             "An episode without a valid simulation counts as best NSE -1. Distinct moves: the distinct sequences "
+             "of evaluated parameter sets over the episodes (1 in 12 on 12 basins: the same moves everywhere, "
+             "the policy did not read its observations); the blind rows: the best that a policy making the same "
+             "moves on every basin reaches with one or two values of alpha0 (`python -m hydroagent_hpc.bench.blind`).",
+             "", "## Rows", ""]
     lines += _table(list(result["rows"]))
     lines += ["", "## Goals", "", "| goal | measured | met |", "|---|---|---|"]
     lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else 'no'} |" for g in result["goals"]]
