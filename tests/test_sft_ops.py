@@ -430,3 +430,18 @@ def test_cpu_sft_steps_report_tokens_and_flops():
     assert r.matmul_params == r.params - 256 * 64  # untied: the input table does no matmul
     assert r.achieved_tflops == pytest.approx(r.flops_per_token * r.tokens_per_s / 1e12)
     assert not torch.equal(before, model.lm_head.weight)  # the steps trained the model
+
+
+def test_the_random_qwen3_is_built_in_the_dtype_asked():
+    """build_random_qwen3 (the GPU check's and the throughput bench's model) holds the dtype it is given, through
+    transformers' ``dtype`` keyword (its ``torch_dtype`` is deprecated and warns on a GPU's first contact)."""
+    import torch
+
+    from hydroagent_hpc.train.measure.throughput import build_random_qwen3, qwen3_config
+
+    cfg = qwen3_config(num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=32, vocab_size=256)
+    for dtype in (torch.bfloat16, "float32"):
+        model = build_random_qwen3(cfg, "cpu", dtype)
+        want = dtype if isinstance(dtype, torch.dtype) else torch.float32
+        assert {p.dtype for p in model.parameters()} == {want} and model.config.dtype == want

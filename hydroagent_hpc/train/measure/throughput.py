@@ -229,7 +229,7 @@ def build_random_qwen3(config: Qwen3Config, device: str, dtype: torch.dtype | st
             raise ValueError(f"dtype={dtype!r}: not a torch dtype name such as 'bfloat16'")
     torch.manual_seed(seed)
     with torch.device(device):
-        model: Qwen3ForCausalLM = Qwen3ForCausalLM._from_config(config, torch_dtype=dtype)
+        model: Qwen3ForCausalLM = Qwen3ForCausalLM._from_config(config, dtype=dtype)
     return model
 
 
