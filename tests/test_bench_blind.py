@@ -57,6 +57,10 @@ def test_the_table_is_the_environments_nse_and_moves_count_what_depends_on_the_b
     blind, reading = moves(store, "scripted"), moves(store, "heuristic")
     assert blind["episodes"] == reading["episodes"] == 2
     assert blind["distinct_sequences"] == 1 and reading["distinct_sequences"] == 2
+    ids = list(read_episodes(store).query("agent == 'heuristic'").episode_id)
+    assert moves(store, episode_ids=ids)["distinct_sequences"] == 2  # the bench's score passes its own ids
+    with pytest.raises(ValueError, match="not both"):
+        moves(store, "heuristic", episode_ids=ids)
     firsts = [seq[0] for seq in reading["sequences"].values()]
     assert firsts[0] == firsts[1]  # the same first guess on both basins; the second move read the basin
     eps = read_episodes(store).set_index("agent")

@@ -55,12 +55,12 @@ def nse_table(basins: Sequence[Path | str], param: str = "alpha0", grid: Sequenc
     played through the environment (``paper`` preset) as set_parameters -> run_simulation -> evaluate."""
     values = list(grid) or default_grid(param)
     out: dict[float, list[float]] = {v: [] for v in values}
+    cfg = preset("paper", max_simulations=1, max_turns=3, patience=None, stop_at_target=False,
+                 wall_clock_s=None, observation=observation)
     for folder in map(Path, basins):
         basin = load_basin(folder)
         sim = EmbeddedSimulator(folder / "control.txt", cache_dir=False)
         for v in values:
-            cfg = preset("paper", max_simulations=1, max_turns=3, patience=None, stop_at_target=False,
-                         wall_clock_s=None, observation=observation)
             script = ScriptedPolicy([{"name": "set_parameters", "arguments": {param: v}},
                                      {"name": "run_simulation"}, {"name": "evaluate"}])
             ep = run_episode(script, CalibrationEnv(basin, sim, cfg, agent="blind", seed=0))
@@ -93,20 +93,22 @@ def moves(store: Path | str, agent: str | None = None, episode_ids: Collection[s
     """The simulated parameter sets of each episode in ``store`` (of ``agent``, or the ``episode_ids``), in
     order, and how many distinct sequences there are: one sequence over every basin means the policy's
     moves did not depend on the basin."""
-    eps = read_episodes(store)
-    if agent is not None:
-        eps = eps[eps.agent == agent]
-    if episode_ids is not None:
-        eps = eps[eps.episode_id.isin(set(episode_ids))]
+    if agent is not None and episode_ids is not None:
+        raise ValueError("moves: give agent or episode_ids, not both")
+    if episode_ids is None:
+        eps = read_episodes(store)
+        ids = list(eps[eps.agent == agent].episode_id if agent is not None else eps.episode_id)
+    else:  # the caller has read and filtered the episodes already
+        ids = list(episode_ids)
     sims = read_sims(store)
-    sims = sims[sims.episode_id.isin(set(eps.episode_id))].sort_values(["episode_id", "run_id"])
+    sims = sims[sims.episode_id.isin(set(ids))].sort_values(["episode_id", "run_id"])
     if evaluated_only:
         sims = sims[sims.evaluated.astype(bool)]
     names = [c for c in PARAM_COLUMNS if c in sims.columns]
     seqs = {eid: tuple(tuple(round(float(x), 6) for x in row) for row in g[names].to_numpy())
             for eid, g in sims.groupby("episode_id")}
-    seqs.update({eid: () for eid in eps.episode_id if eid not in seqs})  # no evaluated simulation: the empty one
-    return {"episodes": len(eps), "distinct_sequences": len(set(seqs.values())), "sequences": seqs}
+    seqs.update({eid: () for eid in ids if eid not in seqs})  # no evaluated simulation: the empty one
+    return {"episodes": len(ids), "distinct_sequences": len(set(seqs.values())), "sequences": seqs}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,7 +66,7 @@ from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
 from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
 from hydroagent_hpc.train.sft.config import config_from_mapping
 
-__all__ = ["BenchPlan", "QUICK", "units", "run", "summarise", "main"]
+__all__ = ["BenchPlan", "QUICK", "basin_set", "units", "run", "summarise", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,9 @@ def _finish(folder: Path, result: Mapping[str, Any]) -> dict[str, Any]:
     return dict(result)
 
 
-def _basin_set(folder: Path, names: Sequence[tuple[str, int]]) -> list[str]:
+def basin_set(folder: Path, names: Sequence[tuple[str, int]]) -> list[str]:
+    """The synthetic basins ``(name, seed)`` under ``folder`` (80 km², 10 + 3 days, as every bench basin),
+    built where missing; their paths."""
     from hydroagent_hpc.sim.synth.basins import synthesize_basin
 
     paths = []
@@ -208,7 +210,7 @@ def _campaign_env(plan: BenchPlan) -> dict[str, Any]:
 
 
 def _heldout(out: Path, plan: BenchPlan, folder: Path) -> dict[str, Any]:
-    return {"basins": _basin_set(folder / "basins", heldout_names(plan))}
+    return {"basins": basin_set(folder / "basins", heldout_names(plan))}
 
 
 def _references(out: Path, plan: BenchPlan, folder: Path, every_simulation: bool = False) -> dict[str, Any]:
@@ -248,7 +250,7 @@ def _base(out: Path, plan: BenchPlan, folder: Path, model_seed: int) -> dict[str
 def _data(out: Path, plan: BenchPlan, folder: Path, data_seed: int) -> dict[str, Any]:
     from hydroagent_hpc.train.sft.data import build_sft_data
 
-    basins = _basin_set(folder / "basins", teach_names(plan, data_seed))
+    basins = basin_set(folder / "basins", teach_names(plan, data_seed))
     teacher = campaign_from_mapping({
         "name": "teacher", "basins": basins, "seeds": list(plan.teacher_seeds), "env": _campaign_env(plan),
         "agents": [{"name": "heuristic", "kind": "heuristic", "partial": True, "digits": 3, "overshoot": 0.2,
