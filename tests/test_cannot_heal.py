@@ -29,6 +29,7 @@ import pytest
 pytest.importorskip("openai")
 
 from helpers.cases import sampled
+from helpers.paths import pythonpath
 from hydroagent_hpc.agents.llm.replay_server import ReplayServer
 from hydroagent_hpc.cli import main
 from hydroagent_hpc.store import read_episodes, stored_ids
@@ -324,7 +325,7 @@ def test_a_checkpoint_that_does_not_load_stops_the_campaign(label, damaged, tmp_
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     env.pop(KEY_VAR, None)
     env.update(extra)
     return env

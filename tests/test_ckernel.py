@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from helpers.ckernel import needs_c
+from helpers.paths import pythonpath
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.sim import kernels
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
@@ -383,7 +384,7 @@ def test_simulate_process_does_not_import_numba(tmp_path):
     code = ("import sys\nfrom hydroagent_hpc.cli import main\n"
             f"rc = main(['-q', 'simulate', {str(control)!r}, '--output', {str(tmp_path / 'out')!r}, '--no-cache'])\n"
             "assert rc == 0, rc\nprint('numba' in sys.modules)\n")
-    env = {**os.environ, "HYDROAGENT_KERNEL": "c", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "HYDROAGENT_KERNEL": "c", "PYTHONPATH": pythonpath()}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "False"
@@ -406,7 +407,8 @@ def test_a_repeat_simulate_process_imports_only_what_it_needs(tmp_path):
             "from hydroagent_hpc.cli import main\nrc = main()\nassert rc == 0, rc\n"
             "print(sorted(m for m in ('tifffile', 'subprocess', 'numba') if m in sys.modules), "
             "os.environ.get('OPENBLAS_NUM_THREADS'))\n")
-    env = {**os.environ, "HYDROAGENT_KERNEL": "c", "PYTHONPATH": str(ROOT), "HYDROAGENT_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "HYDROAGENT_KERNEL": "c", "PYTHONPATH": pythonpath(),
+           "HYDROAGENT_CACHE": str(tmp_path / "cache")}
     env.pop("OPENBLAS_NUM_THREADS", None)
     control = str(src / "control_a.txt")
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import pythonpath
 from hydroagent_hpc.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -328,7 +329,7 @@ def test_real_command_with_a_wrong_output_path(k, tmp_path, small_basin_dir, cap
 def test_a_real_subprocess_refuses_a_folder_as_the_store(tmp_path, small_basin_dir):
     folder = tmp_path / "results"
     folder.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     p = subprocess.run([sys.executable, "-m", "hydroagent_hpc.cli", "campaign", "run",
                         str(_campaign(tmp_path, small_basin_dir)), "--out", str(folder), "--no-progress"],
                        capture_output=True, text=True, timeout=120, env=env)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.paths import pythonpath
 from hydroagent_hpc.agents.llm.hf_local import HFLocalPolicy
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.train.generation.engine import EngineError, EngineSampler, EngineSettings, make_api, parse_gpus
@@ -314,7 +315,7 @@ def test_a_launched_sglang_stand_in_returns_unscaled_logprobs_within_the_runs_co
     """F13 end to end: the launched stand-in (SGLang semantics) got SGLANG_RETURN_ORIGINAL_LOGPROB=1
     and --context-length from the launcher, so its log-probs at T = 0.7 are the trainer's own and no
     warning is logged; a turn beyond the context is refused; weights are reloaded live."""
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("PYTHONPATH", pythonpath())
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("SGLANG_RETURN_ORIGINAL_LOGPROB", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

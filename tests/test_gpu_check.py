@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import pythonpath
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    # the checkout first, the caller's PYTHONPATH kept (a cluster's module system or carried wheels live there)
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1")
+    env = dict(os.environ, PYTHONPATH=pythonpath(), HF_HUB_OFFLINE="1")
     return subprocess.run([sys.executable, "-m", "hydroagent_hpc.bench.gpu_check", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 

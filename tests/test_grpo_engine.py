@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.paths import pythonpath
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.train.generation.engine import EngineError, EngineSampler, EngineSettings, make_api
 from hydroagent_hpc.train.generation.engine_process import EngineWeights
@@ -216,7 +217,7 @@ def test_the_launcher_restarts_an_engine_without_live_reload_on_each_checkpoint(
                                                                                   monkeypatch):
     model, tok = tiny
     stop, pad = stops
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("PYTHONPATH", pythonpath())
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv(KEY_ENV, SECRET)
     port = _free_port()

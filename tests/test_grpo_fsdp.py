@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers.paths import pythonpath
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.train.checkpoint import FAULT_ENV
 from hydroagent_hpc.train.generation.engine_server import EngineServer
@@ -120,7 +121,7 @@ def test_two_processes_train_what_one_process_trains(basins, server, one, tmp_pa
     # report_to: only rank 0 may open the live sinks (one event file below)
     cfg = _config(tmp_path / "grpo.yaml", basins, server.url, fsdp=str(fsdp).lower(), report_to="[tensorboard]")
     run = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = dict(os.environ, PYTHONPATH=pythonpath(),
                HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     env.pop(FAULT_ENV, None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

@@ -33,6 +33,7 @@ from helpers.hpc import (
     standin_log,
     write_standin,
 )
+from helpers.paths import pythonpath
 from helpers.waiting import wait_until
 from hydroagent_hpc.hpc.slurm import slurm_available
 
@@ -305,7 +306,7 @@ def _slurm_or_skip() -> None:
 
 def _slurm_env() -> dict[str, str]:
     env = {k: v for k, v in job_env().items() if not k.startswith("SLURM_")}
-    env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HYDROAGENT_GRPO_CPU="1")
+    env.update(PYTHONPATH=pythonpath(), HF_HUB_OFFLINE="1", HYDROAGENT_GRPO_CPU="1")
     return env
 
 
@@ -631,7 +632,7 @@ def test_submit_grpo_with_two_trainers_and_a_simulation_rank_signals_rank_0_and_
 
 
 def test_submit_grpo_arguments_and_errors_name_the_problem(tmp_path):
-    env = {**job_env(), "PYTHONPATH": str(ROOT)}
+    env = {**job_env(), "PYTHONPATH": pythonpath()}
     cli = [sys.executable, "-m", "hydroagent_hpc.cli", "train", "submit", "grpo"]
     p = subprocess.run([*cli, "--help"], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0 and "--out RUN_DIR, --run-dir RUN_DIR" in p.stdout and "slurm/grpo.sbatch" in p.stdout

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from helpers.cases import every_case
+from helpers.paths import pythonpath
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.train.checkpoint import FAULT_ENV
 from hydroagent_hpc.train.grpo.config import load_grpo_config
@@ -193,7 +194,7 @@ def _config(basins: Path, folder: Path, **extra: object) -> Path:
 
 def _module(cfg: Path, out: Path, *args: str, faults: str = "") -> subprocess.CompletedProcess[str]:
     # one thread: the runs compared bit for bit do the same arithmetic
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=pythonpath(), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env.pop(FAULT_ENV, None)
     if faults:
         env[FAULT_ENV] = faults

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.paths import pythonpath
 from hydroagent_hpc.train.grpo import timeline
 from hydroagent_hpc.train.grpo.timeline import parse_steps, read_timeline, trim, utilisation
 
@@ -244,7 +245,7 @@ def test_a_killed_run_resumes_with_every_step_once(grpo_basins, caller, tmp_path
     out = tmp_path / "run"
 
     def module(*args: str, faults: str = "") -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+        env = dict(os.environ, PYTHONPATH=pythonpath(), HF_HUB_OFFLINE="1")
         env.pop(FAULT_ENV, None)
         if faults:
             env[FAULT_ENV] = faults

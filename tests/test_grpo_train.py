@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.paths import pythonpath
 from hydroagent_hpc.store import read_episodes
 from hydroagent_hpc.train.checkpoint import FAULT_ENV
 from hydroagent_hpc.train.grpo.config import load_grpo_config
@@ -145,7 +146,7 @@ def test_a_run_writes_metrics_episodes_checkpoints_and_a_loadable_policy(basins,
 def _module(cfg: Path, out: Path, *args: str, faults: str = "") -> subprocess.CompletedProcess[str]:
     # one thread, whatever an earlier test left in this process: the runs compared bit for bit must do
     # the same arithmetic, and a sampled trajectory depends on the order of float sums
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=pythonpath(), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env.pop(FAULT_ENV, None)
     if faults:
         env[FAULT_ENV] = faults

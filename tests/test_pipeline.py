@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.paths import pythonpath
 from helpers.pipeline import DEMO, ROOT, smaller_demo, write
 from hydroagent_hpc.errors import ConfigError
 from hydroagent_hpc.pipeline.runner import pipeline_status, run_pipeline
@@ -29,7 +30,7 @@ from hydroagent_hpc.pipeline.state import read_record
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen([sys.executable, "-m", "hydroagent_hpc.cli", "-q", *args], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 

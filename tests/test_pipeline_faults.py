@@ -39,6 +39,7 @@ import numpy as np
 import pytest
 
 from helpers.cases import every_case, sampled
+from helpers.paths import pythonpath
 from helpers.pipeline import ROOT, smaller_demo, write
 from hydroagent_hpc.errors import HydroAgentError, one_line
 from hydroagent_hpc.pipeline.runner import format_status, pipeline_status, run_pipeline
@@ -167,7 +168,7 @@ def test_the_status_command_prints_the_damage_and_exits_1(fresh):
     data = json.loads(path.read_text())
     data["status"] = "finished"
     path.write_text(json.dumps(data))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-m", "hydroagent_hpc.cli", "pipeline", "status", str(run)], env=env,
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 1, done.stderr[-2000:]
@@ -284,7 +285,7 @@ def test_an_edited_agent_script_reruns_the_teacher(fresh):
 
 def _cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYDROAGENT_KILL_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(KILLPOINTS), str(ROOT)]), HF_HUB_OFFLINE="1", **extra)
+    env.update(PYTHONPATH=pythonpath(KILLPOINTS), HF_HUB_OFFLINE="1", **extra)
     return env
 
 

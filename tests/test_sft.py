@@ -25,6 +25,7 @@ pytest.importorskip("accelerate")
 
 from safetensors.torch import load_file  # noqa: E402
 
+from helpers.paths import pythonpath  # noqa: E402
 from helpers.sft import short_trajectories, write_sft_data  # noqa: E402
 from hydroagent_hpc.errors import ConfigError  # noqa: E402
 from hydroagent_hpc.train import tiny  # noqa: E402
@@ -77,7 +78,7 @@ def _assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], 
 
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = pythonpath()
     env["HF_HUB_OFFLINE"] = "1"
     env["OMP_NUM_THREADS"] = "1"  # as this process (_one_thread): a run split across both computes alike
     env.pop(FAULT_ENV, None)

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from helpers.hpc import ROOT, fake_bin, job_env, metric_steps, signal_script_when, standin_log, write_standin
+from helpers.paths import pythonpath
 from helpers.waiting import wait_until
 from hydroagent_hpc.campaign import check_requirements, load_campaign
 
@@ -302,7 +303,7 @@ def test_a_failing_command_is_reported_not_requeued(tmp_path):
 
 
 def test_submit_sft_errors_name_the_problem(tmp_path):
-    env = {**job_env(), "PYTHONPATH": str(ROOT)}
+    env = {**job_env(), "PYTHONPATH": pythonpath()}
     cli = [sys.executable, "-m", "hydroagent_hpc.cli", "train", "submit", "sft"]
     p = subprocess.run([*cli, "nope.yaml", "--run-dir", "r"], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=120)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from helpers.paths import pythonpath
 from hydroagent_hpc.store import read_episodes, read_sims, read_turns
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
@@ -85,7 +86,7 @@ def write_standin(tmp_path: Path, module: str, source: str) -> tuple[str, str]:
     mods = tmp_path / "mods"
     mods.mkdir(exist_ok=True)
     (mods / f"{module}.py").write_text(source)
-    return module, os.pathsep.join([str(mods), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return module, pythonpath(mods)
 
 
 def standin_log(run: Path) -> str:
