@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers.paths import pythonpath
-
 ROOT = Path(__file__).resolve().parents[1]
 TEST_DATA = ROOT / "tests" / "data"
 REFERENCE = TEST_DATA / "ef5-reference"
@@ -184,6 +182,8 @@ def caller(grpo_basins: Path, tmp_path_factory) -> Path:
     script = ("import sys, torch; from pathlib import Path; torch.set_num_threads(1); "
               "sys.path.insert(0, sys.argv[1]); from test_grpo_train import calling_policy; "
               "calling_policy(Path(sys.argv[2]), Path(sys.argv[3]))")
+    from helpers.paths import pythonpath  # here, not at the top: test_suite_grouping runs a copy of this file alone
+
     env = dict(os.environ, PYTHONPATH=pythonpath(), HF_HUB_OFFLINE="1")
     done = subprocess.run([sys.executable, "-c", script, str(ROOT / "tests"), str(grpo_basins), str(out)], env=env,
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
