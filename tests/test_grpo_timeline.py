@@ -100,8 +100,7 @@ def test_every_step_records_its_phases_nested_within_its_wall_time(run):
         assert seconds["train"] == pytest.approx(float(row["training_s"]), rel=0.05, abs=0.02)
         assert seconds["decode"] == pytest.approx(float(row["generation_s"]), rel=0.05, abs=0.02)
         assert record["wall_s"] >= float(row["step_s"]) - 0.01
-        # most of the train span is its three parts; 0.8 failed once at 0.797 on a loaded 2-core machine (CI)
-        assert seconds["forward"] + seconds["backward"] + seconds["optimizer"] > 0.6 * seconds["train"]
+        assert seconds["forward"] + seconds["backward"] + seconds["optimizer"] > 0.8 * seconds["train"]
         # one forward and one backward pass per trained sequence (kl_coef 0: no reference pass)
         fwd = sum(1 for p, *_ in _spans(record, "rank 0") if p == "forward")
         bwd = sum(1 for p, *_ in _spans(record, "rank 0") if p == "backward")
