@@ -47,9 +47,9 @@ def test_works_with_released_observations(basin, small_sim):
     assert ep.counters["parse_failures"] == 0 and ep.best_nse is not None and ep.best_nse > ep.sims[0].metrics["NSE"]
 
 
-def _run(basin, sim, agent, max_simulations=12):
+def _run(basin, sim, agent, max_simulations=12, **over):
     cfg = preset("paper", max_simulations=max_simulations, max_turns=None, patience=None, target_nse=0.999,
-                 wall_clock_s=None)
+                 wall_clock_s=None, **over)
     return run_episode(agent, CalibrationEnv(basin, sim, cfg, agent="heuristic", seed=0))
 
 
@@ -141,3 +141,34 @@ def test_explore_start_draws_the_first_guess(basin, small_sim):
     assert all(0.1 <= v <= 1.5 and float(f"{v:.3g}") == v for v in firsts) and len(set(firsts)) == 6, firsts
     with pytest.raises(ValueError, match="explore_start"):
         HeuristicHydrologist(explore_start=2.0)
+
+
+@pytest.mark.parametrize("observation", ["released", "paper"])
+def test_quote_copies_the_values_a_move_acts_on_and_changes_no_move(basin, small_sim, observation):
+    """quote=True: each diagnosis quotes the observed value it acts on exactly as the observation spells
+    it (``peak_ratio=1.2685``, ``NSE=0.8125``), so a student can copy it; the moves stay those of quote=False."""
+    import json
+
+    plain = _run(basin, small_sim, HeuristicHydrologist(seed=0), max_simulations=6, observation=observation)
+    quoted = _run(basin, small_sim, HeuristicHydrologist(seed=0, quote=True), max_simulations=6,
+                  observation=observation)
+    assert [s.params for s in quoted.sims] == [s.params for s in plain.sims]
+    assert not any("=" in (t.text or "").split("<tool_call>")[0] for t in plain.turns[1:])
+    shown: dict = {}  # what the agent has read so far (diagnostics of the run, then the evaluation)
+    copied = 0
+    for t in quoted.turns:
+        if t.tool == "set_parameters" and shown:
+            head = t.text.split("<tool_call>")[0]
+            assert head.startswith(f"NSE={json.dumps(shown['NSE'])} "), head
+            for quote in head.split()[1:]:
+                if "=" in quote:  # key=value: the value as the observation spelled it
+                    key, value = quote.rstrip(":").split("=")
+                    assert json.dumps(shown[key]) == value, (quote, shown.get(key))
+                    copied += 1
+        if t.tool == "run_simulation" and isinstance(t.observation, dict):
+            shown = dict(t.observation.get("diagnostics") or {})
+        if t.tool == "evaluate" and isinstance(t.observation, dict):
+            shown.update(t.observation)
+    assert copied >= 1  # at least one diagnosis quoted its reading
+    with pytest.raises(ValueError, match="quote"):
+        HeuristicHydrologist(quote="yes")  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hydroagent_hpc.bench.learning import QUICK, run, units
+from hydroagent_hpc.bench.learning import QUICK, _data, _parser, plan_from, run, units
 
 TOY = dataclasses.replace(QUICK, heldout=1, teach=1, max_turns=2, max_simulations=1, sft_steps=2, grpo_steps=1,
                           max_new_tokens=16, ablation=0)
@@ -51,6 +51,26 @@ def test_the_bench_scores_every_row_and_resumes(tmp_path):
                                                         "GRPO released"]
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert json.loads((out / "plan.json").read_text())["ablation"] == 1
+
+
+def test_the_command_line_sets_every_plan_field_and_a_quoting_teacher_reaches_the_data(tmp_path):
+    """A flag per BenchPlan field (booleans as --x / --no-x); --teacher-quote gives teacher data whose
+    diagnoses quote the observation's values (``NSE=0.8125``), the default does not."""
+    assert plan_from(_parser().parse_args([])) == type(QUICK)()
+    assert plan_from(_parser().parse_args(["--teacher-quote", "--k", "4", "--data-seeds", "3", "4"])) == \
+        dataclasses.replace(type(QUICK)(), teacher_quote=True, k=4, data_seeds=(3, 4))
+    assert plan_from(_parser().parse_args(["--quick", "--no-teacher-quote"])) == QUICK
+    from hydroagent_hpc.store.frames import read_turns
+
+    said = {}
+    for quote in (False, True):
+        folder = tmp_path / f"data-{quote}"
+        folder.mkdir()
+        plan = dataclasses.replace(TOY, max_turns=4, max_simulations=2, teacher_quote=quote)
+        _data(tmp_path, plan, folder, 0)
+        said[quote] = [t for t in read_turns(folder / "teacher.h5").text if isinstance(t, str) and "NSE" in t]
+    assert said[True] and all("NSE=" in t for t in said[True])
+    assert said[False] and not any("NSE=" in t for t in said[False])
 
 
 CHILD = """

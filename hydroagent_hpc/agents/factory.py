@@ -213,7 +213,7 @@ def _scripted(options: dict[str, Any], *, name: str, seed: int, env: EnvConfig) 
 # --------------------------------------------------------------------------- the table (one line per kind)
 
 AGENT_KINDS.register("heuristic", AgentKind(_heuristic, ("step0", "min_step", "max_restarts", "overshoot", "digits",
-                                                              "partial", "explore",
+                                                              "partial", "explore", "quote",
                                                               "explore_start"),
                                             help="the rule-based hydrologist (text tools)"))
 for _kind in ("dds", "sceua", "lhs", "random", "dream"):

@@ -55,6 +55,15 @@ the student's moves carry a spread that the simulator's reward can sharpen. ``ex
 (default 0: off) does the same for the first call: with that probability the overland storage it
 starts with (``alpha0``, 0.5 otherwise) is drawn log-uniformly from [0.1, 1.5], so a student samples
 first guesses as well.
+
+``quote`` (default False: the diagnosis in words, as before) is for teacher data too: the text
+before each move quotes the observed values it acts on in the observation's own spelling
+(``NSE=0.8125 is the best so far. peak_ratio=1.2685: peak 27 % too high ...``) instead of
+restating them rounded (``NSE 0.812``). The move depends on the number; a small student trained
+from scratch learns to copy a value exactly (one attention pattern: find the key, repeat what
+follows) long before it learns to compute from it, and a copied ``peak_ratio=1.`` sits right
+before the words and the call that depend on it. Without it the students of docs/learning.md wrote
+the same NSE and the same move on every basin.
 """
 
 from __future__ import annotations
@@ -97,6 +106,7 @@ class HeuristicHydrologist:
     partial: bool = False  # teacher data: send only the values that differ from the environment's (module doc)
     explore: float = 0.0  # teacher data: probability that a move is a uniformly drawn one (module doc)
     explore_start: float = 0.0  # teacher data: probability that the starting alpha0 is drawn (module doc)
+    quote: bool = False  # teacher data: quote the observed values a move acts on, as spelled (module doc)
     _rng: Any = None
     _noise: Any = None
     _explore: Any = None
@@ -121,8 +131,9 @@ class HeuristicHydrologist:
         if self.digits is not None and (isinstance(self.digits, bool) or not isinstance(self.digits, int)
                                         or not 1 <= self.digits <= 15):
             raise ValueError(f"heuristic: digits must be a whole number from 1 to 15, got {self.digits!r}")
-        if not isinstance(self.partial, bool):
-            raise ValueError(f"heuristic: partial must be true or false, got {self.partial!r}")
+        for key in ("partial", "quote"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"heuristic: {key} must be true or false, got {getattr(self, key)!r}")
         for key in ("explore", "explore_start"):
             p = getattr(self, key)
             if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
@@ -209,7 +220,8 @@ class HeuristicHydrologist:
                 # keep going the same way while it pays
                 self._queue.insert(0, _Move(move.name, move.direction, f"That helped, so I push {move.name} further "
                                                                         f"{'up' if move.direction > 0 else 'down'}."))
-            return (f"NSE {nse:.3f}" + (f" (+{gain:.3f})" if math.isfinite(gain) else "") + " is the best so far.")
+            return (self._nse_text(nse, obs) + (f" (+{gain:.3f})" if math.isfinite(gain) else "")
+                    + " is the best so far.")
         # worse: revert to the best and try the opposite direction with a smaller step
         if self._best is not None:
             self._current = dict(self._best)
@@ -218,7 +230,13 @@ class HeuristicHydrologist:
             if not any(m.name == move.name for m in self._queue) and self._steps[move.name] >= self.min_step:
                 self._queue.append(_Move(move.name, -move.direction, f"The other direction for {move.name}, "
                                                                       "with a smaller step."))
-        return f"NSE {nse:.3f} is no better than {self._best_nse:.3f}; I go back to the best set."
+        return f"{self._nse_text(nse, obs)} is no better than {self._best_nse:.3f}; I go back to the best set."
+
+    def _nse_text(self, nse: float, obs: dict) -> str:
+        """``NSE 0.812``, or with :attr:`quote` the observation's own spelling, ``NSE=0.8125``."""
+        if self.quote and "NSE" in obs:
+            return f"NSE={_spelled(obs['NSE'])}"
+        return f"NSE {nse:.3f}"
 
     def _next_move(self, obs: dict) -> _Move | None:
         while self._queue:
@@ -253,47 +271,65 @@ class HeuristicHydrologist:
 
     def _diagnose(self, obs: dict) -> list[_Move]:
         d = {**self._diag, **obs}
+        read: dict[str, str] = {}  # what each reading came from, as the observation spelled it (``quote``)
+
+        def value(*keys: str) -> float | None:
+            for k in keys:
+                v = _number(d.get(k))
+                if v is not None:
+                    read[keys[0]] = f"{k}={_spelled(d[k])}"
+                    return v
+            return None
+
+        def said(key: str, text: str) -> str:
+            return f"{read[key]}: {text}" if self.quote and key in read else text
+
         moves: list[_Move] = []
-        pbias = _number(d.get("PBIAS"))
-        vr = _number(d.get("volume_ratio"))
+        pbias = value("PBIAS")
+        vr = value("volume_ratio")
         if pbias is None and vr is not None:
             pbias = (vr - 1.0) * 100.0
-        peak_err = _number(d.get("peak_error_pct"))
+            read["PBIAS"] = read["volume_ratio"]
+        peak_err = value("peak_error_pct")
         if peak_err is None:
-            ratio = _number(d.get("peak_ratio"))
+            ratio = value("peak_ratio")
             peak_err = (ratio - 1.0) * 100.0 if ratio is not None else None
-        lag = _number(d.get("peak_lag_h", d.get("lag_hours_sim_minus_obs")))
-        k_sim, k_obs = _number(d.get("recession_k_sim")), _number(d.get("recession_k_obs"))
-        bfi_sim, bfi_obs = _number(d.get("bfi_sim")), _number(d.get("bfi_obs"))
+            if "peak_ratio" in read:
+                read["peak_error_pct"] = read["peak_ratio"]
+        lag = value("peak_lag_h", "lag_hours_sim_minus_obs")
+        k_sim, k_obs = value("recession_k_sim"), _number(d.get("recession_k_obs"))
+        bfi_sim, bfi_obs = value("bfi_sim"), _number(d.get("bfi_obs"))
         if pbias is not None and abs(pbias) > 5.0:
             s = 1 if pbias > 0 else -1
             word = "surplus" if s > 0 else "deficit"
-            moves += [_Move("ke", s, f"Volume {word} of {abs(pbias):.0f} %: evapotranspiration (ke)."),
-                      _Move("im", -s, f"Volume {word}: impervious fraction (im)."),
-                      _Move("wm", s, f"Volume {word}: soil water capacity (wm).")]
+            moves += [_Move("ke", s, said("PBIAS", f"Volume {word} of {abs(pbias):.0f} %: evapotranspiration (ke).")),
+                      _Move("im", -s, said("PBIAS", f"Volume {word}: impervious fraction (im).")),
+                      _Move("wm", s, said("PBIAS", f"Volume {word}: soil water capacity (wm)."))]
             if "scf" in self._names:
-                moves.insert(1, _Move("scf", -s, f"Volume {word}: snowfall correction (scf)."))
+                moves.insert(1, _Move("scf", -s, said("PBIAS", f"Volume {word}: snowfall correction (scf).")))
         if peak_err is not None and abs(peak_err) > 10.0 and (pbias is None or abs(pbias) <= 15.0):
             s = 1 if peak_err > 0 else -1
             word = "high" if s > 0 else "low"
-            moves += [_Move("alpha0", s, f"Peak {abs(peak_err):.0f} % too {word} with fair volume: overland routing "
-                                         "(alpha0)."),
-                      _Move("alpha", s, f"Peak too {word}: channel storage (alpha).")]
+            moves += [_Move("alpha0", s, said("peak_error_pct", f"Peak {abs(peak_err):.0f} % too {word} with fair "
+                                                                "volume: overland routing (alpha0).")),
+                      _Move("alpha", s, said("peak_error_pct", f"Peak too {word}: channel storage (alpha)."))]
         if lag is not None and abs(lag) > 1.0:
             s = -1 if lag > 0 else 1
             word = "late" if lag > 0 else "early"
-            moves += [_Move("alpha", s, f"Simulated peak {abs(lag):.0f} h {word}: channel routing speed (alpha)."),
-                      _Move("beta", s, f"Peak timing {word}: channel beta.")]
+            moves += [_Move("alpha", s, said("peak_lag_h", f"Simulated peak {abs(lag):.0f} h {word}: channel routing "
+                                                           "speed (alpha).")),
+                      _Move("beta", s, said("peak_lag_h", f"Peak timing {word}: channel beta."))]
         if k_sim is not None and k_obs is not None and abs(k_sim - k_obs) > 0.1 * max(abs(k_obs), 1e-6):
             steep = k_sim > k_obs
             s = 1 if steep else -1
-            moves += [_Move("wm", s, "Recession " + ("too steep" if steep else "too flat") + ": soil storage (wm)."),
-                      _Move("leaki", -s, "Recession shape: interflow leakage (leaki).")]
+            moves += [_Move("wm", s, said("recession_k_sim", "Recession " + ("too steep" if steep else "too flat")
+                                          + ": soil storage (wm).")),
+                      _Move("leaki", -s, said("recession_k_sim", "Recession shape: interflow leakage (leaki)."))]
         if bfi_sim is not None and bfi_obs is not None and abs(bfi_sim - bfi_obs) > 0.05:
             s = 1 if bfi_sim < bfi_obs else -1
             share = "too small" if s > 0 else "too large"
-            moves += [_Move("fc", s, f"Baseflow share {share}: infiltration (fc)."),
-                      _Move("under", -s, "Baseflow share: interflow speed (under).")]
+            moves += [_Move("fc", s, said("bfi_sim", f"Baseflow share {share}: infiltration (fc).")),
+                      _Move("under", -s, said("bfi_sim", "Baseflow share: interflow speed (under)."))]
         return moves
 
     def _can_move(self, m: _Move) -> bool:
@@ -335,6 +371,11 @@ class HeuristicHydrologist:
             changed = {k: v for k, v in shown.items() if k not in self._env or round(self._env[k], 6) != v}
             shown = changed or shown
         return f"{text}\n" + render_hermes(ToolCall("set_parameters", shown))
+
+
+def _spelled(v: Any) -> str:
+    """``v`` as the observation's JSON spells it (``1.2685``, ``-2.0``): what a quoting teacher copies."""
+    return json.dumps(v)
 
 
 def _number(v: Any) -> float | None:

@@ -106,6 +106,7 @@ class BenchPlan:
     recovery: float = 0.1
     teacher_explore: float = 0.0  # the teacher's share of uniformly drawn moves (HeuristicHydrologist.explore)
     teacher_explore_start: float = 0.0  # the teacher's share of drawn first guesses (.explore_start)
+    teacher_quote: bool = False  # the teacher quotes the observed values its moves act on (.quote)
 
     @property
     def env(self) -> dict[str, Any]:
@@ -255,7 +256,8 @@ def _data(out: Path, plan: BenchPlan, folder: Path, data_seed: int) -> dict[str,
         "name": "teacher", "basins": basins, "seeds": list(plan.teacher_seeds), "env": _campaign_env(plan),
         "agents": [{"name": "heuristic", "kind": "heuristic", "partial": True, "digits": 3, "overshoot": 0.2,
                     **({"explore": plan.teacher_explore} if plan.teacher_explore else {}),
-                    **({"explore_start": plan.teacher_explore_start} if plan.teacher_explore_start else {})}]})
+                    **({"explore_start": plan.teacher_explore_start} if plan.teacher_explore_start else {}),
+                    **({"quote": True} if plan.teacher_quote else {})}]})
     run_campaign(teacher, folder / "teacher.h5", progress=False)
     report = build_sft_data([folder / "teacher.h5"], folder / "sft.h5", preset="released", tokenizer="tiny",
                             augment="none", max_tokens=32768, recovery=plan.recovery, recovery_seed=data_seed)
@@ -677,7 +679,7 @@ def report_markdown(result: Mapping[str, Any], curves: Any, signal: Any) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m hydroagent_hpc.bench.learning",
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("results/learning"))
@@ -692,14 +694,24 @@ def main(argv: list[str] | None = None) -> int:
         flag = "--" + f.name.replace("_", "-")
         if isinstance(value, tuple):
             ap.add_argument(flag, type=int, nargs="+", default=None, help=f"default {' '.join(map(str, value))}")
+        elif isinstance(value, bool):
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f"default {value}")
         else:
             ap.add_argument(flag, type=type(value), default=None, help=f"default {value}")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    plan = QUICK if args.quick else default
+    return ap
+
+
+def plan_from(args: argparse.Namespace) -> BenchPlan:
+    """The plan the command line asks for: ``--quick`` or the defaults, with every given option over it."""
     overrides: dict[str, Any] = {f.name: tuple(v) if isinstance(v, list) else v for f in dataclasses.fields(BenchPlan)
-                 if (v := getattr(args, f.name)) is not None}
-    plan = dataclasses.replace(plan, **overrides)
+                                 if (v := getattr(args, f.name)) is not None}
+    return dataclasses.replace(QUICK if args.quick else BenchPlan(), **overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    plan = plan_from(args)
     result = (summarise(args.out, plan) if args.report_only
               else run(args.out, plan, jobs=args.jobs, threads=args.threads))
     print((args.out / "report.md").read_text())
