@@ -102,6 +102,46 @@ def test_a_killed_bench_leaves_no_worker_running(tmp_path):
     assert not _running(worker), f"worker {worker} outlived the killed bench"
 
 
+STOPPING = """
+import os, signal, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from hydroagent_hpc.bench.learning import _orphan_exit, _worker
+
+def stops_on_sigterm():  # what the trainers do: catch SIGTERM, checkpoint, stop, return
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    print(os.getpid(), flush=True)
+    while not stop:
+        time.sleep(0.05)
+    return "stopped"
+
+def unit():
+    return _orphan_exit(stops_on_sigterm) if sys.argv[1] == "guarded" else stops_on_sigterm()
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_worker, initargs=(1,))
+    pool.submit(unit)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_worker_whose_unit_stops_on_the_bench_death_ends_too(tmp_path):
+    """The trainers catch the SIGTERM a dying bench sends its workers (to checkpoint and stop), so the unit
+    returns; the worker then ends rather than waiting for ever to hand the result to a parent that is gone."""
+    script = tmp_path / "bench_stopping.py"
+    script.write_text(STOPPING)
+    parent = subprocess.Popen([sys.executable, str(script), "guarded"], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _running(worker):
+        time.sleep(0.1)
+    assert not _running(worker), f"worker {worker} outlived the killed bench after its unit stopped"
+
+
 def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:

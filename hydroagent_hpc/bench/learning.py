@@ -6,7 +6,8 @@ every policy scored on the same held-out synthetic basins at the same budget (is
 =================  ===========================================================================
 row                what it is
 =================  ===========================================================================
-Base               the random tiny Qwen3 of each model seed, untrained
+Base               the random tiny Qwen3 of each model seed, untrained (after ``--copy-steps`` steps
+                   of copy pretraining when asked: train/copying.py)
 SFT                Base after SFT on the teacher episodes of each data seed (the demo's recipe)
 SFT+GRPO           SFT after ``--grpo-steps`` GRPO steps on the teaching basins (``paper`` preset,
                    K = ``--k``, per-episode credit), from the SFT checkpoint
@@ -107,6 +108,7 @@ class BenchPlan:
     teacher_explore: float = 0.0  # the teacher's share of uniformly drawn moves (HeuristicHydrologist.explore)
     teacher_explore_start: float = 0.0  # the teacher's share of drawn first guesses (.explore_start)
     teacher_quote: bool = False  # the teacher quotes the observed values its moves act on (.quote)
+    copy_steps: int = 0  # copy pretraining of each Base before SFT (train/copying.py), in batches of 16
 
     @property
     def env(self) -> dict[str, Any]:
@@ -238,14 +240,22 @@ def _blind(out: Path, plan: BenchPlan, folder: Path) -> dict[str, Any]:
 
 
 def _base(out: Path, plan: BenchPlan, folder: Path, model_seed: int) -> dict[str, Any]:
-    from hydroagent_hpc.train.tiny import save_tiny
+    from hydroagent_hpc.train.tiny import build_tiny, save_tiny
 
     model = folder / "model"
+    copied: dict[str, Any] = {}
     if not (model / "config.json").is_file():
         tmp = folder / ".model.tmp"
-        save_tiny(tmp, seed=model_seed)
+        if plan.copy_steps:
+            from hydroagent_hpc.train.copying import pretrain_copy
+
+            net, tokenizer = build_tiny(seed=model_seed)
+            copied = pretrain_copy(net, tokenizer, plan.copy_steps, seed=model_seed).to_dict()
+            save_tiny(tmp, net, tokenizer)
+        else:
+            save_tiny(tmp, seed=model_seed)
         os.replace(tmp, model)
-    return {"model": str(model)}
+    return {"model": str(model), **({"copy": copied} if copied else {})}
 
 
 def _data(out: Path, plan: BenchPlan, folder: Path, data_seed: int) -> dict[str, Any]:
@@ -330,6 +340,8 @@ def _worker(threads: int) -> None:
     the worker gets a SIGTERM when the bench process dies (``prctl(PR_SET_PDEATHSIG)``), so a bench
     killed mid-unit leaves no worker training on (and holding its run's store lock); the unit resumes
     from its checkpoint on the next run."""
+    global _PARENT
+    _PARENT = os.getppid()
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
     if sys.platform.startswith("linux"):
@@ -339,8 +351,32 @@ def _worker(threads: int) -> None:
             log.debug("no prctl here: a killed bench's workers finish their unit")
 
 
+#: The bench process that started this worker (set by :func:`_worker`).
+_PARENT: int | None = None
+
+
+def _orphan_exit(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a worker; if the bench died meanwhile, end the worker instead of returning.
+
+    The trainers catch the SIGTERM that the bench's death sends (PR_SET_PDEATHSIG) to checkpoint
+    and stop; the unit then ends normally or raises, and a pool worker would hand that to a parent
+    that is gone and wait there for ever, asleep, holding its memory (seen: GRPO workers of a
+    killed bench still there 50 minutes on)."""
+    try:
+        return fn(*args)
+    finally:
+        if _PARENT is not None and os.getppid() != _PARENT:
+            log.warning("the bench process is gone: this worker ends after its unit stopped")
+            logging.shutdown()
+            os._exit(143)
+
+
 def _do(out: str, plan: dict[str, Any], unit: Unit) -> tuple[str, float]:
     """Run one unit in a worker process; returns its key and wall time."""
+    return _orphan_exit(_unit, out, plan, unit)
+
+
+def _unit(out: str, plan: dict[str, Any], unit: Unit) -> tuple[str, float]:
     t0 = time.perf_counter()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
