@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from hydroagent_hpc.bench.blind import blind_ceiling, moves, nse_table
+from hydroagent_hpc.bench.blind import blind_ceiling, moves, nse_table, reading
 from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
 from hydroagent_hpc.sim.synth.basins import synthesize_basin
 from hydroagent_hpc.store import read_episodes
@@ -49,19 +49,24 @@ def test_the_table_is_the_environments_nse_and_moves_count_what_depends_on_the_b
     spec = campaign_from_mapping({
         "name": "blind", "basins": [str(b) for b in basins], "seeds": [0],
         "env": {"preset": "paper", "protocol": "turns", "max_turns": 6, "max_simulations": 2, "patience": None,
-                "stop_at_target": False},
+                "stop_at_target": False, "observation": "released"},  # the bench's: peak ratio, no volume
         "agents": [{"name": "heuristic", "kind": "heuristic"},
                    {"name": "scripted", "kind": "scripted", "script": str(script)}]})
     store = tmp_path / "c.h5"
     run_campaign(spec, store, progress=False)
-    blind, reading = moves(store, "scripted"), moves(store, "heuristic")
-    assert blind["episodes"] == reading["episodes"] == 2
-    assert blind["distinct_sequences"] == 1 and reading["distinct_sequences"] == 2
+    blind, teacher = moves(store, "scripted"), moves(store, "heuristic")
+    assert blind["episodes"] == teacher["episodes"] == 2
+    assert blind["distinct_sequences"] == 1 and teacher["distinct_sequences"] == 2
     ids = list(read_episodes(store).query("agent == 'heuristic'").episode_id)
     assert moves(store, episode_ids=ids)["distinct_sequences"] == 2  # the bench's score passes its own ids
     with pytest.raises(ValueError, match="not both"):
         moves(store, "heuristic", episode_ids=ids)
-    firsts = [seq[0] for seq in reading["sequences"].values()]
+    firsts = [seq[0] for seq in teacher["sequences"].values()]
     assert firsts[0] == firsts[1]  # the same first guess on both basins; the second move read the basin
     eps = read_episodes(store).set_index("agent")
     assert eps.loc["scripted"].best_nse.to_numpy() == pytest.approx(np.maximum(table[0.5], table[1.0]))
+    # reading: the teacher follows its own rule on a high-peak and a low-peak basin; the script raises on both
+    follows = reading(store, ids)
+    assert (follows["high"], follows["low"]) == (1, 1) and follows["reads"] == 1.0, follows
+    blind_ids = list(read_episodes(store).query("agent == 'scripted'").episode_id)
+    assert reading(store, blind_ids) == {"high": 1, "raised": 1, "low": 1, "lowered": 0, "reads": 0.5}

@@ -17,6 +17,14 @@ moves first), with :math:`N_{b}(x)` the NSE of the simulation with that value on
 A trained policy whose held-out NSE sits at or under the blind pair and whose moves are the same
 on every basin (``moves``: the distinct sequences of simulated parameter sets in a store) has
 learnt the teacher's format and its average move, not its reading of the hydrograph.
+
+``reading`` measures the reading directly, against the teacher's first rule (agents/heuristic.py:
+a simulated peak more than 10 % above the observed one asks for more overland storage, a raise of
+``alpha0``; 10 % below, a lowering): over the episodes whose first evaluated simulation had
+:math:`r = Q^{sim}_{peak} / Q^{obs}_{peak}` outside :math:`[0.9, 1.1]`, the share of high-peak
+episodes whose second evaluated simulation raised ``alpha0`` (:math:`h`) and of low-peak ones that
+lowered it (:math:`l`), and their mean :math:`(h + l) / 2`, a balanced accuracy: a blind policy
+(the same move everywhere) scores at most 0.5, a policy that follows the rule 1.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from hydroagent_hpc.sim.basin import load_basin
 from hydroagent_hpc.sim.embedded import EmbeddedSimulator
 from hydroagent_hpc.store import read_episodes, read_sims
 
-__all__ = ["PARAM_COLUMNS", "blind_ceiling", "default_grid", "moves", "nse_table", "main"]
+__all__ = ["PARAM_COLUMNS", "blind_ceiling", "default_grid", "moves", "nse_table", "reading", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +117,34 @@ def moves(store: Path | str, agent: str | None = None, episode_ids: Collection[s
             for eid, g in sims.groupby("episode_id")}
     seqs.update({eid: () for eid in ids if eid not in seqs})  # no evaluated simulation: the empty one
     return {"episodes": len(ids), "distinct_sequences": len(set(seqs.values())), "sequences": seqs}
+
+
+def reading(store: Path | str, episode_ids: Collection[str] | None = None, param: str = "alpha0",
+            band: float = 0.1) -> dict[str, Any]:
+    """Whether the second evaluated move of ``param`` follows the first evaluation's peak ratio (module
+    doc): ``high``/``raised``, ``low``/``lowered`` (counts) and ``reads`` = (raised/high + lowered/low) / 2
+    (NaN when either kind of basin is missing), over the episodes given (all by default)."""
+    sims = read_sims(store)
+    if episode_ids is not None:
+        sims = sims[sims.episode_id.isin(set(episode_ids))]
+    if "peak_ratio" not in sims.columns or param not in sims.columns:
+        return {"high": 0, "raised": 0, "low": 0, "lowered": 0, "reads": math.nan}
+    sims = sims[sims.evaluated.astype(bool)].sort_values(["episode_id", "run_id"])
+    counts = dict.fromkeys(("high", "raised", "low", "lowered"), 0)
+    for _, g in sims.groupby("episode_id"):
+        if len(g) < 2:
+            continue
+        r = float(g.peak_ratio.iloc[0])
+        first, second = float(g[param].iloc[0]), float(g[param].iloc[1])
+        if r > 1.0 + band:
+            counts["high"] += 1
+            counts["raised"] += second > first
+        elif r < 1.0 - band:
+            counts["low"] += 1
+            counts["lowered"] += second < first
+    reads = (counts["raised"] / counts["high"] + counts["lowered"] / counts["low"]) / 2 \
+        if counts["high"] and counts["low"] else math.nan
+    return {**counts, "reads": reads}
 
 
 def main(argv: list[str] | None = None) -> int:

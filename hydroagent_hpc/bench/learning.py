@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from hydroagent_hpc.bench.blind import blind_ceiling, moves, nse_table
+from hydroagent_hpc.bench.blind import blind_ceiling, moves, nse_table, reading
 from hydroagent_hpc.campaign import campaign_from_mapping, run_campaign
 from hydroagent_hpc.train.grpo.config import grpo_config_from_mapping
 from hydroagent_hpc.train.sft.config import config_from_mapping
@@ -474,17 +474,18 @@ def score(store: Path | str, agent: str | None = None, seed: int | None = None) 
     failed = int(turns[turns.kind == "parse_failure"].groupby("episode_id").message_index.nunique().sum())
     nse = eps.best_nse.astype(float).to_numpy()
     distinct = moves(store, episode_ids=list(eps.episode_id))["distinct_sequences"]
+    reads = reading(store, episode_ids=list(eps.episode_id))["reads"]
     return {"best_nse": float(np.where(np.isfinite(nse), nse, UNSCORED).mean()) if nse.size else math.nan,
             "unscored": int((~np.isfinite(nse)).sum()),
             "valid_calls": 1.0 - failed / max(1, messages), "sims": float(eps.n_sims.mean()),
             "parse_failures": float(eps["counters.parse_failures"].mean()),
             "reward": float(eps.total_reward.mean()), "episodes": int(len(eps)),
-            "distinct_moves": distinct / len(eps) if len(eps) else math.nan}
+            "distinct_moves": distinct / len(eps) if len(eps) else math.nan, "reads": reads}
 
 
 #: The best NSE an episode without a valid simulation scores (the floor of the paper's clipped terminal term).
 UNSCORED = -1.0
-METRICS = ("best_nse", "valid_calls", "sims", "parse_failures", "reward", "distinct_moves")
+METRICS = ("best_nse", "valid_calls", "sims", "parse_failures", "reward", "distinct_moves", "reads")
 
 
 def _row(name: str, samples: list[dict[str, float]], over: str) -> dict[str, Any]:
@@ -663,12 +664,12 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| row | n | best NSE | valid calls | sims | parse failures | reward | distinct moves |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| row | n | best NSE | valid calls | sims | parse failures | reward | distinct moves | reads |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = []
         for m, spec in (("best_nse", ".3f"), ("valid_calls", ".0%"), ("sims", ".1f"), ("parse_failures", ".2f"),
-                        ("reward", ".2f"), ("distinct_moves", ".0%")):
+                        ("reward", ".2f"), ("distinct_moves", ".0%"), ("reads", ".2f")):
             cell = _fmt(r.get(m, math.nan), spec)
             if np.isfinite(r.get(f"{m}_sd", math.nan)):
                 cell += f" ± {_fmt(r[f'{m}_sd'], spec)}"
@@ -689,7 +690,11 @@ def report_markdown(result: Mapping[str, Any], curves: Any, signal: Any) -> str:
              "An episode without a valid simulation counts as best NSE -1. Distinct moves: the distinct sequences "
              "of evaluated parameter sets over the episodes (1 in 12 on 12 basins: the same moves everywhere, "
              "the policy did not read its observations); the blind rows: the best that a policy making the same "
-             "moves on every basin reaches with one or two values of alpha0 (`python -m hydroagent_hpc.bench.blind`).",
+             "moves on every basin reaches with one or two values of alpha0 (`python -m hydroagent_hpc.bench.blind`). "
+             "Reads: whether the second move follows the first evaluation's peak ratio as the teacher's rule does "
+             "(raise alpha0 when the peak is over 10 % too high, lower it when 10 % too low), as a balanced "
+             "accuracy: 0.5 or less for a policy making the same move everywhere, 1 for one that follows the rule "
+             "(`bench.blind.reading`).",
              "", "## Rows", ""]
     lines += _table(list(result["rows"]))
     lines += ["", "## Goals", "", "| goal | measured | met |", "|---|---|---|"]
