@@ -27,7 +27,10 @@ documents (the exact answer, every value to its last digit).
 
 Measured (2026-12-04, one CPU thread, the default tiny Qwen3, batch 16, lr 2e-3): the answer loss
 stays near 1.2 (the keys guessed, the digits not) for about 1,250 steps, then falls (0.71 at 2,000
-steps, 0.26 at 3,000): the copying circuit forming; about 0.24 s a step.
+steps, 0.26 at 3,000): the copying circuit forming; about 0.24 s a step. After 5,000 steps and the
+bench's 600-step SFT on a quoting teacher's episodes (``HeuristicHydrologist(quote=True)``), the
+student quoted the first evaluation's ``peak_ratio`` exactly on 36 of 48 held-out basins and its
+move followed it (``bench.blind.reading`` 0.83; the same SFT from the random base: 0 of 48, 0.48).
 """
 
 from __future__ import annotations
