@@ -685,7 +685,11 @@ def report_markdown(result: Mapping[str, Any], curves: Any, signal: Any) -> str:
              f"{plan['data_seeds']}, {plan['heldout']} held-out basins, {plan['max_turns']} tool calls and "
              f"{plan['max_simulations']} simulations per episode for every row; SFT {plan['sft_steps']} steps; GRPO "
              f"{plan['grpo_steps']} steps, K={plan['k']}, {plan['prompts_per_step']} prompts per step, lr "
-             f"{plan['grpo_lr']:g}, temperature {plan['temperature']:g}. Mean ± sample standard deviation over seeds "
+             f"{plan['grpo_lr']:g}, temperature {plan['temperature']:g}."
+             + (" The teacher quotes the values it acts on (`--teacher-quote`)." if plan.get("teacher_quote") else "")
+             + (f" Each Base was copy-pretrained for {plan['copy_steps']} steps (`--copy-steps`)."
+                if plan.get("copy_steps") else "")
+             + " Mean ± sample standard deviation over seeds "
              "(trained rows: over model x data seeds; Base: over model seeds; references: over their seeds). "
              "An episode without a valid simulation counts as best NSE -1. Distinct moves: the distinct sequences "
              "of evaluated parameter sets over the episodes (1 in 12 on 12 basins: the same moves everywhere, "
