@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -90,16 +92,8 @@ if __name__ == "__main__":
 def test_a_killed_bench_leaves_no_worker_running(tmp_path):
     """A bench killed mid-unit (SIGKILL: no cleanup runs) takes its worker with it, instead of leaving it
     training on and holding its run's store lock against the next run."""
-    script = tmp_path / "bench_child.py"
-    script.write_text(CHILD)
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    worker = int(parent.stdout.readline())
-    parent.kill()
-    parent.wait()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and _running(worker):
-        time.sleep(0.1)
-    assert not _running(worker), f"worker {worker} outlived the killed bench"
+    worker, alive = _kill_bench(tmp_path, CHILD)
+    assert not alive, f"worker {worker} outlived the killed bench"
 
 
 STOPPING = """
@@ -130,16 +124,26 @@ if __name__ == "__main__":
 def test_a_worker_whose_unit_stops_on_the_bench_death_ends_too(tmp_path):
     """The trainers catch the SIGTERM a dying bench sends its workers (to checkpoint and stop), so the unit
     returns; the worker then ends rather than waiting for ever to hand the result to a parent that is gone."""
-    script = tmp_path / "bench_stopping.py"
-    script.write_text(STOPPING)
-    parent = subprocess.Popen([sys.executable, str(script), "guarded"], stdout=subprocess.PIPE, text=True)
+    worker, alive = _kill_bench(tmp_path, STOPPING, "guarded")  # "plain" (no _orphan_exit): the worker stays
+    assert not alive, f"worker {worker} outlived the killed bench after its unit stopped"
+
+
+def _kill_bench(tmp_path, source: str, *args: str) -> tuple[int, bool]:
+    """Run ``source`` as a bench process that prints its worker's pid, SIGKILL it, and give the worker 20 s to
+    end: ``(pid, still running)``. A worker still running is then killed, so a failing test leaves none."""
+    script = tmp_path / "bench_parent.py"
+    script.write_text(source)
+    parent = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True)
     worker = int(parent.stdout.readline())
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and _running(worker):
         time.sleep(0.1)
-    assert not _running(worker), f"worker {worker} outlived the killed bench after its unit stopped"
+    alive = _running(worker)
+    if alive:
+        os.kill(worker, signal.SIGKILL)
+    return worker, alive
 
 
 def _running(pid: int) -> bool:
