@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -100,11 +101,13 @@ def test_every_step_records_its_phases_nested_within_its_wall_time(run):
         assert seconds["train"] == pytest.approx(float(row["training_s"]), rel=0.05, abs=0.02)
         assert seconds["decode"] == pytest.approx(float(row["generation_s"]), rel=0.05, abs=0.02)
         assert record["wall_s"] >= float(row["step_s"]) - 0.01
-        assert seconds["forward"] + seconds["backward"] + seconds["optimizer"] > 0.8 * seconds["train"]
-        # one forward and one backward pass per trained sequence (kl_coef 0: no reference pass)
-        fwd = sum(1 for p, *_ in _spans(record, "rank 0") if p == "forward")
-        bwd = sum(1 for p, *_ in _spans(record, "rank 0") if p == "backward")
-        assert fwd == bwd == int(row["trainable"]) > 0
+        # one forward and one backward pass per trained sequence (kl_coef 0: no reference pass), each
+        # backward after its forward, then the optimizer step: the order, not a share of the wall time
+        # (a bound on the untimed share failed on a loaded machine)
+        parts = [p for _, p in sorted((a, p) for p, a, b, d in _spans(record, "rank 0")
+                                      if p in ("forward", "backward", "optimizer"))]
+        assert parts == ["forward", "backward"] * int(row["trainable"]) + ["optimizer"], parts
+        assert int(row["trainable"]) > 0
 
 
 def test_each_rollout_lane_has_a_wait_and_a_decode_span_per_model_turn(run):
@@ -180,7 +183,9 @@ def test_a_resume_drops_the_lines_after_its_checkpoint_and_a_cut_line(tmp_path):
     assert [r["wall_s"] for r in read_timeline(path)] == [2.0]
 
 
-def _sim_threads(simulator, n: int) -> None:
+def _sim_threads(simulator, n: int, slots=None, waiting=None) -> None:
+    """``n`` rollouts simulate at once; with ``slots`` and ``waiting``, the test holds a slot until
+    ``waiting()`` says all ``n`` wait for one (so that they certainly meet at the slot)."""
     start = threading.Barrier(n)
 
     def go() -> None:
@@ -188,8 +193,18 @@ def _sim_threads(simulator, n: int) -> None:
         simulator[threading.current_thread().name].run({"wm": 1.0 + 0.01 * int(threading.current_thread().name)})
 
     threads = [threading.Thread(target=go, name=str(i)) for i in range(n)]
-    for t in threads:
-        t.start()
+    if slots is None:
+        for t in threads:
+            t.start()
+    else:
+        with slots.slot() as use:
+            use.runs = 0  # the test's hold runs nothing
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 60
+            while waiting() < n:
+                assert time.monotonic() < deadline, f"{waiting()} of {n} rollouts wait for the slot after 60 s"
+                time.sleep(0.002)
     for t in threads:
         t.join()
 
@@ -210,11 +225,16 @@ def test_simulation_waits_end_when_a_slot_is_taken(small_sim, small_basin_dir, t
             RolloutSimulator(small_sim, slots, None, str(small_basin_dir), None, coalescer), "grpo")
             for i in range(4)}
         timeline.begin_step(1)
-        _sim_threads(sims, 4)
+        if coalescer is None:
+            _sim_threads(sims, 4)
+        else:  # the test holds the slot until all four wait, so that they meet there whatever the timing
+            _sim_threads(sims, 4, slots, coalescer.waiting)
         record = timeline.end_step()
     assert record is not None and read_timeline(tmp_path)[0] == json.loads(json.dumps(record))
     holds = sorted((a, b) for p, a, b, _ in _spans(record, "sim slot 0"))
     assert holds and all(b0 <= a1 for (_, b0), (a1, _) in zip(holds, holds[1:]))
+    if coalescer is not None:
+        holds = holds[1:]  # the first is the test's own
     assert slots.stats()["runs"] == 4
     waits = []
     for k in range(4):
@@ -227,8 +247,8 @@ def test_simulation_waits_end_when_a_slot_is_taken(small_sim, small_basin_dir, t
         assert len(holds) == 4
         ends = sorted(b for _, b in waits)
         assert ends == pytest.approx([a for a, _ in holds], abs=1e-5)
-    else:
-        assert len(holds) < 4  # the waiting runs of the basin shared a hold
+    else:  # the four waited together on one slot: the leader ran them all in one hold
+        assert len(holds) == 1
     assert sum(b - a for a, b in waits) > 0
 
 
