@@ -14,10 +14,22 @@ import time
 
 import pytest
 
-from hydroagent_hpc.bench.learning import QUICK, _data, _parser, plan_from, run, units
+from hydroagent_hpc.bench.learning import QUICK, _data, _parser, basin_gain, plan_from, run, units
 
 TOY = dataclasses.replace(QUICK, heldout=1, teach=1, max_turns=2, max_simulations=1, sft_steps=2, grpo_steps=1,
                           max_new_tokens=16, ablation=0)
+
+
+def test_the_gain_per_basin_averages_the_cells_then_the_basins_every_cell_played():
+    sft = ({"a": 0.1, "b": 0.5, "c": 0.2}, {"a": 0.2, "b": 0.4, "c": 0.0, "x": 0.9})
+    grpo = ({"a": 0.3, "b": 0.5, "c": 0.5}, {"a": 0.2, "b": 0.6, "c": 0.3})
+    # per basin over the two cells: a (0.2 + 0.0) / 2, b (0.0 + 0.2) / 2, c (0.3 + 0.3) / 2; x: one cell only
+    g = [0.1, 0.1, 0.3]
+    mean = sum(g) / 3
+    se = (sum((x - mean) ** 2 for x in g) / 2) ** 0.5 / 3 ** 0.5
+    assert basin_gain(list(zip(sft, grpo))) == pytest.approx({"mean": mean, "se": se, "basins": 3})
+    empty = basin_gain([])
+    assert empty["basins"] == 0 and empty["mean"] != empty["mean"] and empty["se"] != empty["se"]  # NaN
 
 
 @pytest.mark.slow
@@ -42,6 +54,8 @@ def test_the_bench_scores_every_row_and_resumes(tmp_path):
     report = (out / "report.md").read_text()
     assert "| SFT+GRPO | 1 model x data seeds |" in report and "## Goals" in report
     assert "degenerate_share" in (out / "tables" / "signal.csv").read_text()
+    gain = result["basin_gain"]  # one held-out basin: the paired gain, and no standard error
+    assert gain["basins"] == 1 and gain["mean"] == pytest.approx(rows["SFT+GRPO"]["best_nse"] - rows["SFT"]["best_nse"])
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("done.json")}
     run(out, TOY, jobs=2, progress=False)  # everything done: nothing runs again
     assert {p: p.stat().st_mtime_ns for p in out.rglob("done.json")} == stamps

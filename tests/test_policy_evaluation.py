@@ -46,6 +46,10 @@ def test_batched_greedy_evaluation_plays_the_episodes_an_hf_local_agent_plays(ca
     for col in ("n_sims", "best_nse", "total_reward", "n_turns"):
         assert np.array_equal(a.sort_values("basin_id")[col].to_numpy(float),
                               b.sort_values("basin_id")[col].to_numpy(float), equal_nan=True), col
+    # one episode per batch (the learning bench decodes 12 at a time) plays the same turns
+    evaluate_policy(caller, basins, tmp_path / "alone.h5", agent="policy", seeds=(0,), env=ENV, max_new_tokens=32,
+                    generation_batch=1)
+    assert _calls(tmp_path / "alone.h5", "policy") == _calls(tmp_path / "batched.h5", "policy")
     # resumable: stored episodes are not played again
     again = evaluate_policy(caller, basins, tmp_path / "batched.h5", agent="policy", seeds=(0,), env=ENV,
                             max_new_tokens=32)
