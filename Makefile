@@ -17,7 +17,7 @@ TRAIN_BENCH_DIR ?= results/learning
 help:
 	@echo "make demo   build the four synthetic demo basins and simulate each (no network, no GPU)"
 	@echo "make train-demo  the whole recipe (basins, teacher, SFT, GRPO, evaluation, report) with the tiny model on CPU"
-	@echo "make train-bench  does the recipe learn? 3 model x 3 data seeds, 48 held-out basins, resumable (~1.7 h on 2 cores) -> results/learning/report.md"
+	@echo "make train-bench  does the recipe learn? 3 model x 3 data seeds, 96 held-out basins, resumable (~1.9 h on 2 cores) -> results/learning/report.md"
 	@echo "make test   the test suite without the tests marked slow (minutes); make test TESTS=all runs every test"
 	@echo "make lint   ruff (lint + import order) and mypy (strict for core, env, store, train)"
 	@echo "make bench  run the simulator, metrics, report and HPC benchmarks"
