@@ -4,6 +4,7 @@ more ablation cells extend a finished bench."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -122,6 +123,8 @@ def stops_on_sigterm():  # what the trainers do: catch SIGTERM, checkpoint, stop
     print(os.getpid(), flush=True)
     while not stop:
         time.sleep(0.05)
+    with open(sys.argv[2], "a") as fh:  # the test's trace of how far the worker came
+        fh.write(f"SIGTERM caught; returning; parent {os.getppid()}\\n")
     return "stopped"
 
 def unit():
@@ -138,8 +141,10 @@ if __name__ == "__main__":
 def test_a_worker_whose_unit_stops_on_the_bench_death_ends_too(tmp_path):
     """The trainers catch the SIGTERM a dying bench sends its workers (to checkpoint and stop), so the unit
     returns; the worker then ends rather than waiting for ever to hand the result to a parent that is gone."""
-    worker, alive = _kill_bench(tmp_path, STOPPING, "guarded")  # "plain" (no _orphan_exit): the worker stays
-    assert not alive, f"worker {worker} outlived the killed bench after its unit stopped: {alive}"
+    trace = tmp_path / "trace.txt"
+    worker, alive = _kill_bench(tmp_path, STOPPING, "guarded", str(trace))  # "plain" (no _orphan_exit): it stays
+    assert not alive, (f"worker {worker} outlived the killed bench after its unit stopped: {alive}; its trace: "
+                       f"{trace.read_text() if trace.exists() else 'none'}")
 
 
 def _kill_bench(tmp_path, source: str, *args: str) -> tuple[int, str]:
@@ -159,7 +164,11 @@ def _kill_bench(tmp_path, source: str, *args: str) -> tuple[int, str]:
     alive = ""
     if _running(worker):
         with open(f"/proc/{worker}/status") as fh:
-            alive = "; ".join(line.strip() for line in fh if line.startswith(("State:", "PPid:", "SigCgt:", "SigPnd:")))
+            alive = "; ".join(line.strip() for line in fh
+                              if line.startswith(("State:", "PPid:", "SigCgt:", "SigPnd:", "ShdPnd:", "SigBlk:")))
+        for what in ("wchan", "syscall"):
+            with contextlib.suppress(OSError), open(f"/proc/{worker}/{what}") as fh:
+                alive += f"; {what}: {fh.read().strip()}"
         alive += f"; the killed bench was {parent.pid}"
         os.kill(worker, signal.SIGKILL)
     return worker, alive

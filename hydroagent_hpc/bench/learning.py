@@ -369,13 +369,12 @@ def _orphan_exit(fn: Callable[..., Any], *args: Any) -> Any:
     The trainers catch the SIGTERM that the bench's death sends (PR_SET_PDEATHSIG) to checkpoint
     and stop; the unit then ends normally or raises, and a pool worker would hand that to a parent
     that is gone and wait there for ever, asleep, holding its memory (seen: GRPO workers of a
-    killed bench still there 50 minutes on)."""
+    killed bench still there 50 minutes on). It ends without a word: its stderr is the dead bench's,
+    which nobody may be reading, and a write there can block for ever."""
     try:
         return fn(*args)
     finally:
         if _PARENT is not None and os.getppid() != _PARENT:
-            log.warning("the bench process is gone: this worker ends after its unit stopped")
-            logging.shutdown()
             os._exit(143)
 
 
