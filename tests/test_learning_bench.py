@@ -120,6 +120,8 @@ from hydroagent_hpc.bench.learning import _orphan_exit, _worker
 def stops_on_sigterm():  # what the trainers do: catch SIGTERM, checkpoint, stop, return
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    with open(sys.argv[2], "a") as fh:
+        fh.write("ready\\n")
     print(os.getpid(), flush=True)
     while not stop:
         time.sleep(0.05)
@@ -133,6 +135,12 @@ def unit():
 if __name__ == "__main__":
     pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_worker, initargs=(1,))
     pool.submit(unit)
+    if sys.argv[3:] == ["leader-exits"]:  # the main thread dies first, another thread of the bench lives on
+        import ctypes, threading
+        threading.Thread(target=time.sleep, args=(120,)).start()
+        while not (os.path.exists(sys.argv[2]) and "ready" in open(sys.argv[2]).read()):
+            time.sleep(0.05)
+        ctypes.CDLL(None).pthread_exit(None)
     time.sleep(120)
 """
 
@@ -147,7 +155,18 @@ def test_a_worker_whose_unit_stops_on_the_bench_death_ends_too(tmp_path):
                        f"{trace.read_text() if trace.exists() else 'none'}")
 
 
-def _kill_bench(tmp_path, source: str, *args: str) -> tuple[int, str]:
+def test_a_worker_ends_when_the_bench_main_thread_dies_before_the_rest_of_it(tmp_path):
+    """The parent-death signal comes when the worker's parent *thread* dies, and the worker goes first to
+    another thread of the same process, so its unit can stop and return while ``getppid()`` is still the
+    bench's (three full CI runs here: a SIGKILLed bench's threads die one by one). Made certain: the bench's
+    main thread exits (``pthread_exit``) while another of its threads lives on, and the worker must end."""
+    trace = tmp_path / "trace.txt"
+    worker, alive = _kill_bench(tmp_path, STOPPING, "guarded", str(trace), "leader-exits", kill=False)
+    assert not alive, (f"worker {worker} outlived its bench's main thread: {alive}; its trace: "
+                       f"{trace.read_text() if trace.exists() else 'none'}")
+
+
+def _kill_bench(tmp_path, source: str, *args: str, kill: bool = True) -> tuple[int, str]:
     """Run ``source`` as a bench process that prints its worker's pid, SIGKILL it, and give the worker 60 s to
     end: ``(pid, "")``, or the still running worker's state and parent (``/proc/PID/status``; the bench's pid
     beside them), for the failure's message. A worker still running is then killed, so a failing test leaves
@@ -156,8 +175,9 @@ def _kill_bench(tmp_path, source: str, *args: str) -> tuple[int, str]:
     script.write_text(source)
     parent = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True)
     worker = int(parent.stdout.readline())
-    parent.kill()
-    parent.wait()
+    if kill:
+        parent.kill()
+        parent.wait()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and _running(worker):
         time.sleep(0.1)
@@ -169,8 +189,10 @@ def _kill_bench(tmp_path, source: str, *args: str) -> tuple[int, str]:
         for what in ("wchan", "syscall"):
             with contextlib.suppress(OSError), open(f"/proc/{worker}/{what}") as fh:
                 alive += f"; {what}: {fh.read().strip()}"
-        alive += f"; the killed bench was {parent.pid}"
+        alive += f"; the bench was {parent.pid}"
         os.kill(worker, signal.SIGKILL)
+    parent.kill()
+    parent.wait()
     return worker, alive
 
 

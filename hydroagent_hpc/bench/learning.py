@@ -374,8 +374,27 @@ def _orphan_exit(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
     finally:
-        if _PARENT is not None and os.getppid() != _PARENT:
+        if _bench_gone():
             os._exit(143)
+
+
+def _bench_gone() -> bool:
+    """Whether the bench that started this worker is gone or going: this worker has another parent, or
+    (Linux) the bench's main thread is dead. The kernel sends the parent-death signal when the parent
+    *thread* dies and first hands the worker to another thread of the same process, so a unit can stop
+    and return while ``getppid()`` is still the bench's (seen in CI: a SIGKILLed bench, its threads
+    dying one by one); the main thread's state (``/proc/PID/stat``: Z, X or no entry) says it then."""
+    if _PARENT is None:
+        return False
+    if os.getppid() != _PARENT:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open(f"/proc/{_PARENT}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
 
 
 def _do(out: str, plan: dict[str, Any], unit: Unit) -> tuple[str, float]:
